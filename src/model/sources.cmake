@@ -1,0 +1,1 @@
+set(DS_MODEL_SOURCES "")

@@ -1,0 +1,1 @@
+set(DS_TOKENIZER_SOURCES "")

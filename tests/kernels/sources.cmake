@@ -1,0 +1,1 @@
+set(DS_TEST_KERNELS_CPU_SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_quant_ref.cpp)

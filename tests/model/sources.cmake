@@ -1,0 +1,1 @@
+set(DS_TEST_MODEL_SOURCES "")

@@ -1,0 +1,3 @@
+# Subcommand sources and the libraries they need.
+set(DS_CLI_SOURCES ${CMAKE_CURRENT_LIST_DIR}/commands.cpp)
+set(DS_CLI_DEPS ds_core)
