@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The test command: builds the CPU configuration and runs every test that needs no GPU under
+# ctest, then the hostile-input suites (checkpoint catalogue, JSON, tokenizer) again under
+# AddressSanitizer + UBSan. GPU tests (label gpu) skip themselves without a GPU.
+# Fails when a test fails and when no test ran.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+
+cmake --preset cpu-release >/dev/null
+cmake --build --preset cpu-release -j"$jobs"
+ctest --preset cpu-release --no-tests=error -j"$jobs"
+
+# Hostile-input catalogues under ASan + UBSan (reliability.md §4.2).
+cmake --preset cpu-asan >/dev/null
+asan_targets=(test_core test_json)
+for t in test_model test_tokenizer; do
+  if grep -q "^$t:" <(ninja -C build/cpu-asan -t targets all 2>/dev/null); then asan_targets+=("$t"); fi
+done
+cmake --build --preset cpu-asan -j"$jobs" --target "${asan_targets[@]}"
+ctest --preset cpu-asan --no-tests=error -j"$jobs" -L asan
