@@ -1,6 +1,7 @@
 // Ceiling measurement and result writing for the kernel benchmarks.
 #include "common/bench_util.h"
 
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 
