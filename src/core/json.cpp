@@ -133,6 +133,10 @@ bool is_valid_utf8(std::string_view s) {
 Result<Json> parse_json_strict(std::string_view text, const JsonLimits& limits,
                                std::string_view what) {
   if (!is_valid_utf8(text)) return corrupt(std::string(what) + ": not valid UTF-8");
+  // A raw NUL is never valid JSON (not whitespace, not allowed unescaped in strings), and the
+  // parser would stop reading at it, accepting `{}\0garbage`.
+  if (auto nul = text.find('\0'); nul != std::string_view::npos)
+    return corrupt(std::string(what) + ": invalid JSON at byte " + std::to_string(nul) + ": NUL byte");
   StrictSax sax(limits);
   bool ok = Json::sax_parse(text.begin(), text.end(), &sax, Json::input_format_t::json,
                             /*strict=*/true, /*ignore_comments=*/false);

@@ -65,6 +65,8 @@ TEST(JsonStrict, RejectsBadTextAndTrailingBytes) {
   EXPECT_FALSE(parse(R"({"a": "\ud800"})").ok());          // lone surrogate escape
   EXPECT_FALSE(parse("{\"a\": 1,}").ok());
   EXPECT_TRUE(parse("{\"a\": \"\xE2\x82\xAC\"}").ok());    // euro sign
+  EXPECT_FALSE(parse(std::string_view("{\"a\":1}\0garbage{[", 18)).ok());  // NUL stops the parser
+  EXPECT_FALSE(parse(std::string_view("{\"a\":\"x\0y\"}", 11)).ok());
 }
 
 TEST(JsonStrict, BoundsValueCountAndStringSize) {

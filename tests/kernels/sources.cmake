@@ -1,1 +1,12 @@
-set(DS_TEST_KERNELS_CPU_SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_quant_ref.cpp)
+set(DS_TEST_KERNELS_CPU_SOURCES
+    ${CMAKE_CURRENT_LIST_DIR}/test_hadamard_ref.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/test_indexer_ref.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/test_linear_ref.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/test_attention_ref.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/test_compressor_ref.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/test_mhc_ref.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/test_moe_ref.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/test_norm_ref.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/test_numerics_ref.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/test_quant_ref.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/test_rope_ref.cpp)

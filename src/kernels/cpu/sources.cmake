@@ -1,1 +1,12 @@
-set(DS_KERNELS_CPU_SOURCES ${CMAKE_CURRENT_LIST_DIR}/quant.cpp)
+set(DS_KERNELS_CPU_SOURCES
+    ${CMAKE_CURRENT_LIST_DIR}/attention.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/compressor.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/hadamard.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/indexer.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/linear.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/mhc.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/moe.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/norm.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/output_projection.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/quant.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/rope.cpp)
