@@ -1,1 +1,1 @@
-# list(APPEND DS_TEST_MODEL_SOURCES ${CMAKE_CURRENT_LIST_DIR}/<file>.cpp)
+list(APPEND DS_TEST_MODEL_SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_checkpoint_semantics.cpp)
