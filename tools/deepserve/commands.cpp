@@ -4,11 +4,12 @@
 namespace ds::cli {
 
 // Declarations of the register functions (one per cmd_<name>.cpp).
-// (none yet)
+void register_inspect(CLI::App& app, CommandFn* run);
+void register_make_checkpoint(CLI::App& app, CommandFn* run);
 
 void register_all(CLI::App& app, CommandFn* run) {
-  (void)app;
-  (void)run;
+  register_inspect(app, run);
+  register_make_checkpoint(app, run);
 }
 
 }  // namespace ds::cli
