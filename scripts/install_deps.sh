@@ -11,12 +11,16 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 packages=(build-essential cmake ninja-build pkg-config git
           libgtest-dev libgmock-dev libbenchmark-dev
           nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev
-          libcpp-httplib-dev libxxhash-dev libutf8proc-dev
-          nodejs npm)
+          libcpp-httplib-dev libxxhash-dev libutf8proc-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js and npm: any installation will do (the machine image may carry a newer Node.js whose
+# package already provides npm; Debian's separate npm package would conflict with it).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  missing+=(nodejs npm)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "install_deps: apt-get install ${missing[*]}"
   $SUDO apt-get update -qq
