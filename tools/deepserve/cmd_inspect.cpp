@@ -11,7 +11,7 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/embedded_model.h"
-#include "model/model_stats.h"
+#include "model/inspect_report.h"
 
 namespace ds::cli {
 namespace fs = std::filesystem;
@@ -63,16 +63,9 @@ void register_inspect(CLI::App& app, CommandFn* run) {
       if (!fs::is_directory(dir, ec)) return fail(not_found(dir + ": not a directory"));
       auto config = load_config_file(fs::path(dir) / "config.json");
       if (!config.ok()) return fail(config.status());
-      ModelStats stats = compute_model_stats(*config);
-      KvCacheStats kv = compute_kv_stats(*config);
-      std::printf("%s\n", dir.c_str());
-      std::printf("%s", format_model_summary(*config, stats, kv).c_str());
-      const uint64_t gpu_bytes = uint64_t(args->gpu_memory_gib * double(uint64_t(1) << 30));
-      auto gpus = gpus_needed_for_weights(stats.main_weight_bytes + stats.mtp_weight_bytes, gpu_bytes);
-      if (gpus.ok()) {
-        std::printf("GPUs of %.0f GiB needed for the weights (main + MTP, %.0f%% reserve): %lld\n",
-                    args->gpu_memory_gib, kDefaultGpuReserveFraction * 100, (long long)*gpus);
-      }
+      InspectOptions report;
+      report.gpu_memory_gib = args->gpu_memory_gib;
+      std::printf("%s\n%s", dir.c_str(), format_inspect_report(*config, report).c_str());
       if (!has_weights(dir)) {
         std::printf("weights: none in this directory (config.json only)\n");
         return 0;

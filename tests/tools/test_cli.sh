@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# End-to-end tests of the deepserve CLI through its public entry point (the binary):
+#   inspect on the real DeepSeek-V4-Flash config.json (config only) must print the figures of
+#   dsv4-model.md (284.3B main parameters, 13.3B active, 145.3 GiB resident, 3850 B KV per token);
+#   make-checkpoint writes a tiny checkpoint that inspect --full-scan validates; a damaged shard
+#   and bad flags give a clear error and a non-zero exit, never a crash.
+set -uo pipefail
+bin="$1"
+fixture="$2"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fails=0
+pass=0
+
+expect_contains() {  # name, haystack, needle
+  if grep -qF -- "$3" <<<"$2"; then pass=$((pass + 1)); else
+    echo "FAIL $1: output lacks: $3"; echo "$2" | head -50; fails=$((fails + 1)); fi
+}
+expect_status() {  # name, expected, actual
+  if [ "$2" = "$3" ]; then pass=$((pass + 1)); else echo "FAIL $1: exit $3, expected $2"; fails=$((fails + 1)); fi
+}
+
+out=$("$bin" inspect "$fixture" 2>&1); rc=$?
+expect_status inspect_flash 0 $rc
+expect_contains inspect_flash "$out" "43 layers (2 SWA, 21 CSA ratio 4, 20 HCA ratio 128) + 1 MTP"
+expect_contains inspect_flash "$out" "main model 284.3B (284,332,240,471)"
+expect_contains inspect_flash "$out" "active per token 13.3B"
+expect_contains inspect_flash "$out" "MTP 6.6B"
+expect_contains inspect_flash "$out" "resident weights: main model 145.30 GiB (156.0 GB)"
+expect_contains inspect_flash "$out" "3850.25 B per token"
+expect_contains inspect_flash "$out" "routed_expert"
+expect_contains inspect_flash "$out" "GPUs of 141 GiB needed for the weights"
+expect_contains inspect_flash "$out" ": 2"
+expect_contains inspect_flash "$out" "weights: none in this directory"
+
+out=$("$bin" make-checkpoint --preset tiny --seed 3 --out "$work/tiny" 2>&1); rc=$?
+expect_status make_tiny 0 $rc
+out=$("$bin" inspect --full-scan "$work/tiny" 2>&1); rc=$?
+expect_status inspect_tiny 0 $rc
+expect_contains inspect_tiny "$out" "headers and tensor set valid; every value finite"
+expect_contains inspect_tiny "$out" "vocabulary 129280"
+
+# A damaged shard: cut the last shard short.
+last=$(ls "$work/tiny"/model-*.safetensors | tail -1)
+truncate -s -100 "$last"
+out=$("$bin" inspect "$work/tiny" 2>&1); rc=$?
+expect_status inspect_truncated 1 $rc
+expect_contains inspect_truncated "$out" "error: "
+expect_contains inspect_truncated "$out" "rule 13"
+
+# Bad flags and directories.
+"$bin" make-checkpoint --preset huge --out "$work/x" >/dev/null 2>&1; rc=$?
+[ $rc -ne 0 ] && [ $rc -lt 128 ] && pass=$((pass + 1)) || { echo "FAIL bad_preset: exit $rc"; fails=$((fails + 1)); }
+out=$("$bin" make-checkpoint --preset tiny --out "$work/tiny" 2>&1); rc=$?
+expect_status overwrite_refused 1 $rc
+expect_contains overwrite_refused "$out" "already holds a checkpoint"
+out=$("$bin" inspect "$work/does-not-exist" 2>&1); rc=$?
+expect_status missing_dir 1 $rc
+expect_contains missing_dir "$out" "not a directory"
+
+echo "$pass passed, $fails failed"
+[ $fails -eq 0 ]
