@@ -13,7 +13,8 @@ function(ds_library name)
 endfunction()
 
 # ds_test(NAME SOURCES ... DEPS ... [LABELS ...]): a GoogleTest binary registered with ctest.
-# Tests that need a GPU carry the label `gpu` and skip themselves (GTEST_SKIP) without one.
+# Labels: `unit` (default), `asan` (a unit test binary that run_tests.sh also runs under ASan +
+# UBSan), `gpu` (needs a GPU; skips itself with GTEST_SKIP without one).
 function(ds_test name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
@@ -22,9 +23,14 @@ function(ds_test name)
   target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${DS_WARNINGS}>)
   target_compile_definitions(${name} PRIVATE DS_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest_main)
-  set(labels unit)
+  # One label per binary: gtest_discover_tests cannot pass a list-valued LABELS property.
+  set(label unit)
   if(ARG_LABELS)
-    set(labels ${ARG_LABELS})
+    list(LENGTH ARG_LABELS n)
+    if(n GREATER 1)
+      message(FATAL_ERROR "ds_test(${name}): give one label (unit, asan or gpu)")
+    endif()
+    set(label ${ARG_LABELS})
   endif()
-  gtest_discover_tests(${name} PROPERTIES LABELS "${labels}" DISCOVERY_TIMEOUT 60)
+  gtest_discover_tests(${name} PROPERTIES LABELS ${label} DISCOVERY_TIMEOUT 60)
 endfunction()
