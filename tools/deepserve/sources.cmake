@@ -1,5 +1,6 @@
 # Subcommand sources and the libraries they need (one line per subcommand).
 set(DS_CLI_SOURCES ${CMAKE_CURRENT_LIST_DIR}/commands.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cmd_inspect.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/cmd_make_checkpoint.cpp)
-set(DS_CLI_DEPS ds_core ds_model)
+    ${CMAKE_CURRENT_LIST_DIR}/cmd_make_checkpoint.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/cmd_tokenize.cpp)
+set(DS_CLI_DEPS ds_core ds_model ds_tokenizer)
