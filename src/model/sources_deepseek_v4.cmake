@@ -1,1 +1,4 @@
-# list(APPEND DS_MODEL_SOURCES ${CMAKE_CURRENT_LIST_DIR}/deepseek_v4/<file>.cpp)
+# The DeepSeek-V4 model: weights bound to kernel views, per-sequence state, the forward.
+list(APPEND DS_MODEL_SOURCES ${CMAKE_CURRENT_LIST_DIR}/deepseek_v4/weights.cpp)
+list(APPEND DS_MODEL_SOURCES ${CMAKE_CURRENT_LIST_DIR}/deepseek_v4/state.cpp)
+list(APPEND DS_MODEL_SOURCES ${CMAKE_CURRENT_LIST_DIR}/deepseek_v4/forward.cpp)

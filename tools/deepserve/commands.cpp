@@ -4,11 +4,13 @@
 namespace ds::cli {
 
 // Declarations of the register functions (one per cmd_<name>.cpp).
+void register_generate(CLI::App& app, CommandFn* run);
 void register_inspect(CLI::App& app, CommandFn* run);
 void register_make_checkpoint(CLI::App& app, CommandFn* run);
 void register_tokenize(CLI::App& app, CommandFn* run);
 
 void register_all(CLI::App& app, CommandFn* run) {
+  register_generate(app, run);
   register_inspect(app, run);
   register_make_checkpoint(app, run);
   register_tokenize(app, run);

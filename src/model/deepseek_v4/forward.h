@@ -1,0 +1,97 @@
+// The DeepSeek-V4 forward on the CPU reference kernels (dsv4-model.md §4-§9): embedding, the
+// decoder blocks (mHC pre/post around attention and MoE), the final hyper-connection head, norm
+// and LM head, and the MTP (NextN) layer. One call advances a batch of sequences, each by a chunk
+// of any number of tokens (a prefill chunk or a single decode token) at its own positions, and
+// returns the logits (and optionally the pre-head streams) of the requested rows. A full prefill,
+// any chunking of it and token-by-token decode give bit-identical results: every token-wise
+// operation computes each token independently, compressors consume chunks exactly as they consume
+// single tokens (cpu::compressor_prefill), and a query's key set (window, visible compressed
+// entries, top-k) depends only on its position.
+//
+// Numerics (§2): ForwardOptions carries the NumericsFlags of the mode plus `round_bf16`, which
+// rounds activations to bf16 at the points where REF keeps bf16 tensors (reference mode). hf mode
+// runs in plain fp32 without rounding, as the transformers goldens (fp32) do. Each flag can be
+// toggled on its own in tests. See docs/model_forward.md.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/status.h"
+#include "kernels/cpu/numerics.h"
+#include "model/deepseek_v4/state.h"
+#include "model/deepseek_v4/weights.h"
+
+namespace ds::dsv4 {
+
+struct ForwardOptions {
+  cpu::NumericsFlags flags = cpu::numerics_flags(cpu::NumericsMode::kReference);
+  // Round to bf16 where REF's activations are bf16 (reference mode: on; hf mode: off).
+  bool round_bf16 = true;
+
+  static ForwardOptions for_mode(cpu::NumericsMode mode) {
+    return ForwardOptions{cpu::numerics_flags(mode), mode == cpu::NumericsMode::kReference};
+  }
+};
+
+// One sequence's part of a batch.
+struct SequenceChunk {
+  SequenceState* state = nullptr;   // advanced by tokens.size() positions
+  std::span<const int32_t> tokens;  // [num_tokens] at positions state->position() + i
+  std::vector<int64_t> logit_rows;  // rows of `tokens` whose logits are wanted (ascending or not)
+};
+
+struct ChunkOutput {
+  std::vector<float> logits;   // [logit_rows.size(), vocab_size] fp32
+  std::vector<float> streams;  // [logit_rows.size(), hc_mult, hidden] pre-head streams (if asked)
+};
+
+// One sequence's part of an MTP batch (§9): the main model's pre-head streams of the tokens at
+// positions state->mtp_position() + i, and for each the id of the token that follows it.
+struct MtpChunk {
+  SequenceState* state = nullptr;
+  std::span<const float> streams;        // [num_tokens, hc_mult, hidden]
+  std::span<const int32_t> next_tokens;  // [num_tokens]
+  std::vector<int64_t> logit_rows;       // rows whose draft logits are wanted
+};
+
+class Forward {
+ public:
+  Forward(const ModelWeights* weights, ForwardOptions options)
+      : weights_(weights), options_(options) {}
+
+  const DeepSeekV4Config& config() const { return weights_->config(); }
+  const ForwardOptions& options() const { return options_; }
+
+  // A fresh per-sequence state for this model.
+  SequenceState new_sequence() const { return SequenceState(config()); }
+
+  // Runs the main model over every chunk of the batch (each sequence at most once per call).
+  // outputs gets one ChunkOutput per chunk; streams are filled when want_streams. Bad input
+  // (token id out of range, a row outside the chunk, a null or repeated state, a position past
+  // max_position_embeddings) is an error and leaves every state untouched.
+  Status run(std::span<SequenceChunk> batch, std::vector<ChunkOutput>* outputs,
+             bool want_streams = false) const;
+
+  // Runs MTP layer 0 (§9) over every chunk; outputs[i].logits are the draft logits of the
+  // requested rows, outputs[i].streams the MTP block's pre-head streams (when want_streams, for
+  // chaining). Advances each state's mtp_position().
+  Status run_mtp(std::span<MtpChunk> batch, std::vector<ChunkOutput>* outputs,
+                 bool want_streams = false) const;
+
+ private:
+  struct Batch;
+  Status block(const LayerWeights& layer, bool mtp, int64_t layer_slot, const Batch& batch,
+               std::vector<float>* x) const;
+  void attention(const LayerWeights& layer, bool mtp, int64_t layer_slot, const Batch& batch,
+                 const float* u, float* out) const;
+  void head(const float* x, int64_t num_rows, const cpu::MhcHeadWeights& hc_head,
+            const std::vector<float>& norm, float* logits) const;
+  void maybe_round(float* x, int64_t n) const;
+
+  const ModelWeights* weights_;
+  ForwardOptions options_;
+};
+
+}  // namespace ds::dsv4

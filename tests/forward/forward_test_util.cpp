@@ -1,0 +1,86 @@
+// Helpers of the forward tests (see forward_test_util.h).
+#include "forward_test_util.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "model/synthetic.h"
+
+namespace ds::dsv4::test {
+
+DeepSeekV4Config tiny_small_vocab_config() {
+  DeepSeekV4Config c = tiny_config();
+  c.vocab_size = kTinyVocab;
+  return c;
+}
+
+Status write_tiny_checkpoint(const std::string& dir) {
+  SyntheticOptions options;
+  options.preset = SyntheticPreset::kTiny;
+  options.seed = kTinySeed;
+  return write_synthetic_checkpoint(tiny_small_vocab_config(), options, dir);
+}
+
+const ModelWeights& tiny_model() {
+  static std::unique_ptr<ModelWeights> model = [] {
+    const std::string dir =
+        (std::filesystem::temp_directory_path() / ("ds_test_forward_" + std::to_string(::getpid())))
+            .string();
+    std::filesystem::remove_all(dir);
+    Status st = write_tiny_checkpoint(dir);
+    if (!st.ok()) {
+      ADD_FAILURE() << st.to_string();
+      std::abort();
+    }
+    auto loaded = ModelWeights::load(dir);
+    if (!loaded.ok()) {
+      ADD_FAILURE() << loaded.status().to_string();
+      std::abort();
+    }
+    // The mapping keeps the files' pages; the directory entries can go.
+    std::filesystem::remove_all(dir);
+    return std::move(loaded).value();
+  }();
+  return *model;
+}
+
+std::vector<int32_t> random_tokens(int64_t n, uint64_t seed, int64_t vocab) {
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 12345;
+  for (auto& t : out) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    t = int32_t(2 + s % uint64_t(vocab - 2));
+  }
+  return out;
+}
+
+std::vector<float> run_chunked(const Forward& fwd, const std::vector<int32_t>& tokens,
+                               const std::vector<int64_t>& chunk_sizes) {
+  const int64_t vocab = fwd.config().vocab_size;
+  SequenceState state = fwd.new_sequence();
+  std::vector<float> logits;
+  logits.reserve(tokens.size() * size_t(vocab));
+  size_t k = 0;
+  for (int64_t pos = 0; pos < int64_t(tokens.size());) {
+    const int64_t n =
+        std::min<int64_t>(chunk_sizes[k++ % chunk_sizes.size()], int64_t(tokens.size()) - pos);
+    SequenceChunk chunk;
+    chunk.state = &state;
+    chunk.tokens = std::span<const int32_t>(tokens.data() + pos, size_t(n));
+    for (int64_t r = 0; r < n; ++r) chunk.logit_rows.push_back(r);
+    std::vector<ChunkOutput> out;
+    Status st = fwd.run(std::span<SequenceChunk>(&chunk, 1), &out);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    if (!st.ok()) return {};
+    logits.insert(logits.end(), out[0].logits.begin(), out[0].logits.end());
+    pos += n;
+  }
+  return logits;
+}
+
+}  // namespace ds::dsv4::test

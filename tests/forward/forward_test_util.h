@@ -1,0 +1,36 @@
+// Shared helpers of the forward tests: the tiny model of dsv4-model.md §14 with a 1024-token
+// vocabulary (written once per test binary into a temporary directory by the synthetic
+// checkpoint generator), deterministic token sequences, and whole-sequence runners.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/deepseek_v4/forward.h"
+#include "model/deepseek_v4/weights.h"
+
+namespace ds::dsv4::test {
+
+inline constexpr uint64_t kTinySeed = 0;
+inline constexpr int64_t kTinyVocab = 1024;
+
+// The tiny config with vocab_size 1024 (what the goldens use too).
+DeepSeekV4Config tiny_small_vocab_config();
+
+// Writes the checkpoint (seed kTinySeed) to `dir`.
+Status write_tiny_checkpoint(const std::string& dir);
+
+// The shared model of this test binary (loaded on first use; aborts the test on failure).
+const ModelWeights& tiny_model();
+
+// `n` token ids in [2, vocab) from a fixed-seed generator.
+std::vector<int32_t> random_tokens(int64_t n, uint64_t seed, int64_t vocab = kTinyVocab);
+
+// Runs `tokens` through a fresh sequence with the given chunk sizes (cycled; the last chunk is
+// cut to fit) and returns the logits of every position [n, vocab].
+std::vector<float> run_chunked(const Forward& fwd, const std::vector<int32_t>& tokens,
+                               const std::vector<int64_t>& chunk_sizes);
+
+}  // namespace ds::dsv4::test
