@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.h"
 #include "core/rng.h"
 #include "model/checkpoint_files.h"
 #include "model/safetensors_writer.h"
@@ -20,23 +21,7 @@
 namespace ds {
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/ds_ck_test_XXXXXX";
-    const char* p = ::mkdtemp(tmpl);
-    path_ = p ? p : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using test::TempDir;
 
 struct Spec {
   std::string name;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.h"
 #include "core/rng.h"
 #include "model/safetensors.h"
 #include "model/safetensors_writer.h"
@@ -20,24 +21,7 @@
 namespace ds {
 namespace {
 
-// A fresh directory under /tmp, removed with everything in it at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/ds_st_test_XXXXXX";
-    const char* p = ::mkdtemp(tmpl);
-    path_ = p ? p : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using test::TempDir;
 
 std::vector<uint8_t> random_bytes(Rng& rng, size_t n) {
   std::vector<uint8_t> v(n);

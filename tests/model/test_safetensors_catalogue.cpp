@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.h"
 #include "core/rng.h"
 #include "model/safetensors.h"
 #include "model/safetensors_writer.h"
@@ -20,22 +21,7 @@
 namespace ds {
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/ds_st_cat_XXXXXX";
-    const char* p = ::mkdtemp(tmpl);
-    path_ = p ? p : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using test::TempDir;
 
 // One header entry: "name":{"dtype":..,"shape":[..],"data_offsets":[b,e]} with shape and offsets
 // given as raw JSON text so that malformed numbers can be written.

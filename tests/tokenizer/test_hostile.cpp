@@ -3,6 +3,8 @@
 // suite also runs under AddressSanitizer (label asan).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <chrono>
 
 #include "tokenizer/chat_encoding.h"
@@ -10,6 +12,14 @@
 
 namespace ds::tok {
 namespace {
+
+// Under AddressSanitizer the ratio measures the sanitizer's allocator, not the algorithm; the
+// sanitizer run still executes every input for memory safety.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kTimingIsMeaningful = false;
+#else
+constexpr bool kTimingIsMeaningful = true;
+#endif
 
 double seconds_to_encode(const Tokenizer& t, const std::string& s, size_t* n_ids) {
   auto start = std::chrono::steady_clock::now();
@@ -89,10 +99,16 @@ TEST(Hostile, OneCharacterRunsScaleLinearly) {
     while (small.size() < 100'000) small += unit;
     while (big.size() < 1'000'000) big += unit;
     size_t n_small = 0, n_big = 0;
-    double t_small = seconds_to_encode(*t, small, &n_small);
-    double t_big = seconds_to_encode(*t, big, &n_big);
-    EXPECT_LT(t_big, 30 * t_small + 0.05) << "unit " << unit;
-    EXPECT_LT(t_big, 20.0);
+    // Best of three runs each: one slow run on a loaded machine must not decide the ratio.
+    double t_small = 1e9, t_big = 1e9;
+    for (int rep = 0; rep < 3; ++rep) {
+      t_small = std::min(t_small, seconds_to_encode(*t, small, &n_small));
+      t_big = std::min(t_big, seconds_to_encode(*t, big, &n_big));
+    }
+    if (kTimingIsMeaningful) {
+      EXPECT_LT(t_big, 30 * t_small + 0.05) << "unit " << unit;
+      EXPECT_LT(t_big, 20.0);
+    }
     std::string back = t->decode(t->encode(big).value());
     EXPECT_EQ(back, big);
   }

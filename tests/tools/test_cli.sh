@@ -40,6 +40,45 @@ expect_status inspect_tiny 0 $rc
 expect_contains inspect_tiny "$out" "headers and tensor set valid; every value finite"
 expect_contains inspect_tiny "$out" "vocabulary 129280"
 
+# generate: greedy is deterministic; seeded sampling is reproducible; a bad id is a clear error.
+export OMP_WAIT_POLICY=passive
+g1=$("$bin" generate --model "$work/tiny" --prompt-ids 5,6,7 --max-tokens 4 2>&1); rc=$?
+expect_status generate_greedy 0 $rc
+expect_contains generate_greedy "$g1" "generated ids: "
+g2=$("$bin" generate --model "$work/tiny" --prompt-ids 5,6,7 --max-tokens 4 2>&1)
+ids1=$(grep "generated ids" <<<"$g1"); ids2=$(grep "generated ids" <<<"$g2")
+expect_contains generate_greedy_repeat "$ids2" "$ids1"
+s1=$("$bin" generate --model "$work/tiny" --prompt "Hello world" --max-tokens 4 --temperature 1 --seed 9 2>&1 | grep "generated ids")
+s2=$("$bin" generate --model "$work/tiny" --prompt "Hello world" --max-tokens 4 --temperature 1 --seed 9 2>&1 | grep "generated ids")
+expect_contains generate_seeded "$s2" "$s1"
+out=$("$bin" generate --model "$work/tiny" --prompt-ids 5,999999 --max-tokens 4 2>&1); rc=$?
+expect_status generate_bad_id 1 $rc
+expect_contains generate_bad_id "$out" "999999 is not below vocab_size"
+
+# tokenize: text -> ids -> text round trip through the CLI.
+ids=$("$bin" tokenize --no-special "Hello <｜User｜> world" 2>/dev/null | tr -d '\n'); rc=$?
+expect_status tokenize 0 $rc
+txt=$("$bin" tokenize --decode "$ids" 2>&1)
+expect_contains tokenize_roundtrip "$txt" "Hello <｜User｜> world"
+
+# roofline: the DeepSeek-V4-Flash cost model of dsv4-model.md §13.4 (H200 at 4.8 TB/s).
+out=$("$bin" roofline --preset flash --batch 16 --context 512 2>&1); rc=$?
+expect_status roofline_b16 0 $rc
+expect_contains roofline_b16 "$out" "decode step: batch 16, context 512"
+expect_contains roofline_b16 "$out" "ideal decode: 1414 tok/s"
+expect_contains roofline_b16 "$out" "U(16) = 80.84 of 256 per layer x 13.37 MB"
+expect_contains roofline_b16 "$out" "5.19 MB per sequence"
+out=$("$bin" roofline --preset flash --batch 1 --context 32768 2>&1)
+expect_contains roofline_b1 "$out" "ideal decode: 427 tok/s"
+out=$("$bin" roofline --preset flash --batch 64 --context 512 --json 2>&1); rc=$?
+expect_status roofline_json 0 $rc
+expect_contains roofline_json "$out" "\"tokens_per_s\""
+out=$("$bin" roofline --gpu a100 2>&1); rc=$?
+expect_status roofline_bad_gpu 2 $rc
+expect_contains roofline_bad_gpu "$out" 'error: unknown GPU "a100"'
+out=$("$bin" roofline --batch 0 2>&1); rc=$?
+expect_status roofline_bad_batch 2 $rc
+
 # A damaged shard: cut the last shard short.
 last=$(ls "$work/tiny"/model-*.safetensors | tail -1)
 truncate -s -100 "$last"

@@ -124,9 +124,11 @@ void register_generate(CLI::App& app, CommandFn* run) {
       "generate", "Generate tokens with the CPU reference forward (prefill, then decode)");
   cmd->add_option("--model", args->model, "checkpoint directory (default: the embedded tiny model)")
       ->envname("DEEPSERVE_MODEL");
-  cmd->add_option("--prompt", args->prompt, "prompt text (encoded with the model's tokenizer)");
+  cmd->add_option("--prompt", args->prompt, "prompt text (encoded with the model's tokenizer)")
+      ->envname("DEEPSERVE_PROMPT");
   cmd->add_option("--prompt-ids", args->prompt_ids,
-                  "prompt as comma-separated token ids, e.g. 0,1,2");
+                  "prompt as comma-separated token ids, e.g. 0,1,2")
+      ->envname("DEEPSERVE_PROMPT_IDS");
   cmd->add_option("--max-tokens", args->max_tokens, "tokens to generate")
       ->envname("DEEPSERVE_MAX_TOKENS")
       ->check(CLI::Range(1, 1 << 20));
@@ -146,7 +148,8 @@ void register_generate(CLI::App& app, CommandFn* run) {
   cmd->add_option("--numerics", args->numerics, "reference (default) or hf")
       ->envname("DEEPSERVE_NUMERICS")
       ->check(CLI::IsMember({"reference", "hf"}));
-  cmd->add_flag("--ignore-eos", args->ignore_eos, "keep generating after the EOS token");
+  cmd->add_flag("--ignore-eos", args->ignore_eos, "keep generating after the EOS token")
+      ->envname("DEEPSERVE_IGNORE_EOS");
   cmd->callback([args, run] {
     *run = [args]() -> int {
       if (args->prompt.empty() == args->prompt_ids.empty()) {

@@ -103,18 +103,23 @@ void register_tokenize(CLI::App& app, CommandFn* run) {
       ->envname("DEEPSERVE_TOKENIZER");
   cmd->add_option("--model", args->model, "checkpoint directory whose tokenizer.json to use")
       ->envname("DEEPSERVE_MODEL");
-  cmd->add_flag("--decode", args->decode, "read token ids and print the text");
+  cmd->add_flag("--decode", args->decode, "read token ids and print the text")
+      ->envname("DEEPSERVE_DECODE");
   cmd->add_flag("--no-special", args->no_special,
                 "treat added-token strings (<｜User｜>, <think>, ...) as plain text, as the chat "
-                "encoder does for client text");
-  cmd->add_flag("--show-tokens", args->show_tokens, "print one line per token: id and its text");
+                "encoder does for client text")
+      ->envname("DEEPSERVE_NO_SPECIAL");
+  cmd->add_flag("--show-tokens", args->show_tokens, "print one line per token: id and its text")
+      ->envname("DEEPSERVE_SHOW_TOKENS");
   cmd->add_option(
       "--chat", args->chat,
-      "JSON file {\"messages\": [...], \"tools\": [...]} to render as a DeepSeek-V4 prompt");
+      "JSON file {\"messages\": [...], \"tools\": [...]} to render as a DeepSeek-V4 prompt")
+      ->envname("DEEPSERVE_CHAT");
   cmd->add_option("--mode", args->mode, "chat encoding mode: thinking or chat")
-      ->check(CLI::IsMember({"thinking", "chat"}));
+      ->envname("DEEPSERVE_CHAT_MODE")->check(CLI::IsMember({"thinking", "chat"}));
   cmd->add_flag("--json", args->json,
-                "print JSON: {\"ids\": [...], \"count\": N} or {\"text\": ...}");
+                "print JSON: {\"ids\": [...], \"count\": N} or {\"text\": ...}")
+      ->envname("DEEPSERVE_JSON");
   cmd->callback([args, run] {
     *run = [args]() -> int {
       Result<tok::Tokenizer> t =

@@ -6,3 +6,4 @@ set(DS_CLI_SOURCES ${CMAKE_CURRENT_LIST_DIR}/commands.cpp
 set(DS_CLI_DEPS ds_core ds_model ds_tokenizer)
 list(APPEND DS_CLI_SOURCES ${CMAKE_CURRENT_LIST_DIR}/cmd_generate.cpp)
 list(APPEND DS_CLI_DEPS ds_kernels_cpu)
+list(APPEND DS_CLI_SOURCES ${CMAKE_CURRENT_LIST_DIR}/cmd_roofline.cpp)
