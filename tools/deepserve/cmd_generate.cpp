@@ -34,11 +34,6 @@ struct SamplingParams {
   float min_p = 0.0f;        // 0 = off
 };
 
-int fail(const Status& s) {
-  std::fprintf(stderr, "error: %s\n", s.message().c_str());
-  return 1;
-}
-
 Result<std::vector<int32_t>> parse_ids(const std::string& text) {
   std::vector<int32_t> ids;
   std::stringstream ss(text);

@@ -26,11 +26,6 @@ bool has_weights(const fs::path& dir) {
   return false;
 }
 
-int fail(const Status& s) {
-  std::fprintf(stderr, "error: %s\n", s.message().c_str());
-  return 1;
-}
-
 }  // namespace
 
 void register_inspect(CLI::App& app, CommandFn* run) {

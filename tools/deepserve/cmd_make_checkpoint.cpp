@@ -38,10 +38,7 @@ void register_make_checkpoint(CLI::App& app, CommandFn* run) {
     *run = [args]() -> int {
       SyntheticOptions options;
       auto preset = parse_synthetic_preset(args->preset);
-      if (!preset.ok()) {
-        std::fprintf(stderr, "error: %s\n", preset.status().message().c_str());
-        return 2;
-      }
+      if (!preset.ok()) return fail(preset.status(), 2);
       options.preset = *preset;
       options.num_layers = args->layers;
       options.seed = args->seed;
@@ -51,14 +48,8 @@ void register_make_checkpoint(CLI::App& app, CommandFn* run) {
                      double(p.bytes_done) / double(1 << 30), double(p.bytes_total) / double(1 << 30));
       };
       auto config = synthetic_config(options);
-      if (!config.ok()) {
-        std::fprintf(stderr, "error: %s\n", config.status().message().c_str());
-        return 2;
-      }
-      if (auto s = write_synthetic_checkpoint(*config, options, args->out); !s.ok()) {
-        std::fprintf(stderr, "error: %s\n", s.message().c_str());
-        return 1;
-      }
+      if (!config.ok()) return fail(config.status(), 2);
+      if (auto s = write_synthetic_checkpoint(*config, options, args->out); !s.ok()) return fail(s);
       if (args->verify) {
         auto ckpt = open_checkpoint(args->out);
         if (!ckpt.ok()) {

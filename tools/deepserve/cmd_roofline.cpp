@@ -15,15 +15,6 @@
 
 namespace ds::cli {
 
-namespace {
-
-int fail(const Status& s, int code) {
-  std::fprintf(stderr, "error: %s\n", s.message().c_str());
-  return code;
-}
-
-}  // namespace
-
 void register_roofline(CLI::App& app, CommandFn* run) {
   constexpr double kUnset = std::numeric_limits<double>::quiet_NaN();
   struct Args {

@@ -20,11 +20,6 @@
 namespace ds::cli {
 namespace {
 
-int fail(const Status& s) {
-  std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
-  return 1;
-}
-
 // Ids separated by spaces, commas or newlines, optionally inside [ ].
 Result<std::vector<tok::TokenId>> parse_ids(const std::string& text) {
   std::vector<tok::TokenId> ids;
