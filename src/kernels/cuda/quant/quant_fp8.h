@@ -11,17 +11,18 @@
 namespace ds::cuda {
 
 struct QuantFp8Params {
-  const uint16_t* x = nullptr;  // [num_rows, row_len] bf16 bits, rows `x_row_stride` elements apart
-  uint8_t* codes = nullptr;     // [num_rows, row_len] e4m3 bits (row-major, contiguous)
+  const uint16_t* x = nullptr;  // [num_rows, row_len] bf16 bits, rows `x_row_stride` elements
+                                // apart; 16-byte aligned
+  uint8_t* codes = nullptr;     // [num_rows, row_len] e4m3 bits (row-major, contiguous, 8-byte aligned)
   uint8_t* scales = nullptr;    // [num_rows, row_len / 128] e8m0 bits (row-major, contiguous)
   int64_t num_rows = 0;
   int64_t row_len = 0;          // a multiple of 128
-  int64_t x_row_stride = 0;     // in elements; >= row_len
+  int64_t x_row_stride = 0;     // in elements; >= row_len and a multiple of 8
 };
 
 inline constexpr int kQuantFp8Block = 128;
 
-// One warp per 128-element block; no allocation, no host synchronization, graph-capturable.
+// Half a warp per 128-element block; no allocation, no host synchronization, graph-capturable.
 void launch_quantize_fp8_blocks(const QuantFp8Params& params, cudaStream_t stream);
 
 }  // namespace ds::cuda
