@@ -17,6 +17,7 @@ ctest --preset cpu-release --no-tests=error -j"$jobs"
 # Hostile-input catalogues under ASan + UBSan (reliability.md §4.2).
 cmake --preset cpu-asan >/dev/null
 asan_targets=(test_core test_json)
+asan_targets+=(fuzz_safetensors_header fuzz_shard_index fuzz_config_json fuzz_json_strict fuzz_tokenizer_json fuzz_bpe_roundtrip fuzz_stream_decoder fuzz_output_parser)
 for t in test_model test_tokenizer; do
   if grep -q "^$t:" <(ninja -C build/cpu-asan -t targets all 2>/dev/null); then asan_targets+=("$t"); fi
 done
