@@ -103,9 +103,11 @@ bool OutputParser::parse_invoke(std::string_view block, ParsedToolCall* out,
       json_value = python_json_dumps(OrderedJson(value));
     } else {
       // string="false" values are JSON already; anything that is not valid JSON is kept as a
-      // string so that the arguments stay a valid JSON object.
+      // string so that the arguments stay a valid JSON object. A NUL byte is never valid JSON,
+      // but the parser stops reading at one and would accept `1\0junk` (found by fuzzing).
       auto parsed = OrderedJson::parse(value, nullptr, false);
-      json_value = parsed.is_discarded() ? python_json_dumps(OrderedJson(value)) : value;
+      const bool is_json = !parsed.is_discarded() && value.find('\0') == std::string::npos;
+      json_value = is_json ? value : python_json_dumps(OrderedJson(value));
     }
     params.emplace_back(std::move(pname), std::move(json_value));
   }

@@ -147,6 +147,14 @@ TEST(OutputParser, MalformedToolCallsBecomeTextWithAnError) {
                    {});
   ASSERT_EQ(c.calls.size(), 1u);
   EXPECT_EQ(c.calls[0].arguments, "{\"a\": \"not json\"}");
+  // A NUL byte makes a value non-JSON even when its prefix parses (`1\0junk`; found by fuzzing):
+  // it is kept as an escaped JSON string, so the arguments stay valid JSON.
+  const std::string with_nul = std::string(
+      "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"x\">\n<｜DSML｜parameter name=\"a\" "
+      "string=\"false\">1") + '\0' + "junk</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  auto n = parse_pieces(ThinkingMode::kChat, with_nul, {});
+  ASSERT_EQ(n.calls.size(), 1u);
+  EXPECT_EQ(n.calls[0].arguments, "{\"a\": \"1\\u0000junk\"}");
 }
 
 TEST(OutputParser, UnfinishedMarkersAtTheEndAreText) {
