@@ -9,6 +9,7 @@
 
 #include "core/checked_math.h"
 #include "core/dtype.h"
+#include "kernels/cpu/linear.h"
 
 namespace ds {
 namespace {
@@ -64,6 +65,13 @@ const Tables& tables() {
   return t;
 }
 
+// The validated row range of a stored weight, through the CPU kernels' decoder (the one the
+// forward uses), so that there is a single definition of each format's dequantization.
+void dequantize_rows(const cpu::LinearWeight& w, int64_t row_begin, int64_t row_end, float* out) {
+  for (int64_t r = row_begin; r < row_end; ++r)
+    cpu::dequantize_weight_row(w, r, out + (r - row_begin) * w.in_features);
+}
+
 // Encodes 2^e for a block whose amax is `amax` and whose format maximum is `fmt_max`:
 // e8m0_ceil_pow2(amax / fmt_max), or 127 (scale 1) for an all-zero block.
 uint8_t pow2_scale(float amax, float fmt_max) {
@@ -79,14 +87,8 @@ Status dequantize_fp8_block(const Fp8BlockWeight& w, int64_t row_begin, int64_t 
                             float* out) {
   DS_RETURN_IF_ERROR(check_shape("dequantize_fp8_block", w.codes, w.scales, w.rows, w.cols, 1));
   DS_RETURN_IF_ERROR(check_rows("dequantize_fp8_block", w.rows, row_begin, row_end, out));
-  const Tables& t = tables();
-  const int64_t scale_cols = ceil_div(w.cols, kFp8WeightBlock);
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    const uint8_t* codes = w.codes + r * w.cols;
-    const uint8_t* srow = w.scales + (r / kFp8WeightBlock) * scale_cols;
-    float* o = out + (r - row_begin) * w.cols;
-    for (int64_t c = 0; c < w.cols; ++c) o[c] = t.e4m3[codes[c]] * e8m0_to_float(srow[c / 128]);
-  }
+  dequantize_rows({cpu::WeightFormat::kFp8Block, w.rows, w.cols, w.codes, w.scales, 1.0f},
+                  row_begin, row_end, out);
   return ok_status();
 }
 
@@ -109,18 +111,8 @@ Status dequantize_mxfp4(const Mxfp4Weight& w, int64_t row_begin, int64_t row_end
   DS_RETURN_IF_ERROR(
       check_shape("dequantize_mxfp4", w.packed, w.scales, w.rows, w.cols, kMxfp4Block));
   DS_RETURN_IF_ERROR(check_rows("dequantize_mxfp4", w.rows, row_begin, row_end, out));
-  const Tables& t = tables();
-  const int64_t half = w.cols / 2, nblocks = w.cols / kMxfp4Block;
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    const uint8_t* p = w.packed + r * half;
-    const uint8_t* s = w.scales + r * nblocks;
-    float* o = out + (r - row_begin) * w.cols;
-    for (int64_t j = 0; j < half; ++j) {
-      const float scale = e8m0_to_float(s[(2 * j) / kMxfp4Block]);  // 2j, 2j+1 share a block
-      o[2 * j] = t.e2m1[e2m1_low(p[j])] * scale;
-      o[2 * j + 1] = t.e2m1[e2m1_high(p[j])] * scale;
-    }
-  }
+  dequantize_rows({cpu::WeightFormat::kMxfp4, w.rows, w.cols, w.packed, w.scales, 1.0f},
+                  row_begin, row_end, out);
   return ok_status();
 }
 
@@ -128,19 +120,9 @@ Status dequantize_nvfp4(const Nvfp4Weight& w, int64_t row_begin, int64_t row_end
   DS_RETURN_IF_ERROR(
       check_shape("dequantize_nvfp4", w.packed, w.scales, w.rows, w.cols, kNvfp4Block));
   DS_RETURN_IF_ERROR(check_rows("dequantize_nvfp4", w.rows, row_begin, row_end, out));
-  const Tables& t = tables();
-  const int64_t half = w.cols / 2, nblocks = w.cols / kNvfp4Block;
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    const uint8_t* p = w.packed + r * half;
-    const uint8_t* s = w.scales + r * nblocks;
-    float* o = out + (r - row_begin) * w.cols;
-    for (int64_t j = 0; j < half; ++j) {
-      // Order of multiplication as the format defines it: (e2m1 * block scale) * global.
-      const float scale = t.e4m3[s[(2 * j) / kNvfp4Block]];
-      o[2 * j] = t.e2m1[e2m1_low(p[j])] * scale * w.global_scale;
-      o[2 * j + 1] = t.e2m1[e2m1_high(p[j])] * scale * w.global_scale;
-    }
-  }
+  // Order of multiplication as the format defines it: (e2m1 * block scale) * global.
+  dequantize_rows({cpu::WeightFormat::kNvfp4, w.rows, w.cols, w.packed, w.scales, w.global_scale},
+                  row_begin, row_end, out);
   return ok_status();
 }
 
