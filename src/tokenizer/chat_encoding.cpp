@@ -456,15 +456,33 @@ std::string python_json_dumps(const OrderedJson& value) {
   return out;
 }
 
-Status validate_chat_tokens(const Tokenizer& tokenizer, size_t embedding_rows) {
-  for (std::string_view t : {kBos, kEos, kUser, kAssistant, kThinkStart, kThinkEnd, kDsml}) {
+namespace {
+
+// The format's own tokens, which must be single added tokens of the tokenizer.
+constexpr std::string_view kChatTokens[] = {kBos,       kEos,      kUser, kAssistant,
+                                            kThinkStart, kThinkEnd, kDsml};
+
+// The id of each chat token, or an error naming the first one the tokenizer lacks.
+Result<std::vector<TokenId>> chat_token_ids(const Tokenizer& tokenizer) {
+  std::vector<TokenId> ids;
+  for (std::string_view t : kChatTokens) {
     auto id = tokenizer.token_to_id(t);
     if (!id) return failed_precondition(fmt::format("tokenizer lacks the chat token {}", t));
-    if (*id < 0 || static_cast<size_t>(*id) >= embedding_rows)
+    ids.push_back(*id);
+  }
+  return ids;
+}
+
+}  // namespace
+
+Status validate_chat_tokens(const Tokenizer& tokenizer, size_t embedding_rows) {
+  DS_ASSIGN_OR_RETURN(std::vector<TokenId> ids, chat_token_ids(tokenizer));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || static_cast<size_t>(ids[i]) >= embedding_rows)
       return failed_precondition(
           fmt::format("chat token {} has id {}, not below the model's "
                       "vocab_size {}",
-                      t, *id, embedding_rows));
+                      kChatTokens[i], ids[i], embedding_rows));
   }
   return ok_status();
 }
@@ -592,10 +610,7 @@ Result<std::vector<TokenId>> encode_chat(const Tokenizer& tokenizer,
                                          const ChatEncodeOptions& opts,
                                          const EncodeOptions& encode_opts) {
   // The format's own tokens must be single added tokens, or the model sees something else.
-  for (std::string_view t : {kBos, kEos, kUser, kAssistant, kThinkStart, kThinkEnd, kDsml}) {
-    auto id = tokenizer.token_to_id(t);
-    if (!id) return failed_precondition(fmt::format("tokenizer lacks the chat token {}", t));
-  }
+  DS_RETURN_IF_ERROR(chat_token_ids(tokenizer).status());
   DS_ASSIGN_OR_RETURN(auto segs, render_chat_segments(messages, opts));
   std::vector<TokenId> ids;
   std::string plain;  // text waiting to be tokenized, up to the next added token
