@@ -1,4 +1,5 @@
-// The DeepSeek-V4 forward on the CPU reference kernels (dsv4-model.md §4-§9): embedding, the
+// The DeepSeek-V4 forward (dsv4-model.md §4-§9), written once against the op interface (ops.h):
+// embedding, the
 // decoder blocks (mHC pre/post around attention and MoE), the final hyper-connection head, norm
 // and LM head, and the MTP (NextN) layer. One call advances a batch of sequences, each by a chunk
 // of any number of tokens (a prefill chunk or a single decode token) at its own positions, and
@@ -15,11 +16,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "core/status.h"
 #include "kernels/cpu/numerics.h"
+#include "model/deepseek_v4/ops.h"
 #include "model/deepseek_v4/state.h"
 #include "model/deepseek_v4/weights.h"
 
@@ -58,8 +61,12 @@ struct MtpChunk {
 
 class Forward {
  public:
-  Forward(const ModelWeights* weights, ForwardOptions options)
-      : weights_(weights), options_(options) {}
+  // On the CPU reference backend (a CpuOps owned by this Forward).
+  Forward(const ModelWeights* weights, ForwardOptions options);
+  // On the given backend (not owned; it must outlive this Forward).
+  Forward(const ModelWeights* weights, ForwardOptions options, Ops* ops);
+  Forward(Forward&&) noexcept;
+  ~Forward();
 
   const DeepSeekV4Config& config() const { return weights_->config(); }
   const ForwardOptions& options() const { return options_; }
@@ -81,17 +88,24 @@ class Forward {
                  bool want_streams = false) const;
 
  private:
-  struct Batch;
-  Status block(const LayerWeights& layer, bool mtp, int64_t layer_slot, const Batch& batch,
-               std::vector<float>* x) const;
-  void attention(const LayerWeights& layer, bool mtp, int64_t layer_slot, const Batch& batch,
-                 const float* u, float* out) const;
-  void head(const float* x, int64_t num_rows, const cpu::MhcHeadWeights& hc_head,
+  // x [num_tokens, hc, hidden] in the backend's memory, advanced in place.
+  void block(const LayerWeights& layer, int64_t layer_slot, int64_t num_tokens, float* x) const;
+  // u [num_tokens, hidden] -> out [num_tokens, hidden]
+  void attention(const LayerWeights& layer, int64_t layer_slot, int64_t num_tokens, const float* u,
+                 float* out) const;
+  // Logits of the given plan rows into host memory.  logits [rows.size(), vocab]
+  void head(const float* x, const std::vector<int64_t>& rows, const cpu::MhcHeadWeights& hc_head,
             const std::vector<float>& norm, float* logits) const;
+  void outputs_for(std::span<const std::vector<int64_t>> logit_rows, const StepPlan& plan,
+                   const float* x, const cpu::MhcHeadWeights& hc_head,
+                   const std::vector<float>& norm, bool want_streams,
+                   std::vector<ChunkOutput>* outputs) const;
   void maybe_round(float* x, int64_t n) const;
 
   const ModelWeights* weights_;
   ForwardOptions options_;
+  std::unique_ptr<Ops> owned_ops_;  // the CPU backend when no backend was given
+  Ops* ops_;
 };
 
 }  // namespace ds::dsv4

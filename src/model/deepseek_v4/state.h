@@ -45,7 +45,7 @@ class SequenceState {
 
  private:
   friend class Forward;
-  friend class ForwardStateAccess;
+  friend class StateAccess;
   int64_t position_ = 0;
   int64_t mtp_position_ = 0;
   std::vector<LayerState> layers_;      // [num_hidden_layers]

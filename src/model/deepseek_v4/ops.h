@@ -1,0 +1,174 @@
+// The op interface of the DeepSeek-V4 forward (architecture.md "One forward, two backends"): the
+// forward (forward.cpp) is written once as a sequence of these ops; a backend implements them
+// over its memory and kernels. CpuOps (cpu_ops.h) runs the fp32 reference kernels of
+// src/kernels/cpu; a CUDA backend implements the same list over device memory.
+//
+// Conventions:
+// - Activations are fp32 buffers of the backend's memory (host for the CPU, device for CUDA),
+//   taken from the backend's step arena with alloc() and given back in LIFO order with
+//   mark()/release(): no allocation outside the arena during a step.
+// - Token-wise ops take explicit row counts; ops that need positions, token ids or per-sequence
+//   state read them from the StepPlan given to begin_step() (row i of a [num_tokens, ...] buffer
+//   is the plan's token i).
+// - Weights are the views of ModelWeights (host addresses of the mapped checkpoint); a device
+//   backend resolves them to its own copies.
+// - Ops that touch per-sequence state (compress, attend, store_window) address a layer by its
+//   slot and the plan's `mtp` flag (MTP layers keep their own window ring).
+// - The op granularity follows the reference's kernels (one op per reference function), so that
+//   each op has one CPU oracle and one fast kernel and can be timed as one component.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/compressor.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/mhc.h"
+#include "kernels/cpu/moe.h"
+#include "kernels/cpu/rope.h"
+#include "model/deepseek_v4/state.h"
+#include "model/deepseek_v4/weights.h"
+
+namespace ds::dsv4 {
+
+// One forward call's tokens, sequences concatenated (built on the host by Forward).
+struct StepPlan {
+  struct Seq {
+    SequenceState* state = nullptr;
+    int64_t begin = 0;  // first row in the step
+    int64_t count = 0;  // rows
+    int64_t start = 0;  // position of the first row
+  };
+  bool mtp = false;  // the MTP layer's step (its own positions and window ring)
+  int64_t num_tokens = 0;
+  std::vector<int32_t> ids;        // [num_tokens] token ids (MTP: the next tokens)
+  std::vector<int64_t> positions;  // [num_tokens]
+  std::vector<int32_t> seq_of;     // [num_tokens] index into seqs
+  std::vector<Seq> seqs;
+};
+
+// What attend() needs to know about a layer besides its weights.
+struct AttendParams {
+  int64_t layer_slot = 0;
+  const LayerWeights* layer = nullptr;
+  float softmax_scale = 0;  // 1 / sqrt(head_dim)
+};
+
+// One MoE site (§8): the router, experts and numerics flags of a layer.
+using MoeSite = cpu::MoeParams;
+
+// The model components a step's time is attributed to (`deepserve profile`, NVTX ranges). Every
+// op of a step runs inside exactly one component range.
+enum class Component : uint8_t {
+  kEmbed,                 // token embedding
+  kMhc,                   // hyper-connection pre/post (mixes, Sinkhorn, collapse, expand)
+  kNorm,                  // attn_norm / ffn_norm
+  kAttentionProjections,  // wq_a, q_norm, wq_b, wkv, kv_norm, RoPE, wo_a, wo_b
+  kCompressor,            // CSA/HCA and indexer compressors
+  kIndexer,               // indexer query/weights and top-k selection
+  kAttention,             // sparse attention core with sink, window ring update
+  kMoe,                   // router, routed and shared experts
+  kHead,                  // final hyper-connection collapse, norm, LM head
+  kMtpInput,              // MTP layer's enorm/hnorm/e_proj/h_proj
+};
+inline constexpr int kNumComponents = 10;
+const char* component_name(Component component);  // "attention projections", ...
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+
+  // ---- Step lifecycle and memory ----
+  virtual void begin_step(const StepPlan& plan) = 0;
+  virtual void end_step() = 0;
+  // Uninitialized scratch of `bytes` bytes (16-byte aligned), valid until release() of an earlier
+  // mark.
+  virtual void* alloc_bytes(int64_t bytes) = 0;
+  virtual size_t mark() const = 0;
+  virtual void release(size_t mark) = 0;
+  float* alloc(int64_t n) { return static_cast<float*>(alloc_bytes(n * int64_t(sizeof(float)))); }
+  int32_t* alloc_i32(int64_t n) {
+    return static_cast<int32_t*>(alloc_bytes(n * int64_t(sizeof(int32_t))));
+  }
+
+  // Component ranges (nested never; the forward opens one at a time). A CUDA backend emits NVTX
+  // ranges here; the profiler times them. Default: nothing.
+  virtual void component_begin(Component component) {}
+  virtual void component_end(Component component) {}
+  // Host <-> backend copies of fp32 values (identity copies on the CPU).
+  virtual void copy_to_host(const float* src, int64_t n, float* dst) = 0;
+  virtual void copy_from_host(const float* src, int64_t n, float* dst) = 0;
+
+  // ---- Token-wise ops (rows = the plan's tokens unless a count is given) ----
+  // §4: x[i, c, :] = embed[ids[i]] for c < copies.  x [num_tokens, copies, dim]
+  virtual void embed(const cpu::LinearWeight& table, int64_t copies, float* x) = 0;
+  // y = x @ W^T (cpu::linear).  x [rows, K], y [rows, N]
+  virtual void linear(const float* x, int64_t rows, const cpu::LinearWeight& w,
+                      bool quantize_activations, float* y) = 0;
+  // §7.8 grouped wo_a.  o [num_tokens, heads * head_dim], z [num_tokens, groups * o_lora_rank]
+  virtual void grouped_output_projection(const float* o, int64_t groups,
+                                         const cpu::LinearWeight& wo_a, float* z) = 0;
+  // Weighted RMSNorm (y may alias x).  x, y [rows, dim]
+  virtual void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
+                        float* y) = 0;
+  // Unweighted per-head RMSNorm in place.  x [rows, heads, head_dim]
+  virtual void rms_norm_heads(float* x, int64_t rows, int64_t heads, int64_t head_dim,
+                              float eps) = 0;
+  // §7.3 interleaved RoPE of the last rope_dim dims of each head at the plan's positions.
+  //   x [num_tokens, heads, head_dim]
+  virtual void rope(float* x, int64_t heads, int64_t head_dim, int64_t rope_dim,
+                    const float* inv_freq, cpu::RopeDirection direction) = 0;
+  // Reference-mode bf16 rounding in place.  x [n]
+  virtual void round_bf16(float* x, int64_t n) = 0;
+  // §2 FP8 simulation of the non-rope dims of kv vectors in place.  kv [rows, head_dim]
+  virtual void simulate_fp8_kv(float* kv, int64_t rows, int64_t head_dim, int64_t rope_dim) = 0;
+  // §7.7 indexer query preparation in place (RoPE, Hadamard, FP4 simulation).
+  //   q [num_tokens, heads, head_dim]
+  virtual void indexer_prepare_query(float* q, int64_t heads, int64_t head_dim, int64_t rope_dim,
+                                     const float* inv_freq, bool fp4_simulation,
+                                     bool round_bf16) = 0;
+  // §7.7 weights scaling in place.  w [num_tokens, heads]
+  virtual void indexer_scale_weights(float* w, int64_t heads, int64_t head_dim) = 0;
+  // §5 mHC.  x [rows, hc, dim]; u/o [rows, dim]; post [rows, hc]; comb [rows, hc, hc]
+  virtual void mhc_pre(const cpu::MhcConfig& config, const cpu::MhcSiteWeights& weights,
+                       const float* x, int64_t rows, float* u, float* post, float* comb) = 0;
+  virtual void mhc_post(const cpu::MhcConfig& config, const float* o, const float* x,
+                        const float* post, const float* comb, int64_t rows, float* x_new) = 0;
+  virtual void mhc_head(const cpu::MhcConfig& config, const cpu::MhcHeadWeights& weights,
+                        const float* x, int64_t rows, float* y) = 0;
+  // §8 MoE over the plan's tokens (ids from the plan for hash routing).  x, y [num_tokens, dim]
+  virtual void moe(const MoeSite& site, const float* x, float* y) = 0;
+  // §9 MTP input: x[i, c] = e[i] + h[i, c].  e [num_tokens, dim], h/x [num_tokens, hc, dim]
+  virtual void add_broadcast(const float* e, const float* h, int64_t hc, int64_t dim,
+                             float* x) = 0;
+  // out[r] = x[rows[r]] for whole rows of `width` values.  out [rows.size(), width]
+  virtual void gather_rows(const float* x, int64_t width, const std::vector<int64_t>& rows,
+                           float* out) = 0;
+
+  // ---- Per-sequence state ----
+  // §7.6: projects the plan's tokens (h [num_tokens, hidden]) with one compressor, feeds each
+  // sequence's chunk to its state ring and stores the finished entries (attention entries or
+  // indexer keys) in the sequence's cache.
+  virtual void compress(int64_t layer_slot, const CompressorWeights& weights,
+                        cpu::CompressorKind kind, const cpu::CompressorFinishParams& finish,
+                        const float* h) = 0;
+  // §7.7 top-k selection (CSA): each token scores the indexer keys visible to it (entries
+  // w < (t + 1) / ratio) and keeps the best index_topk, ascending score order not required;
+  // unused slots are -1.
+  //   q_index [num_tokens, index_heads, index_head_dim], w_index [num_tokens, index_heads],
+  //   selected [num_tokens, index_topk]
+  virtual void indexer_select(int64_t layer_slot, const float* q_index, const float* w_index,
+                              int32_t* selected) = 0;
+  // §7.4/§7.5: each token attends with the per-head sink to its window (earlier tokens from the
+  // ring, tokens of this step from kv) and its compressed entries (CSA: `selected`, -1 skipped;
+  // HCA: all visible; SWA: none). Does not modify state.
+  //   q [num_tokens, heads, head_dim], kv [num_tokens, head_dim],
+  //   selected [num_tokens, index_topk] (CSA only, else nullptr), o [num_tokens, heads, head_dim]
+  virtual void attend(const AttendParams& params, const float* q, const float* kv,
+                      const int32_t* selected, float* o) = 0;
+  // The step's kv vectors join each sequence's window ring.  kv [num_tokens, head_dim]
+  virtual void store_window(int64_t layer_slot, const float* kv, int64_t head_dim) = 0;
+};
+
+}  // namespace ds::dsv4

@@ -1,0 +1,137 @@
+// The forward through its op interface (ops.h): a forward given a backend explicitly (here a
+// decorator around CpuOps) gives the same logits as the default CPU forward, bit for bit; every
+// compute op runs inside exactly one component range, ranges never nest, and a step touches the
+// components its layers have (compressor and indexer only on compressed layers); the scratch
+// arena is back to empty after every call, also when the call fails.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "forward_test_util.h"
+#include "model/deepseek_v4/cpu_ops.h"
+#include "model/deepseek_v4/forwarding_ops.h"
+
+namespace ds::dsv4::test {
+namespace {
+
+using cpu::NumericsMode;
+
+// Records the component of every op and checks the range discipline.
+class RecordingOps final : public ForwardingOps {
+ public:
+  using ForwardingOps::ForwardingOps;
+
+  void component_begin(Component c) override {
+    if (open_) ++nested_;
+    open_ = true;
+    current_ = c;
+    ++begins_[size_t(c)];
+    ForwardingOps::component_begin(c);
+  }
+  void component_end(Component c) override {
+    if (!open_ || c != current_) ++mismatched_;
+    open_ = false;
+    ForwardingOps::component_end(c);
+  }
+
+  int nested_ = 0, mismatched_ = 0, outside_ = 0;
+  std::array<int, kNumComponents> begins_{};
+  std::map<std::string, std::map<std::string, int>> ops_by_component_;  // component -> op -> n
+
+ protected:
+  void before_op(const char* name) override {
+    // Copies of results to the host are bookkeeping, not model work; everything else must be
+    // attributed to a component.
+    if (!open_ && std::strcmp(name, "copy_to_host") != 0) ++outside_;
+    ++ops_by_component_[open_ ? component_name(current_) : "(none)"][name];
+  }
+
+ private:
+  bool open_ = false;
+  Component current_ = Component::kEmbed;
+};
+
+class ForwardOps : public ::testing::TestWithParam<NumericsMode> {};
+
+TEST_P(ForwardOps, ExplicitBackendGivesTheDefaultForwardsLogits) {
+  const ModelWeights& model = tiny_model();
+  const ForwardOptions options = ForwardOptions::for_mode(GetParam());
+  CpuOps cpu(model.config());
+  RecordingOps recording(&cpu);
+  const Forward reference(&model, options);
+  const Forward explicit_backend(&model, options, &recording);
+  const auto tokens = random_tokens(150, 11);
+  const auto a = run_chunked(reference, tokens, {37, 1, 5});
+  const auto b = run_chunked(explicit_backend, tokens, {37, 1, 5});
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+
+  EXPECT_EQ(recording.nested_, 0);
+  EXPECT_EQ(recording.mismatched_, 0);
+  EXPECT_EQ(recording.outside_, 0);
+  EXPECT_EQ(cpu.mark(), 0u) << "scratch left in the arena after the calls";
+  // The tiny model has SWA, CSA and HCA layers: every main-model component ran.
+  for (Component c : {Component::kEmbed, Component::kMhc, Component::kNorm,
+                      Component::kAttentionProjections, Component::kCompressor,
+                      Component::kIndexer, Component::kAttention, Component::kMoe,
+                      Component::kHead}) {
+    EXPECT_GT(recording.begins_[size_t(c)], 0) << component_name(c);
+  }
+  EXPECT_EQ(recording.begins_[size_t(Component::kMtpInput)], 0);
+  // Ops land where they belong.
+  auto& by = recording.ops_by_component_;
+  EXPECT_GT(by["indexer"]["indexer_select"], 0);
+  EXPECT_EQ(by["sparse attention"].count("linear"), 0u);
+  EXPECT_GT(by["sparse attention"]["attend"], 0);
+  EXPECT_GT(by["compressor"]["compress"], 0);
+  EXPECT_GT(by["moe"]["moe"], 0);
+  EXPECT_GT(by["head"]["linear"], 0);
+  EXPECT_EQ(by.count("(none)"), 0u);
+}
+
+TEST_P(ForwardOps, MtpRunsInsideComponentsToo) {
+  const ModelWeights& model = tiny_model();
+  const ForwardOptions options = ForwardOptions::for_mode(GetParam());
+  CpuOps cpu(model.config());
+  RecordingOps recording(&cpu);
+  const Forward f(&model, options, &recording);
+  SequenceState state = f.new_sequence();
+  const auto tokens = random_tokens(20, 12);
+  SequenceChunk chunk{&state, tokens, {0, 19}};
+  std::vector<ChunkOutput> out;
+  ASSERT_TRUE(f.run(std::span<SequenceChunk>(&chunk, 1), &out, /*want_streams=*/true).ok());
+  std::vector<int32_t> next = {int32_t(tokens[1]), int32_t(tokens[19])};
+  MtpChunk m{&state, out[0].streams, next, {0, 1}};
+  std::vector<ChunkOutput> mtp_out;
+  ASSERT_TRUE(f.run_mtp(std::span<MtpChunk>(&m, 1), &mtp_out).ok());
+  EXPECT_EQ(mtp_out[0].logits.size(), size_t(2 * kTinyVocab));
+  EXPECT_GT(recording.begins_[size_t(Component::kMtpInput)], 0);
+  EXPECT_EQ(recording.nested_, 0);
+  EXPECT_EQ(recording.outside_, 0);
+  EXPECT_EQ(cpu.mark(), 0u);
+}
+
+TEST_P(ForwardOps, FailedCallLeavesTheArenaEmptyAndTheStateUntouched) {
+  const ModelWeights& model = tiny_model();
+  CpuOps cpu(model.config());
+  const Forward f(&model, ForwardOptions::for_mode(GetParam()), &cpu);
+  SequenceState state = f.new_sequence();
+  std::vector<int32_t> bad = {5, int32_t(kTinyVocab)};  // second id out of range
+  SequenceChunk chunk{&state, bad, {1}};
+  std::vector<ChunkOutput> out;
+  EXPECT_FALSE(f.run(std::span<SequenceChunk>(&chunk, 1), &out).ok());
+  EXPECT_EQ(state.position(), 0);
+  EXPECT_EQ(cpu.mark(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ForwardOps,
+                         ::testing::Values(NumericsMode::kReference, NumericsMode::kHf),
+                         [](const auto& info) {
+                           return info.param == NumericsMode::kReference ? "reference" : "hf";
+                         });
+
+}  // namespace
+}  // namespace ds::dsv4::test
