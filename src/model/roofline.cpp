@@ -529,8 +529,6 @@ Result<RooflineResult> compute_roofline(const DeepSeekV4Config& c, const Rooflin
 
 // ---- reports ----------------------------------------------------------------------------------
 
-namespace {
-
 // Decimal units, as in dsv4-model.md §13 (1 GB = 1e9 B).
 std::string human_bytes(double b) {
   if (b >= 1e9) return fmt("%.2f GB", b * 1e-9);
@@ -553,6 +551,8 @@ std::string human_time(double s) {
   if (s >= 1e-3) return fmt("%.2f ms", s * 1e3);
   return fmt("%.2f us", s * 1e6);
 }
+
+namespace {
 
 std::string pad(std::string s, size_t width) {
   if (s.size() < width) s.append(width - s.size(), ' ');

@@ -147,6 +147,12 @@ std::string format_roofline_report(const DeepSeekV4Config& config, const Rooflin
 std::string roofline_to_json(const DeepSeekV4Config& config, const RooflineResult& result,
                              std::string_view model_label);
 
+// Report units shared with `deepserve profile`: decimal bytes ("4.60 GB"), FLOPs ("147.17 GFLOP"),
+// times ("958.22 us").
+std::string human_bytes(double bytes);
+std::string human_flops(double flops);
+std::string human_time(double seconds);
+
 // Bounds on the request (a calculator, but no absurd values).
 inline constexpr int64_t kMaxRooflineBatch = int64_t(1) << 20;
 inline constexpr int64_t kMaxRooflineTokens = int64_t(1) << 32;  // context and prefill length

@@ -61,6 +61,21 @@ expect_status tokenize 0 $rc
 txt=$("$bin" tokenize --decode "$ids" 2>&1)
 expect_contains tokenize_roundtrip "$txt" "Hello <｜User｜> world"
 
+# profile: per-component times of decode steps and a prefill on the CPU backend, with floors.
+out=$("$bin" profile --model "$work/tiny" --batch 2 --context 140 --steps 2 --prefill-tokens 32 \
+      --output "$work/profile.json" 2>&1); rc=$?
+expect_status profile_cpu 0 $rc
+expect_contains profile_cpu "$out" "decode: 2 token(s) per step, 2 timed step(s)"
+expect_contains profile_cpu "$out" "sparse attention"
+expect_contains profile_cpu "$out" "components cover"
+expect_contains profile_cpu "$out" "prefill: 32 token(s) per step"
+expect_contains profile_json "$(cat "$work/profile.json" 2>&1)" '"seconds_per_step"'
+out=$("$bin" profile --model "$work/tiny" --batch 0 2>&1); rc=$?
+expect_status profile_bad_batch 2 $rc
+expect_contains profile_bad_batch "$out" "error: profile: --batch must be in [1, 4096]"
+out=$("$bin" profile --model "$work/tiny" --gpu a100 2>&1); rc=$?
+expect_status profile_bad_gpu 2 $rc
+
 # roofline: the DeepSeek-V4-Flash cost model of dsv4-model.md §13.4 (H200 at 4.8 TB/s).
 out=$("$bin" roofline --preset flash --batch 16 --context 512 2>&1); rc=$?
 expect_status roofline_b16 0 $rc

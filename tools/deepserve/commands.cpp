@@ -7,6 +7,7 @@ namespace ds::cli {
 void register_generate(CLI::App& app, CommandFn* run);
 void register_inspect(CLI::App& app, CommandFn* run);
 void register_make_checkpoint(CLI::App& app, CommandFn* run);
+void register_profile(CLI::App& app, CommandFn* run);
 void register_roofline(CLI::App& app, CommandFn* run);
 void register_tokenize(CLI::App& app, CommandFn* run);
 
@@ -14,6 +15,7 @@ void register_all(CLI::App& app, CommandFn* run) {
   register_generate(app, run);
   register_inspect(app, run);
   register_make_checkpoint(app, run);
+  register_profile(app, run);
   register_roofline(app, run);
   register_tokenize(app, run);
 }

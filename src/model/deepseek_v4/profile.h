@@ -1,0 +1,91 @@
+// Per-component profile of the DeepSeek-V4 forward (`deepserve profile`, architecture.md
+// "Observability"): runs decode steps (and optionally a prefill) on a backend, times every
+// component range the forward opens (ops.h Component) and puts each component's time next to
+// its bytes, FLOPs and floor from the roofline model (roofline.h, dsv4-model.md §13) for the
+// same config, batch and context. The step time is measured around the whole forward call, so
+// the report shows how much of it the component ranges cover.
+//
+// Timing: ProfilingOps reads a steady clock at each range's begin and end. That is the op time
+// on a synchronous backend (CpuOps); a device backend must make its ranges synchronous (or time
+// them with events) for the numbers to mean the same.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "model/deepseek_v4/forward.h"
+#include "model/deepseek_v4/forwarding_ops.h"
+#include "model/roofline.h"
+
+namespace ds::dsv4 {
+
+// Accumulates wall-clock time per component over the steps it sees.
+class ProfilingOps final : public ForwardingOps {
+ public:
+  using ForwardingOps::ForwardingOps;
+
+  void component_begin(Component c) override;
+  void component_end(Component c) override;
+  void reset();
+
+  std::array<double, kNumComponents> seconds{};  // total per component
+  std::array<int64_t, kNumComponents> ranges{};  // ranges closed per component
+
+ private:
+  std::chrono::steady_clock::time_point begin_;
+};
+
+struct ProfileRequest {
+  int64_t batch = 1;           // sequences decoding together, one token each per step
+  int64_t context = 512;       // tokens in each sequence's cache at the first timed step
+  int64_t steps = 8;           // timed decode steps
+  int64_t warmup_steps = 1;    // untimed decode steps before them
+  int64_t prefill_tokens = 0;  // > 0: also time one prefill of this many tokens
+  uint64_t seed = 0;           // prompt token ids
+  GpuSpec gpu = kGpuPresets[0];  // ceilings for the floors
+};
+
+struct ComponentProfile {
+  Component component = Component::kEmbed;
+  double seconds = 0;  // per step (mean over the timed steps)
+  int64_t ranges = 0;  // ranges per step
+  double bytes = 0;    // roofline: bytes per step (weights + KV)
+  double fp8_flops = 0, bf16_flops = 0;
+  double floor_s = 0;  // max(bytes / BW, fp8 / FP8 peak + bf16 / BF16 peak)
+};
+
+struct PhaseProfile {
+  std::string phase;     // "decode" or "prefill"
+  int64_t steps = 0;     // timed steps
+  int64_t tokens = 0;    // tokens per step
+  double step_s = 0;     // mean wall-clock of one forward call
+  double covered_s = 0;  // sum of the component times per step
+  double floor_s = 0;    // roofline floor of the step
+  std::vector<ComponentProfile> components;  // in Component order
+};
+
+struct ProfileResult {
+  ProfileRequest request;
+  std::string backend;  // "cpu"
+  PhaseProfile decode;
+  PhaseProfile prefill;  // steps == 0 when not asked
+};
+
+// Runs the profile. `ops` is the backend (not owned); the forward runs in `options` numerics.
+// Errors: kInvalidArgument for a request out of range (batch, context, steps, prefill length
+// beyond max_position_embeddings).
+Result<ProfileResult> run_profile(const ModelWeights& weights, const ForwardOptions& options,
+                                  Ops* ops, const std::string& backend,
+                                  const ProfileRequest& request);
+
+// Which roofline rows a component owns (by RooflineRow::component name).
+Component component_of_roofline_row(const std::string& row_component);
+
+std::string format_profile_report(const ProfileResult& result, const std::string& model_label);
+std::string profile_to_json(const ProfileResult& result, const std::string& model_label);
+
+}  // namespace ds::dsv4

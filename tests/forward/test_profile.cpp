@@ -1,0 +1,107 @@
+// The per-component profiler (profile.h) on the tiny model: every component range of a decode
+// step and a prefill is timed, the ranges cover the measured step, each component carries the
+// roofline's bytes/FLOPs for the same config (and every roofline row maps to a component), the
+// JSON report holds the same numbers, and bad requests are errors.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "forward_test_util.h"
+#include "model/deepseek_v4/cpu_ops.h"
+#include "model/deepseek_v4/profile.h"
+
+namespace ds::dsv4::test {
+namespace {
+
+ProfileRequest small_request() {
+  ProfileRequest r;
+  r.batch = 2;
+  r.context = 140;  // past the first ratio-128 entry: every layer kind has compressed entries
+  r.steps = 3;
+  r.warmup_steps = 1;
+  r.prefill_tokens = 64;
+  return r;
+}
+
+TEST(Profile, DecodeAndPrefillComponentsCoverTheStep) {
+  const ModelWeights& model = tiny_model();
+  CpuOps cpu(model.config());
+  auto result = run_profile(model, ForwardOptions::for_mode(cpu::NumericsMode::kReference), &cpu,
+                            "cpu", small_request());
+  ASSERT_TRUE(result.ok()) << result.status().message();
+  for (const PhaseProfile* p : {&result->decode, &result->prefill}) {
+    SCOPED_TRACE(p->phase);
+    ASSERT_EQ(p->components.size(), size_t(kNumComponents));
+    EXPECT_GT(p->step_s, 0);
+    // The ranges are inside the measured call, and the call is almost all ranges (the rest is
+    // validation and the plan, a few percent at most even on a loaded machine).
+    EXPECT_LE(p->covered_s, p->step_s * 1.0001);
+    EXPECT_GE(p->covered_s, p->step_s * 0.80);
+    for (const ComponentProfile& cp : p->components) {
+      if (cp.component == Component::kMtpInput) {
+        EXPECT_EQ(cp.ranges, 0);
+        continue;
+      }
+      EXPECT_GT(cp.ranges, 0) << component_name(cp.component);
+      EXPECT_GT(cp.seconds, 0) << component_name(cp.component);
+      if (cp.component != Component::kAttention) {
+        EXPECT_GT(cp.bytes, 0) << component_name(cp.component);
+      }
+      EXPECT_GT(cp.floor_s, 0) << component_name(cp.component);
+    }
+    EXPECT_GT(p->floor_s, 0);
+  }
+  EXPECT_EQ(result->decode.tokens, 2);
+  EXPECT_EQ(result->prefill.tokens, 64);
+  // Routed experts dominate the roofline bytes of a decode step even on the tiny model.
+  const ComponentProfile& moe = result->decode.components[size_t(Component::kMoe)];
+  for (const ComponentProfile& cp : result->decode.components) EXPECT_LE(cp.bytes, moe.bytes);
+
+  const auto json = nlohmann::json::parse(profile_to_json(*result, "tiny"));
+  EXPECT_EQ(json["decode"]["components"].size(), size_t(kNumComponents));
+  EXPECT_DOUBLE_EQ(json["decode"]["step_s"].get<double>(), result->decode.step_s);
+  EXPECT_EQ(json["decode"]["components"][size_t(Component::kMoe)]["component"], "moe");
+  const std::string text = format_profile_report(*result, "tiny");
+  EXPECT_NE(text.find("sparse attention"), std::string::npos);
+  EXPECT_NE(text.find("components cover"), std::string::npos);
+}
+
+TEST(Profile, EveryRooflineRowBelongsToAComponent) {
+  // Rows of a step with MTP speculation on include the MTP rows; each must map to the component
+  // whose ops do that work (a typo in a row name would land in "moe", the fallback).
+  RooflineRequest rr;
+  rr.mtp_draft_tokens = 1;
+  auto roof = compute_roofline(tiny_model().config(), rr);
+  ASSERT_TRUE(roof.ok());
+  for (const RooflineRow& row : roof->decode.rows) {
+    const Component c = component_of_roofline_row(row.component);
+    const bool moe_row = row.component == "gate" || row.component == "hash routing rows" ||
+                         row.component == "shared expert" || row.component == "routed experts" ||
+                         row.component == "MTP routed experts";
+    if (moe_row) {
+      EXPECT_EQ(c, row.component == "MTP routed experts" ? Component::kMtpInput : Component::kMoe)
+          << row.component;
+    } else {
+      EXPECT_NE(c, Component::kMoe) << row.component;
+    }
+  }
+}
+
+TEST(Profile, BadRequestsAreErrors) {
+  const ModelWeights& model = tiny_model();
+  CpuOps cpu(model.config());
+  const ForwardOptions options = ForwardOptions::for_mode(cpu::NumericsMode::kReference);
+  ProfileRequest r = small_request();
+  r.batch = 0;
+  EXPECT_FALSE(run_profile(model, options, &cpu, "cpu", r).ok());
+  r = small_request();
+  r.context = model.config().max_position_embeddings;
+  EXPECT_FALSE(run_profile(model, options, &cpu, "cpu", r).ok());
+  r = small_request();
+  r.steps = 0;
+  EXPECT_FALSE(run_profile(model, options, &cpu, "cpu", r).ok());
+  EXPECT_EQ(cpu.mark(), 0u);
+}
+
+}  // namespace
+}  // namespace ds::dsv4::test

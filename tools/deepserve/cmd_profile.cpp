@@ -1,0 +1,95 @@
+// `deepserve profile`: time per model component of decode steps (and a prefill) on a backend,
+// next to each component's bytes, FLOPs and floor from the roofline model (docs/profile.md). The
+// measurement and the report live in src/model/deepseek_v4/profile.h; this file parses flags and
+// loads the model.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "commands.h"
+#include "kernels/cpu/numerics.h"
+#include "model/deepseek_v4/cpu_ops.h"
+#include "model/deepseek_v4/profile.h"
+#include "model/embedded_model.h"
+
+namespace ds::cli {
+
+void register_profile(CLI::App& app, CommandFn* run) {
+  struct Args {
+    std::string model;
+    std::string device = "cpu";
+    std::string numerics = "reference";
+    std::string gpu = "h200";
+    dsv4::ProfileRequest request;
+    bool json = false;
+    std::string output;
+  };
+  auto args = std::make_shared<Args>();
+  args->request.context = 512;
+  CLI::App* cmd = app.add_subcommand(
+      "profile",
+      "Time per model component of decode steps (and a prefill), next to its roofline floor");
+  cmd->add_option("--model", args->model, "checkpoint directory (default: the embedded tiny model)")
+      ->envname("DEEPSERVE_MODEL");
+  cmd->add_option("--device", args->device, "backend: cpu")
+      ->envname("DEEPSERVE_DEVICE")
+      ->check(CLI::IsMember({"cpu"}));
+  cmd->add_option("--numerics", args->numerics, "reference or hf")
+      ->envname("DEEPSERVE_NUMERICS")
+      ->check(CLI::IsMember({"reference", "hf"}));
+  cmd->add_option("--batch", args->request.batch, "sequences decoding together (default 1)")
+      ->envname("DEEPSERVE_PROFILE_BATCH");
+  cmd->add_option("--context", args->request.context,
+                  "tokens in each sequence's cache at the first timed step (default 512)")
+      ->envname("DEEPSERVE_PROFILE_CONTEXT");
+  cmd->add_option("--steps", args->request.steps, "timed decode steps (default 8)")
+      ->envname("DEEPSERVE_PROFILE_STEPS");
+  cmd->add_option("--warmup", args->request.warmup_steps, "untimed decode steps first (default 1)")
+      ->envname("DEEPSERVE_PROFILE_WARMUP");
+  cmd->add_option("--prefill-tokens", args->request.prefill_tokens,
+                  "also time one prefill of this many tokens (default 0 = no)")
+      ->envname("DEEPSERVE_PROFILE_PREFILL_TOKENS");
+  cmd->add_option("--seed", args->request.seed, "seed of the random prompt tokens")
+      ->envname("DEEPSERVE_SEED");
+  cmd->add_option("--gpu", args->gpu, "ceilings for the floors: h200, h100, b200, rtx-pro-6000")
+      ->envname("DEEPSERVE_GPU");
+  cmd->add_flag("--json", args->json, "print JSON instead of the table")
+      ->envname("DEEPSERVE_PROFILE_JSON");
+  cmd->add_option("--output", args->output, "also write the JSON to this file")
+      ->envname("DEEPSERVE_PROFILE_OUTPUT");
+
+  cmd->callback([args, run] {
+    *run = [args]() -> int {
+      auto gpu = find_gpu_preset(args->gpu);
+      if (!gpu.ok()) return fail(gpu.status(), 2);
+      args->request.gpu = *gpu;
+      std::string dir = args->model;
+      std::string label = dir;
+      if (dir.empty()) {
+        auto embedded = ensure_embedded_model();
+        if (!embedded.ok()) return fail(embedded.status());
+        dir = *embedded;
+        label = "embedded tiny model (" + dir + ")";
+      }
+      auto weights = dsv4::ModelWeights::load(dir);
+      if (!weights.ok()) return fail(weights.status());
+      const auto mode = *cpu::numerics_mode_from_name(args->numerics);
+      dsv4::CpuOps cpu((*weights)->config());
+      auto result = dsv4::run_profile(**weights, dsv4::ForwardOptions::for_mode(mode), &cpu,
+                                      args->device, args->request);
+      if (!result.ok()) return fail(result.status(), 2);
+      const std::string json = dsv4::profile_to_json(*result, label);
+      if (!args->output.empty()) {
+        std::ofstream f(args->output);
+        f << json << "\n";
+        if (!f) return fail(invalid_argument("cannot write --output " + args->output));
+      }
+      const std::string text = args->json ? json + "\n" : dsv4::format_profile_report(*result, label);
+      std::fputs(text.c_str(), stdout);
+      return 0;
+    };
+  });
+}
+
+}  // namespace ds::cli
