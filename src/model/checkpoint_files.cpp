@@ -62,8 +62,24 @@ Status check_plain_name(const std::string& index_path, const std::string& tensor
   return ok_status();
 }
 
+// For a canonical directory laid out as a Hugging Face hub cache snapshot,
+// <cache>/models--<org>--<name>/snapshots/<revision>, whose files are symlinks to
+// ../../blobs/<hash>: the repository's blobs directory "<cache>/models--<org>--<name>/blobs/".
+// Otherwise "". Only that one sibling directory of the same repository is ever added.
+std::string hf_cache_blobs_dir(const std::string& dir) {
+  const size_t rev = dir.rfind('/');
+  if (rev == std::string::npos || rev == 0 || rev + 1 == dir.size()) return "";
+  const size_t snaps = dir.rfind('/', rev - 1);
+  if (snaps == std::string::npos || dir.compare(snaps, rev - snaps, "/snapshots") != 0) return "";
+  const std::string repo = dir.substr(0, snaps);
+  const size_t base = repo.rfind('/');
+  if (base == std::string::npos || repo.compare(base + 1, 8, "models--") != 0) return "";
+  return repo + "/blobs/";
+}
+
 // Resolves `name` inside the canonical directory `dir` and requires the result to stay inside it
-// (rule 19, canonical part: catches symlinks that point elsewhere).
+// (rule 19, canonical part: catches symlinks that point elsewhere). The one exception is a Hugging
+// Face hub cache snapshot, whose files may resolve into the same repository's blobs directory.
 Result<std::string> resolve_inside(const std::string& dir, const std::string& name,
                                    const std::string& referrer) {
   std::string joined = dir == "/" ? "/" + name : dir + "/" + name;
@@ -73,8 +89,11 @@ Result<std::string> resolve_inside(const std::string& dir, const std::string& na
     if (err == ENOENT || err == ENOTDIR) return not_found(joined + ": does not exist" + referrer);
     return io_error(joined + ": cannot resolve: " + std::strerror(err));
   }
-  std::string prefix = dir == "/" ? "/" : dir + "/";
-  if (real.compare(0, prefix.size(), prefix) != 0 || real.size() == prefix.size()) {
+  auto inside = [&](const std::string& prefix) {
+    return !prefix.empty() && real.compare(0, prefix.size(), prefix) == 0 &&
+           real.size() > prefix.size();
+  };
+  if (!inside(dir == "/" ? "/" : dir + "/") && !inside(hf_cache_blobs_dir(dir))) {
     return corrupt(joined + ": rule 19: resolves to '" + printable(real) +
                    "', outside the checkpoint directory (symlink escape)" + referrer);
   }

@@ -282,6 +282,49 @@ TEST_F(CheckpointTest, Catalogue_WF10_SymlinkEscape) {
                {"outside the checkpoint directory"});
 }
 
+// A Hugging Face hub cache snapshot (models--<org>--<name>/snapshots/<rev>/ whose files are
+// symlinks to ../../blobs/<hash>) loads as published; a link into any other directory, another
+// repository's blobs included, is still an escape.
+TEST_F(CheckpointTest, WF10_HfCacheSnapshotResolvesIntoItsOwnBlobs) {
+  const std::string repo = dir_.file("models--deepseek-ai--DeepSeek-V4-Tiny");
+  const std::string other = dir_.file("models--someone--else");
+  for (const std::string& d : {repo + "/blobs", repo + "/snapshots/abc123", other + "/blobs"}) {
+    std::filesystem::create_directories(d);
+  }
+  write_shard(repo + "/blobs/3f2a", {{"t", DType::kF32, {2}}});
+  const std::string snap = repo + "/snapshots/abc123";
+  ASSERT_EQ(::symlink("../../blobs/3f2a", (snap + "/model.safetensors").c_str()), 0);
+  auto ck = CheckpointFiles::open(snap);
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  check_all_tensors(*ck);
+
+  // Into another repository's blobs: refused.
+  write_shard(other + "/blobs/9e9e", {{"t", DType::kF32, {2}}});
+  std::filesystem::remove(snap + "/model.safetensors");
+  ASSERT_EQ(::symlink("../../../models--someone--else/blobs/9e9e",
+                      (snap + "/model.safetensors").c_str()),
+            0);
+  expect_error(CheckpointFiles::open(snap).status(), StatusCode::kCorrupt,
+               {"rule 19:", "outside the checkpoint directory"});
+
+  // The same layout without the models-- repository folder is not a hub cache: refused.
+  const std::string fake = dir_.file("plain/snapshots/r1");
+  std::filesystem::create_directories(fake);
+  std::filesystem::create_directories(dir_.file("plain/blobs"));
+  write_shard(dir_.file("plain/blobs/aa"), {{"t", DType::kF32, {2}}});
+  ASSERT_EQ(::symlink("../../blobs/aa", (fake + "/model.safetensors").c_str()), 0);
+  expect_error(CheckpointFiles::open(fake).status(), StatusCode::kCorrupt,
+               {"rule 19:", "outside the checkpoint directory"});
+
+  // A sibling whose name only starts like "blobs" is not the blobs directory.
+  std::filesystem::create_directories(repo + "/blobsX");
+  write_shard(repo + "/blobsX/bb", {{"t", DType::kF32, {2}}});
+  std::filesystem::remove(snap + "/model.safetensors");
+  ASSERT_EQ(::symlink("../../blobsX/bb", (snap + "/model.safetensors").c_str()), 0);
+  expect_error(CheckpointFiles::open(snap).status(), StatusCode::kCorrupt,
+               {"rule 19:", "outside the checkpoint directory"});
+}
+
 TEST_F(CheckpointTest, Catalogue_WF10_SymlinkEscapeWithoutIndex) {
   TempDir outside;
   write_shard(outside.file("evil.safetensors"), {{"evil", DType::kU8, {4}}});
