@@ -9,4 +9,5 @@ set(DS_TEST_KERNELS_CPU_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/test_norm_ref.cpp
     ${CMAKE_CURRENT_LIST_DIR}/test_numerics_ref.cpp
     ${CMAKE_CURRENT_LIST_DIR}/test_quant_ref.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/test_rope_ref.cpp)
+    ${CMAKE_CURRENT_LIST_DIR}/test_rope_ref.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/test_kv_entry_ref.cpp)

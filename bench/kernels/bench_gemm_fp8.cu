@@ -1,0 +1,589 @@
+// Benchmark of the FP8 block-scaled linears (kernels/cuda/gemm) at DeepSeek-V4-Flash shapes.
+// Ceilings measured in the same run: the device-to-device copy bandwidth (bench_util) and the
+// cuBLASLt FP8 rate (an 8192^3 e4m3 GEMM with per-tensor scales, bf16 output).
+//  - decode (M = 1, 16, 64): the small-M kernel on pre-quantized activations, timed inside a CUDA
+//    graph that runs one launch per weight copy, the copies together larger than 2x L2 (each
+//    launch reads its weight from HBM); time = graph time / copies. Every (row_warps, k_split)
+//    configuration is timed and the heuristic's choice is reported next to the best one. Also
+//    the full linear (quantization + GEMM) and the hf-numerics (bf16 activation) variant.
+//    floor = (weight + scale + activation + output bytes) / copy bandwidth.
+//  - prefill (M = 4096, 8192) on the five attention projections: the cuBLASLt block-scaled GEMM
+//    (pre-quantized input; includes the activation-scale transpose), the full linear (with the
+//    quantization), and cuBLASLt with per-tensor scales on the same shape;
+//    floor = max(bytes / copy bandwidth, flops / measured cuBLASLt FP8 rate).
+// Correctness of the same run: max |y - ref| / S against ds::cpu::linear on a few tokens, where
+// S = sum |x w| (see tests/kernels/test_gemm_cuda.cu for the tolerance argument).
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/bench_util.h"
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cuda/gemm/linear_fp8.h"
+#include "kernels/cuda/quant/quant_fp8.h"
+
+#define LT_CHECK(expr)                                                                           \
+  do {                                                                                           \
+    cublasStatus_t s_ = (expr);                                                                  \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                           \
+      std::fprintf(stderr, "%s:%d: %s: cuBLAS status %d\n", __FILE__, __LINE__, #expr, int(s_)); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
+  } while (0)
+#define ST_CHECK(expr)                                                                 \
+  do {                                                                                 \
+    ::ds::Status s_ = (expr);                                                          \
+    if (!s_.ok()) {                                                                    \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, s_.to_string().c_str()); \
+      std::exit(1);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+namespace {
+
+using namespace ds;
+
+constexpr double kFp8DatasheetTflops = 1979.0;  // H100/H200 SXM dense FP8
+
+struct Shape {
+  const char* name;
+  int64_t n, k;
+  int groups;
+};
+
+struct Rec {
+  std::string kernel, shape, mode, config;
+  double time_us = 0, bytes = 0, flops = 0, floor_us = 0, ratio = 0, gbps = 0, tflops = 0;
+  double hbm_fraction = 0, fp8_rate_fraction = 0, same_shape_fraction = 0, err = -1;
+};
+
+// Per-tensor-scaled cuBLASLt FP8 GEMM D[N, M] = A[K, N]^T B[K, M] (bf16 out); returns a launcher.
+struct LtTensorScaled {
+  cublasLtHandle_t lt = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  float* one = nullptr;
+  void* ws = nullptr;
+  size_t ws_bytes = size_t(32) << 20;
+  bool ok = false;
+  LtTensorScaled(cublasLtHandle_t h, int64_t m, int64_t n, int64_t k, int64_t ldb) : lt(h) {
+    DS_BENCH_CHECK(cudaMalloc(&one, sizeof(float)));
+    const float f1 = 1.0f;
+    DS_BENCH_CHECK(cudaMemcpy(one, &f1, sizeof f1, cudaMemcpyHostToDevice));
+    DS_BENCH_CHECK(cudaMalloc(&ws, ws_bytes));
+    LT_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t opt = CUBLAS_OP_T, opn = CUBLAS_OP_N;
+    LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof opt));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opn, sizeof opn));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &one,
+                                            sizeof one));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &one,
+                                            sizeof one));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&a, CUDA_R_8F_E4M3, k, n, k));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&b, CUDA_R_8F_E4M3, k, m, ldb));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, n, m, n));
+    cublasLtMatmulPreference_t pref;
+    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &ws_bytes, sizeof ws_bytes));
+    cublasLtMatmulHeuristicResult_t heur{};
+    int found = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(lt, desc, a, b, c, c, pref, 1, &heur, &found) ==
+            CUBLAS_STATUS_SUCCESS &&
+        found > 0) {
+      algo = heur.algo;
+      ok = true;
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+  }
+  void run(const void* A, const void* B, void* D, cudaStream_t s) {
+    const float alpha = 1.0f, beta = 0.0f;
+    LT_CHECK(
+        cublasLtMatmul(lt, desc, &alpha, A, a, B, b, &beta, D, c, D, c, &algo, ws, ws_bytes, s));
+  }
+  ~LtTensorScaled() {
+    cublasLtMatrixLayoutDestroy(c);
+    cublasLtMatrixLayoutDestroy(b);
+    cublasLtMatrixLayoutDestroy(a);
+    cublasLtMatmulDescDestroy(desc);
+    cudaFree(one);
+    cudaFree(ws);
+  }
+};
+
+void fill_random_bytes(std::vector<uint8_t>& v, Rng& rng, bool e4m3) {
+  for (size_t i = 0; i < v.size(); i += 8) {
+    uint64_t r = rng.next_u64();
+    for (size_t j = 0; j < 8 && i + j < v.size(); ++j) {
+      uint8_t c = uint8_t(r >> (8 * j));
+      if (e4m3 && (c & 0x7F) == 0x7F) c ^= 1;
+      v[i + j] = c;
+    }
+  }
+}
+
+// Device copies of one random FP8 weight (+ e8m0 and fp32 scales).
+struct Weights {
+  Shape s;
+  int copies = 1;
+  size_t data_bytes = 0, scale_count = 0;
+  uint8_t* data = nullptr;
+  uint8_t* scale = nullptr;
+  float* scale_f32 = nullptr;
+  std::vector<uint8_t> h_data, h_scale;
+  Weights(const Shape& shape, int n_copies, uint64_t seed) : s(shape), copies(n_copies) {
+    const int64_t rows = s.n * s.groups;
+    data_bytes = size_t(rows * s.k);
+    scale_count = size_t((rows + 127) / 128 * (s.k / 128));
+    Rng rng(seed);
+    h_data.resize(data_bytes);
+    fill_random_bytes(h_data, rng, true);
+    h_scale.resize(scale_count);
+    for (auto& v : h_scale) v = uint8_t(115 + rng.below(9));
+    DS_BENCH_CHECK(cudaMalloc(&data, data_bytes * copies));
+    DS_BENCH_CHECK(cudaMalloc(&scale, scale_count * copies));
+    DS_BENCH_CHECK(cudaMalloc(&scale_f32, scale_count * sizeof(float) * copies));
+    for (int c = 0; c < copies; ++c) {
+      DS_BENCH_CHECK(
+          cudaMemcpy(data + data_bytes * c, h_data.data(), data_bytes, cudaMemcpyHostToDevice));
+      DS_BENCH_CHECK(
+          cudaMemcpy(scale + scale_count * c, h_scale.data(), scale_count, cudaMemcpyHostToDevice));
+      ST_CHECK(cuda::launch_e8m0_to_f32(scale + scale_count * c, scale_f32 + scale_count * c,
+                                        int64_t(scale_count), nullptr));
+    }
+    DS_BENCH_CHECK(cudaDeviceSynchronize());
+  }
+  cuda::Fp8WeightView view(int c) const {
+    return {data + data_bytes * c,
+            scale + scale_count * c,
+            scale_f32 + scale_count * c,
+            s.n,
+            s.k,
+            s.groups};
+  }
+  ~Weights() {
+    cudaFree(data);
+    cudaFree(scale);
+    cudaFree(scale_f32);
+  }
+};
+
+// max |y - ref| / S over the first `check` tokens (y bf16 on device, x bf16 host).
+double check_error(const Weights& w, const std::vector<uint16_t>& x, int64_t m, const void* d_y,
+                   bool quantize, int64_t check) {
+  const Shape& s = w.s;
+  const int64_t gk = s.k * s.groups, gn = s.n * s.groups, t = std::min(m, check);
+  std::vector<uint16_t> y(size_t(t * gn));
+  DS_BENCH_CHECK(cudaMemcpy(y.data(), d_y, y.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<uint8_t> abs_codes(w.h_data);
+  for (auto& c : abs_codes) c &= 0x7F;
+  double worst = 0;
+  std::vector<float> xg(size_t(t * s.k)), xa(xg.size()), yr(size_t(t * s.n)), ya(yr.size());
+  for (int g = 0; g < s.groups; ++g) {
+    for (int64_t i = 0; i < t; ++i) {
+      for (int64_t c = 0; c < s.k; ++c)
+        xg[size_t(i * s.k + c)] = bf16_to_float(x[size_t(i * gk + g * s.k + c)]);
+      if (quantize) cpu::simulate_fp8_blocks(&xg[size_t(i * s.k)], s.k, 128);
+    }
+    for (size_t i = 0; i < xg.size(); ++i) xa[i] = std::fabs(xg[i]);
+    cpu::LinearWeight lw{
+        cpu::WeightFormat::kFp8Block, s.n * s.groups, s.k, w.h_data.data(), w.h_scale.data(), 1.0f};
+    cpu::LinearWeight gw = cpu::slice_rows(lw, g * s.n, s.n), aw = gw;
+    aw.data = abs_codes.data() + size_t(g * s.n * s.k);
+    cpu::linear(xg.data(), t, gw, false, yr.data());
+    cpu::linear(xa.data(), t, aw, false, ya.data());
+    for (int64_t i = 0; i < t; ++i)
+      for (int64_t n = 0; n < s.n; ++n) {
+        const double got = bf16_to_float(y[size_t(i * gn + g * s.n + n)]);
+        const double ref = yr[size_t(i * s.n + n)], S = ya[size_t(i * s.n + n)];
+        const double err =
+            std::fabs(got - ref) - std::ldexp(std::fabs(ref), -9);  // minus bf16 rounding
+        if (!(err <= 1e30)) return INFINITY;                        // NaN
+        if (S > 0) worst = std::max(worst, std::max(0.0, err) / S);
+      }
+  }
+  return worst;
+}
+
+std::string shape_str(const Shape& s, int64_t m) {
+  std::ostringstream o;
+  o << s.name << " M=" << m << " N=" << s.n << (s.groups > 1 ? "x" + std::to_string(s.groups) : "")
+    << " K=" << s.k;
+  return o.str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out = argc > 1 ? argv[1] : "bench/results/gemm_fp8.json";
+  const bool quick = argc > 2 && std::string(argv[2]) == "quick";
+  cudaStream_t stream;
+  DS_BENCH_CHECK(cudaStreamCreate(&stream));
+  bench::DeviceInfo dev = bench::device_info();
+  const double copy_gbps = bench::measure_copy_bandwidth_gbps(stream);
+  cublasLtHandle_t lt;
+  LT_CHECK(cublasLtCreate(&lt));
+
+  // FP8 ceiling: 8192^3 e4m3 GEMM, per-tensor scales, random data.
+  double fp8_tflops = 0;
+  {
+    const int64_t n = 8192;
+    std::vector<uint8_t> h(size_t(n * n));
+    Rng rng(7);
+    fill_random_bytes(h, rng, true);
+    for (auto& c : h) c &= 0xBF;  // keep magnitudes moderate (clear the top exponent bit)
+    uint8_t *a, *b;
+    void* d;
+    DS_BENCH_CHECK(cudaMalloc(&a, h.size()));
+    DS_BENCH_CHECK(cudaMalloc(&b, h.size()));
+    DS_BENCH_CHECK(cudaMalloc(&d, h.size() * 2));
+    DS_BENCH_CHECK(cudaMemcpy(a, h.data(), h.size(), cudaMemcpyHostToDevice));
+    DS_BENCH_CHECK(cudaMemcpy(b, h.data(), h.size(), cudaMemcpyHostToDevice));
+    LtTensorScaled g(lt, n, n, n, n);
+    if (!g.ok) std::fprintf(stderr, "no cuBLASLt FP8 algorithm for the 8192^3 ceiling\n");
+    const double us = bench::time_us([&](cudaStream_t s) { g.run(a, b, d, s); }, stream, 20, 3);
+    fp8_tflops = 2.0 * double(n) * n * n / (us * 1e-6) / 1e12;
+    DS_BENCH_CHECK(cudaFree(a));
+    DS_BENCH_CHECK(cudaFree(b));
+    DS_BENCH_CHECK(cudaFree(d));
+  }
+  std::printf("ceilings: copy %.0f GB/s, cuBLASLt FP8 8192^3 %.0f TFLOP/s\n", copy_gbps,
+              fp8_tflops);
+
+  const int64_t max_tokens = 8192, max_cols = 32768;
+  const size_t ws_bytes = cuda::GemmRunner::workspace_bytes(max_tokens, max_cols);
+  void* ws;
+  DS_BENCH_CHECK(cudaMalloc(&ws, ws_bytes));
+  auto runner_r = cuda::GemmRunner::create(ws, ws_bytes, max_tokens, max_cols);
+  ST_CHECK(runner_r.status());
+  std::unique_ptr<cuda::GemmRunner> runner = std::move(runner_r).value();
+
+  std::vector<Rec> recs;
+  const Shape attn[] = {{"wq_a", 1024, 4096, 1},
+                        {"wq_b", 32768, 1024, 1},
+                        {"wkv", 512, 4096, 1},
+                        {"wo_a", 1024, 4096, 8},
+                        {"wo_b", 4096, 8192, 1}};
+  const Shape extra[] = {{"wq_a+wkv", 1536, 4096, 1},
+                         {"shared_w1", 2048, 4096, 1},
+                         {"shared_w2", 4096, 2048, 1},
+                         {"idx_wq_b", 8192, 1024, 1}};
+  std::vector<Shape> decode_shapes(std::begin(attn), std::end(attn));
+  if (!quick) decode_shapes.insert(decode_shapes.end(), std::begin(extra), std::end(extra));
+  const size_t rotate_bytes = size_t(160) << 20;  // > 2x the 60 MB L2
+
+  // ---------------- decode ----------------
+  for (const Shape& s : decode_shapes) {
+    const size_t wbytes = size_t(s.n * s.groups * s.k);
+    // At least 20 launches per graph (amortizes the graph launch) and > 2x L2 of weights.
+    const int copies = int(std::max<size_t>(20, (rotate_bytes + wbytes - 1) / wbytes));
+    Weights w(s, copies, 11 + s.n + s.k);
+    for (int64_t m : {1, 16, 64}) {
+      const int64_t gk = s.k * s.groups, gn = s.n * s.groups;
+      std::vector<uint16_t> hx(size_t(m * gk));
+      Rng rng(uint64_t(m * 977 + s.n));
+      for (size_t i = 0; i < hx.size(); ++i)
+        hx[i] = float_to_bf16(rng.normal() * std::ldexp(1.0f, int((i / 128) % 7) - 3));
+      uint16_t* x;
+      uint8_t *codes, *xs;
+      uint16_t* y;
+      DS_BENCH_CHECK(cudaMalloc(&x, hx.size() * 2));
+      DS_BENCH_CHECK(cudaMalloc(&codes, hx.size()));
+      DS_BENCH_CHECK(cudaMalloc(&xs, hx.size() / 128));
+      DS_BENCH_CHECK(cudaMalloc(&y, size_t(m * gn) * 2));
+      DS_BENCH_CHECK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+      cuda::QuantFp8Params qp{x, codes, xs, m, gk, gk};
+      cuda::launch_quantize_fp8_blocks(qp, stream);
+      DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+      auto params = [&](int c, int rw, int ks, bool fp8, bool pdl = true, int max_ctas = 0) {
+        cuda::Fp8SmallMParams p;
+        p.w = w.view(c);
+        p.num_tokens = m;
+        if (fp8) {
+          p.x_codes = codes;
+          p.x_scales = xs;
+        } else {
+          p.x_bf16 = x;
+          p.x_row_stride = gk;
+        }
+        p.y = y;
+        p.y_type = cuda::OutType::kBF16;
+        p.y_row_stride = gn;
+        p.row_warps = rw;
+        p.k_split = ks;
+        p.pdl = pdl;
+        p.max_ctas = max_ctas;
+        return p;
+      };
+      const double bytes = double(wbytes) + double(w.scale_count) + double(m * gk) +
+                           double(m * gk / 128) + double(m * gn) * 2;
+      const double flops = 2.0 * double(m) * double(gn) * double(s.k);
+      auto make = [&](const std::string& kernel, const std::string& cfg, double us, double err,
+                      double extra_bytes) {
+        Rec r;
+        r.kernel = kernel;
+        r.shape = shape_str(s, m);
+        r.mode = "graph";
+        r.config = cfg;
+        r.time_us = us;
+        r.bytes = bytes + extra_bytes;
+        r.flops = flops;
+        r.floor_us = std::max(r.bytes / (copy_gbps * 1e3), flops / (fp8_tflops * 1e6));
+        r.ratio = us / r.floor_us;
+        r.gbps = r.bytes / (us * 1e3);
+        r.tflops = flops / (us * 1e6);
+        r.hbm_fraction = r.gbps / copy_gbps;
+        r.err = err;
+        return r;
+      };
+      // Sweep the configurations (with programmatic dependent launch, as the engine runs them).
+      const auto [hrw, hks] = cuda::fp8_small_m_config(params(0, 0, 0, true), dev.sm_count);
+      auto time_cfg = [&](int rw, int ks, bool fp8, bool pdl, int max_ctas = 0) {
+        return bench::time_us(
+                   [&](cudaStream_t st) {
+                     for (int c = 0; c < copies; ++c)
+                       ST_CHECK(cuda::launch_fp8_linear_small_m(
+                           params(c, rw, ks, fp8, pdl, max_ctas), st));
+                   },
+                   stream, 20, 3, true) /
+               copies;
+      };
+      double best = 1e30, heur = 0;
+      int brw = 0, bks = 0;
+      for (int rw : {1, 2, 4, 8})
+        for (int ks : {1, 2, 4, 8}) {
+          if (s.k / 128 < ks) continue;
+          if (quick && !(rw == hrw && ks == hks)) continue;
+          const double us = time_cfg(rw, ks, true, true);
+          if (us < best) best = us, brw = rw, bks = ks;
+          if (rw == hrw && ks == hks) heur = us;
+        }
+      const double heur_nopdl = time_cfg(hrw, hks, true, false);
+      // PDL without the one-CTA-per-SM grid (one CTA per work item, as without PDL).
+      const double heur_pdl_full = time_cfg(hrw, hks, true, true, 1 << 30);
+      // Correctness of the heuristic configuration.
+      DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
+      ST_CHECK(cuda::launch_fp8_linear_small_m(params(0, 0, 0, true), stream));
+      DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+      const double err = check_error(w, hx, m, y, true, 4);
+      char cfg[64];
+      std::snprintf(cfg, sizeof cfg, "rw=%d ks=%d copies=%d", hrw, hks, copies);
+      recs.push_back(make("fp8_small_m heur", cfg, heur_nopdl, err, 0));
+      recs.push_back(make("fp8_small_m heur+pdl fullgrid", cfg, heur_pdl_full, err, 0));
+      recs.push_back(make("fp8_small_m heur+pdl", cfg, heur, err, 0));
+      std::snprintf(cfg, sizeof cfg, "rw=%d ks=%d copies=%d", brw, bks, copies);
+      recs.push_back(make("fp8_small_m best+pdl", cfg, best, err, 0));
+      // Full linear: quantization + GEMM (reference numerics from bf16 input).
+      {
+        const double us = bench::time_us(
+                              [&](cudaStream_t st) {
+                                for (int c = 0; c < copies; ++c) {
+                                  cuda::Fp8LinearParams p;
+                                  p.w = w.view(c);
+                                  p.num_tokens = m;
+                                  p.x.bf16 = x;
+                                  p.x.x_row_stride = gk;
+                                  p.y = y;
+                                  p.y_row_stride = gn;
+                                  p.pdl = true;
+                                  ST_CHECK(runner->linear_fp8(p, st));
+                                }
+                              },
+                              stream, 20, 3, true) /
+                          copies;
+        DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
+        cuda::Fp8LinearParams p;
+        p.w = w.view(0);
+        p.num_tokens = m;
+        p.x.bf16 = x;
+        p.x.x_row_stride = gk;
+        p.y = y;
+        p.y_row_stride = gn;
+        ST_CHECK(runner->linear_fp8(p, stream));
+        DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+        const double e = check_error(w, hx, m, y, true, 4);
+        recs.push_back(make("linear_fp8 quant+gemm", "heuristic", us, e, double(m * gk) * 2));
+      }
+      // hf numerics: bf16 activations, weights dequantized in registers.
+      {
+        const double us =
+            bench::time_us(
+                [&](cudaStream_t st) {
+                  for (int c = 0; c < copies; ++c)
+                    ST_CHECK(cuda::launch_fp8_linear_small_m(params(c, 0, 0, false, true), st));
+                },
+                stream, 20, 3, true) /
+            copies;
+        DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
+        ST_CHECK(cuda::launch_fp8_linear_small_m(params(0, 0, 0, false), stream));
+        DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+        const double e = check_error(w, hx, m, y, false, 4);
+        recs.push_back(make("fp8_small_m bf16-act+pdl", "heuristic", us, e, double(m * gk)));
+      }
+      std::printf(
+          "%-30s best rw=%d ks=%d %.2f us (%.0f%%), heur rw=%d ks=%d %.2f us (%.0f%%), no pdl "
+          "%.2f, pdl fullgrid %.2f\n",
+          shape_str(s, m).c_str(), brw, bks, best, 100 * bytes / (best * 1e3) / copy_gbps, hrw, hks,
+          heur, 100 * bytes / (heur * 1e3) / copy_gbps, heur_nopdl, heur_pdl_full);
+      DS_BENCH_CHECK(cudaFree(x));
+      DS_BENCH_CHECK(cudaFree(codes));
+      DS_BENCH_CHECK(cudaFree(xs));
+      DS_BENCH_CHECK(cudaFree(y));
+    }
+  }
+
+  // ---------------- prefill ----------------
+  for (const Shape& s : attn) {
+    Weights w(s, 2, 101 + s.n + s.k);
+    for (int64_t m : {int64_t(4096), int64_t(8192)}) {
+      if (quick && m == 8192) continue;
+      const int64_t gk = s.k * s.groups, gn = s.n * s.groups;
+      std::vector<uint16_t> hx(size_t(m * gk));
+      Rng rng(uint64_t(m + s.n));
+      for (size_t i = 0; i < hx.size(); ++i)
+        hx[i] = float_to_bf16(float(rng.uniform(-2.0f, 2.0f)) *
+                              std::ldexp(1.0f, int((i / 128) % 7) - 3));
+      uint16_t* x;
+      uint8_t *codes, *xs;
+      uint16_t* y;
+      DS_BENCH_CHECK(cudaMalloc(&x, hx.size() * 2));
+      DS_BENCH_CHECK(cudaMalloc(&codes, hx.size()));
+      DS_BENCH_CHECK(cudaMalloc(&xs, hx.size() / 128));
+      DS_BENCH_CHECK(cudaMalloc(&y, size_t(m * gn) * 2));
+      DS_BENCH_CHECK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+      cuda::QuantFp8Params qp{x, codes, xs, m, gk, gk};
+      cuda::launch_quantize_fp8_blocks(qp, stream);
+      DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+      const double flops = 2.0 * double(m) * double(gn) * double(s.k);
+      const double bytes = double(w.data_bytes) + double(m * gk) + double(m * gn) * 2;
+      int it = 0;
+      auto lin = [&](bool full) {
+        cuda::Fp8LinearParams p;
+        p.w = w.view(it++ % 2);
+        p.num_tokens = m;
+        p.x.bf16 = x;
+        p.x.x_row_stride = gk;
+        if (!full) {
+          p.x.codes = codes;
+          p.x.scales = xs;
+        }
+        p.y = y;
+        p.y_row_stride = gn;
+        return p;
+      };
+      // Same-shape cuBLASLt with per-tensor scales (one GEMM per group).
+      double same_us = 0;
+      {
+        LtTensorScaled g(lt, m, s.n, s.k, gk);
+        if (g.ok) {
+          same_us = bench::time_us(
+              [&](cudaStream_t st) {
+                const int c = it++ % 2;
+                for (int gi = 0; gi < s.groups; ++gi)
+                  g.run(w.data + w.data_bytes * c + size_t(gi) * s.n * s.k, codes + gi * s.k,
+                        y + gi * s.n, st);
+              },
+              stream, 20, 3);
+        }
+      }
+      auto make = [&](const std::string& kernel, double us, double err, double extra) {
+        Rec r;
+        r.kernel = kernel;
+        r.shape = shape_str(s, m);
+        r.mode = "eager";
+        r.config = "cuBLASLt";
+        r.time_us = us;
+        r.bytes = bytes + extra;
+        r.flops = flops;
+        r.floor_us = std::max(r.bytes / (copy_gbps * 1e3), flops / (fp8_tflops * 1e6));
+        r.ratio = us / r.floor_us;
+        r.gbps = r.bytes / (us * 1e3);
+        r.tflops = flops / (us * 1e6);
+        r.hbm_fraction = r.gbps / copy_gbps;
+        r.fp8_rate_fraction = r.tflops / fp8_tflops;
+        r.same_shape_fraction = same_us > 0 ? same_us / us : 0;
+        r.err = err;
+        return r;
+      };
+      const double gemm_us = bench::time_us(
+          [&](cudaStream_t st) { ST_CHECK(runner->linear_fp8_cublaslt(lin(false), st)); }, stream,
+          20, 3);
+      DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
+      it = 0;
+      ST_CHECK(runner->linear_fp8_cublaslt(lin(false), stream));
+      DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+      recs.push_back(
+          make("cublaslt fp8 block-scaled", gemm_us, check_error(w, hx, m, y, true, 3), 0));
+      const double full_us = bench::time_us(
+          [&](cudaStream_t st) { ST_CHECK(runner->linear_fp8(lin(true), st)); }, stream, 20, 3);
+      DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
+      it = 0;
+      ST_CHECK(runner->linear_fp8(lin(true), stream));
+      DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+      recs.push_back(make("linear_fp8 quant+gemm", full_us, check_error(w, hx, m, y, true, 3),
+                          double(m * gk) * 2));
+      if (same_us > 0) {
+        Rec r = make("cublaslt fp8 tensor-scaled", same_us, -1, 0);
+        r.same_shape_fraction = 1.0;
+        recs.push_back(r);
+      }
+      DS_BENCH_CHECK(cudaFree(x));
+      DS_BENCH_CHECK(cudaFree(codes));
+      DS_BENCH_CHECK(cudaFree(xs));
+      DS_BENCH_CHECK(cudaFree(y));
+    }
+  }
+
+  // ---------------- JSON + table ----------------
+  std::ostringstream js;
+  int cublas_ver = 0;
+  cublas_ver = int(cublasLtGetVersion());
+  js << "{\n  \"benchmark\": \"gemm_fp8\",\n  \"gpu\": \"" << dev.name
+     << "\",\n  \"sm_count\": " << dev.sm_count << ",\n  \"driver_version\": " << dev.driver_version
+     << ",\n  \"cublaslt_version\": " << cublas_ver << ",\n  \"commit\": \""
+     << bench::env_or("DS_COMMIT", "unknown") << "\",\n  \"date\": \"" << bench::iso_date()
+     << "\",\n  \"ceilings\": {\"copy_gbps\": " << copy_gbps
+     << ", \"fp8_tflops_cublaslt_8192\": " << fp8_tflops
+     << ", \"fp8_tflops_datasheet\": " << kFp8DatasheetTflops << "},\n  \"records\": [\n";
+  for (size_t i = 0; i < recs.size(); ++i) {
+    const Rec& r = recs[i];
+    js << "    {\"kernel\": \"" << r.kernel << "\", \"shape\": \"" << r.shape << "\", \"mode\": \""
+       << r.mode << "\", \"config\": \"" << r.config << "\", \"time_us\": " << r.time_us
+       << ", \"bytes\": " << r.bytes << ", \"flops\": " << r.flops
+       << ", \"floor_us\": " << r.floor_us << ", \"ratio_to_floor\": " << r.ratio
+       << ", \"achieved_gbps\": " << r.gbps << ", \"achieved_tflops\": " << r.tflops
+       << ", \"hbm_fraction\": " << r.hbm_fraction
+       << ", \"fp8_rate_fraction\": " << r.fp8_rate_fraction
+       << ", \"fraction_of_same_shape_tensor_scaled\": " << r.same_shape_fraction
+       << ", \"fraction_of_datasheet_fp8\": " << r.tflops / kFp8DatasheetTflops
+       << ", \"error_metric\": \"max(|y-ref| - bf16 half-ulp)/sum|x w|, first tokens\", "
+          "\"max_error\": "
+       << r.err << "}" << (i + 1 < recs.size() ? "," : "") << "\n";
+  }
+  js << "  ]\n}\n";
+  std::ofstream(out) << js.str();
+  std::printf("\ngemm_fp8 on %s (%d SMs), copy %.0f GB/s, cuBLASLt FP8 %.0f TFLOP/s, cublasLt %d\n",
+              dev.name.c_str(), dev.sm_count, copy_gbps, fp8_tflops, cublas_ver);
+  std::printf("%-27s %-34s %-5s %9s %9s %6s %7s %6s %7s %6s %6s %8s\n", "kernel", "shape", "mode",
+              "time_us", "floor_us", "ratio", "GB/s", "%HBM", "TFLOP/s", "%fp8", "%same", "err");
+  for (const Rec& r : recs)
+    std::printf("%-27s %-34s %-5s %9.2f %9.2f %6.2f %7.0f %6.1f %7.1f %6.1f %6.1f %8.2g\n",
+                r.kernel.c_str(), r.shape.c_str(), r.mode.c_str(), r.time_us, r.floor_us, r.ratio,
+                r.gbps, 100 * r.hbm_fraction, r.tflops, 100 * r.fp8_rate_fraction,
+                100 * r.same_shape_fraction, r.err);
+  std::printf("results written to %s\n", out.c_str());
+  cudaFree(ws);
+  cublasLtDestroy(lt);
+  return 0;
+}

@@ -1,0 +1,719 @@
+// Sparse MLA decode kernel (see sparse_mla_decode.h and NOTES.md).
+//
+// CTA (split k, query q, head group g), kD/64 warps; warp w owns head dims [64w, 64w+64) for every
+// head of the group. Per tile of 16 keys:
+//   0. (every 32 tiles) all threads resolve indices and page-table entries into shared memory;
+//   1. each thread dequantizes 32 dims of one entry (raw bytes streamed 3 tiles ahead with a
+//      4-stage cp.async pipeline) into a swizzled bf16 tile in shared memory;
+//   2. QK^T: warp w multiplies its 64 dims of Q (A fragments held in registers for the whole
+//      kernel) by the tile (ldmatrix) and writes a partial score; the partials of the warps are
+//      added in warp order (fixed, independent of the head-group size);
+//   3. softmax of the tile (own max m_t, P = exp2(s - m_t) rounded to bf16, l_t = sum of P in key
+//      order), then the fold  M' = max(M, m_t), a = 2^(M-M'), b = 2^(m_t-M'),
+//      L = L a + l_t b,  O = O a + (P V) b, with P V one mma from zero per 8 output dims;
+//   4. split 0 keeps folding; other splits store (m_t, l_t, P V) per tile to the workspace and the
+//      combine kernel continues split 0's fold over them in tile order with the same arithmetic.
+// Scores are kept in the log2 domain (scale * log2 e); the lse output is converted back.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+#include "kernels/cuda/attention/sparse_mla_decode.h"
+#include "kernels/cuda/common/cuda_check.h"
+
+// Timing experiments only (NOTES.md, "where the time goes"); 0 in every real build. 1 drops the
+// QK^T mma, 2 drops the PV mma and fold, 3 drops the FP8 -> bf16 conversion (results are wrong).
+#ifndef DS_SPARSE_MLA_ABLATE
+#define DS_SPARSE_MLA_ABLATE 0
+#endif
+
+namespace ds::cuda {
+namespace {
+
+constexpr int kTile = kSparseMlaTileKeys;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// ---- split plan shared by the attention and combine kernels ------------------------------------
+struct QuerySplit {
+  int n;       // keys (window + compressed, -1 entries included)
+  int tiles;   // ceil(n / 16)
+  int splits;  // min(max_splits, tiles), at least 1
+};
+
+__device__ __forceinline__ QuerySplit query_split(const SparseMlaParams& p, int q) {
+  QuerySplit s;
+  const int wn = p.window_len[q];
+  const int cn = p.compressed_width > 0 ? p.compressed_len[q] : 0;
+  s.n = wn + cn;
+  s.tiles = (s.n + kTile - 1) / kTile;
+  s.splits = max(1, min(p.plan.max_splits, s.tiles));
+  return s;
+}
+
+__device__ __forceinline__ int split_begin(const QuerySplit& s, int k) {
+  return int((int64_t(s.tiles) * k) / s.splits);
+}
+
+// The fold's merge coefficients (shared by both kernels so that they compute the same bits).
+__device__ __forceinline__ void merge_coeffs(float m_run, float m_tile, float& m_new, float& a,
+                                             float& b) {
+  m_new = fmaxf(m_run, m_tile);
+  a = (m_run == kNegInf) ? 0.0f : exp2f(m_run - m_new);
+  b = (m_tile == kNegInf) ? 0.0f : exp2f(m_tile - m_new);
+}
+__device__ __forceinline__ float merge_value(float run, float a, float tile, float b) {
+  return __fmaf_rn(run, a, __fmul_rn(tile, b));
+}
+// 1 / (L + e^(sink - M)) (0 when the denominator is 0 or infinite) and the natural-log lse.
+__device__ __forceinline__ float final_scale(float m, float l, const float* sink, int h) {
+  float d = l;
+  if (sink) d = __fadd_rn(d, exp2f(__fmul_rn(sink[h], kLog2e) - m));
+  return (d > 0.0f && d < std::numeric_limits<float>::infinity()) ? __frcp_rn(d) : 0.0f;
+}
+__device__ __forceinline__ float final_lse(float m, float l) {
+  return l > 0.0f ? (m + log2f(l)) * kLn2 : kNegInf;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return uint32_t(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n");
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// D = A(16x16 bf16, row) * B(16x8 bf16, col) + C, fp32.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1, const float (&c)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%10,%11,%12,%13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]),
+        "f"(c[2]), "f"(c[3]));
+}
+
+__device__ __forceinline__ int spart_swizzle(int row) {
+  return ((row >> 1) & 1) << 3;
+}
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [16][kD] bf16 tile.
+template <int kD>
+__device__ __forceinline__ uint32_t kv_offset(int row, int chunk) {
+  return uint32_t(row * kD * 2 + ((chunk ^ (row & 7)) << 4));
+}
+
+template <int kD, int kMT>
+struct Config {
+  static constexpr int kWarps = kD / 64;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kHG = kMT * 16;  // heads per CTA
+  static constexpr int kNope = kD - 64;
+  static constexpr int kDataBytes = kNope + 128;                 // 576 for kD = 512
+  static constexpr int kScaleBytes = kNope / 64 + 1;             // 8 for kD = 512
+  static constexpr int kThreadsPerEntry = kThreads / kTile;      // each thread: 32 dims of an entry
+  static constexpr int kKeysPerThread = kTile * kHG / kThreads;  // softmax: keys per thread
+  static constexpr int kThreadsPerRow = kTile / kKeysPerThread;
+  static constexpr int kPStride = 24;                    // bf16 per P row (48 B: no conflicts)
+  static constexpr int kStages = 4;                      // raw tiles in flight (cp.async)
+  static constexpr int kStageEntry = kDataBytes + 16;    // data, then the scale bytes
+  static constexpr bool kScaleAsync = kScaleBytes == 8;  // scales 8-byte aligned: cp.async
+  static constexpr int kAddrTiles = 32;                  // tiles per resolved address chunk
+  // Shared memory layout (bytes).
+  static constexpr int kKvBytes = kTile * kD * 2;
+  static constexpr int kStageBytes = kStages * kTile * kStageEntry;
+  static constexpr int kSpartBytes = kWarps * kHG * kTile * 4;
+  static constexpr int kPBytes = kHG * kPStride * 2;
+  static constexpr int kStatBytes = 4 * kHG * 4 + kTile * 4;  // run_m, run_l, coef, key_ok
+  static constexpr int kAddrBytes = kAddrTiles * kTile * 8;
+  static constexpr int kOffStage = kKvBytes;
+  static constexpr int kOffSpart = kOffStage + kStageBytes;
+  static constexpr int kOffP = kOffSpart + kSpartBytes;
+  static constexpr int kOffStat = kOffP + kPBytes;
+  static constexpr int kOffAddr = kOffStat + kStatBytes;
+  static constexpr int kSmemBytes = kOffAddr + kAddrBytes;
+  static_assert(kThreadsPerEntry * 32 == kD, "one thread per 32 dims of an entry");
+  static_assert(kKeysPerThread >= 1 && kTile % kKeysPerThread == 0, "softmax mapping");
+  static_assert(kNope % 64 == 0 && kNope > 0, "nope dims: a positive multiple of 64");
+  static_assert(kSmemBytes <= 99 * 1024, "portable path: at most 99 KB of shared memory");
+};
+
+template <int kD, int kMT>
+__global__ void __launch_bounds__(Config<kD, kMT>::kThreads, kMT == 1 ? 2 : 1)
+    sparse_mla_decode_kernel(const SparseMlaParams p) {
+  using C = Config<kD, kMT>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* kv_tile = smem;
+  uint8_t* stage = smem + C::kOffStage;
+  // [warp][head][key ^ spart_swizzle(head)]: the swizzle makes the fragment stores conflict-free
+  // and keeps each aligned group of <= 8 keys contiguous for the vector loads of the softmax.
+  float* spart = reinterpret_cast<float*>(smem + C::kOffSpart);
+  __nv_bfloat16* p_tile = reinterpret_cast<__nv_bfloat16*>(smem + C::kOffP);  // [head][24]
+  float* run_m = reinterpret_cast<float*>(smem + C::kOffStat);
+  float* run_l = run_m + C::kHG;
+  float2* coef = reinterpret_cast<float2*>(run_l + C::kHG);  // per head {a, b} of the fold
+  int* key_ok = reinterpret_cast<int*>(coef + C::kHG);
+  int2* addr = reinterpret_cast<int2*>(smem + C::kOffAddr);  // {page or -1, slot | window << 31}
+
+  const int split = blockIdx.x;
+  const int q = blockIdx.y;
+  const int h0 = blockIdx.z * C::kHG;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+
+  const QuerySplit qs = query_split(p, q);
+  if (split >= qs.splits) return;
+  const int t_begin = split_begin(qs, split);
+  const int t_end = split_begin(qs, split + 1);
+  const bool fold = split == 0;  // split 0 folds its tiles; the others store one partial per tile
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  const int wn = p.window_len[q];
+  const int seq = p.query_seq[q];
+  const int64_t slot_base = int64_t(q) * p.plan.max_tiles;
+  float* ws_o = p.workspace;
+  float* ws_ml = p.workspace + int64_t(p.num_queries) * p.plan.max_tiles * p.num_heads * kD;
+
+  if (tid < C::kHG) {
+    run_m[tid] = kNegInf;
+    run_l[tid] = 0.0f;
+  }
+
+  // Q A-fragments of this warp's 64 dims, all heads of the group: q_frag[mt][kk][4].
+  uint32_t q_frag[kMT][4][4];
+  {
+    const uint16_t* qb = p.q + int64_t(q) * p.num_heads * kD;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int h = h0 + mt * 16 + (lane >> 2) + ((i & 1) ? 8 : 0);
+          const int d = warp * 64 + kk * 16 + 2 * (lane & 3) + ((i & 2) ? 8 : 0);
+          q_frag[mt][kk][i] =
+              h < p.num_heads ? *reinterpret_cast<const uint32_t*>(qb + int64_t(h) * kD + d) : 0u;
+        }
+  }
+
+  float o[kMT][8][4];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[mt][nb][i] = 0.0f;
+
+  // Loader role: entry `ld_entry` of the tile, dims [32 ld_part, 32 ld_part + 32).
+  const int ld_entry = tid / C::kThreadsPerEntry;
+  const int ld_part = tid % C::kThreadsPerEntry;
+  const bool ld_nope = ld_part * 32 < C::kNope;
+  const int ld_off = ld_nope ? ld_part * 32 : C::kNope + 2 * (ld_part * 32 - C::kNope);
+  const int ld_chunks = ld_nope ? 2 : 4;
+
+  // Page of key `a` (from the address table) -> the byte address of its page and slot.
+  auto page_ptr_of = [&](int2 a, int& slot, int& page_size) {
+    const bool from_window = a.y < 0;
+    slot = a.y & 0x7FFFFFFF;
+    page_size = from_window ? p.window.page_size : p.compressed.page_size;
+    const uint8_t* pool = from_window ? p.window.pool : p.compressed.pool;
+    const int64_t page_bytes = from_window ? p.window.page_bytes : p.compressed.page_bytes;
+    return pool + int64_t(a.x) * page_bytes;
+  };
+
+  // Resolves indices and page-table entries of tiles [c0, c1) into `addr` (all threads).
+  auto resolve = [&](int c0, int c1) {
+    for (int k = tid; k < (c1 - c0) * kTile; k += C::kThreads) {
+      const int j = c0 * kTile + k;
+      const bool from_window = j < wn;
+      int idx = -1;
+      if (from_window)
+        idx = p.window_idx[int64_t(q) * p.window_width + j];
+      else if (j < qs.n)
+        idx = p.compressed_idx[int64_t(q) * p.compressed_width + (j - wn)];
+      int2 a = make_int2(-1, 0);
+      if (idx >= 0) {
+        // Fields picked by value (taking the address of the kernel parameter would copy it to
+        // the stack).
+        const int32_t* table = from_window ? p.window.page_table : p.compressed.page_table;
+        const int stride =
+            from_window ? p.window.page_table_stride : p.compressed.page_table_stride;
+        const int page_size = from_window ? p.window.page_size : p.compressed.page_size;
+        a.x = table[int64_t(seq) * stride + idx / page_size];
+        a.y = (idx % page_size) | (from_window ? int(0x80000000u) : 0);
+      }
+      addr[k] = a;
+    }
+  };
+
+  auto issue_tile = [&](int t, int c0, int st) {
+    const int2 a = addr[(t - c0) * kTile + ld_entry];
+    if (a.x < 0) return;
+    int slot, page_size;
+    const uint8_t* page_ptr = page_ptr_of(a, slot, page_size);
+    const uint8_t* data = page_ptr + int64_t(slot) * C::kDataBytes + ld_off;
+    uint8_t* dst = stage + (st * kTile + ld_entry) * C::kStageEntry;
+    for (int c = 0; c < ld_chunks; ++c) cp_async16(dst + ld_off + 16 * c, data + 16 * c);
+    if (C::kScaleAsync && ld_part == 0)
+      cp_async8(dst + C::kDataBytes,
+                page_ptr + int64_t(page_size) * C::kDataBytes + int64_t(slot) * C::kScaleBytes);
+  };
+
+  auto dequant_tile = [&](int t, int c0, int st) {
+    const int2 a = addr[(t - c0) * kTile + ld_entry];
+    const bool ok = a.x >= 0;
+    const int chunk0 = (ld_part * 32) / 8;  // 16-byte chunk of the bf16 row
+    if (ld_part == 0) key_ok[ld_entry] = ok ? 1 : 0;
+    if (!ok || DS_SPARSE_MLA_ABLATE == 3) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        *reinterpret_cast<uint4*>(kv_tile + kv_offset<kD>(ld_entry, chunk0 + c)) =
+            make_uint4(0, 0, 0, 0);
+      return;
+    }
+    const uint8_t* src = stage + (st * kTile + ld_entry) * C::kStageEntry;
+    if (ld_nope) {
+      uint32_t sbyte;
+      if (C::kScaleAsync) {
+        sbyte = src[C::kDataBytes + ld_part / 2];
+      } else {
+        int slot, page_size;
+        const uint8_t* page_ptr = page_ptr_of(a, slot, page_size);
+        sbyte = __ldg(page_ptr + int64_t(page_size) * C::kDataBytes +
+                      int64_t(slot) * C::kScaleBytes + ld_part / 2);
+      }
+      const float scale = __uint_as_float(sbyte << 23);  // 2^(byte - 127)
+      const uint4 raw[2] = {reinterpret_cast<const uint4*>(src + ld_off)[0],
+                            reinterpret_cast<const uint4*>(src + ld_off)[1]};
+      const uint32_t* w = reinterpret_cast<const uint32_t*>(raw);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {  // 8 fp8 values -> 8 bf16 per 16-byte chunk
+        uint32_t out[4];
+#pragma unroll
+        for (int h = 0; h < 4; ++h) {
+          const uint32_t word = w[c * 2 + h / 2];
+          const __nv_fp8x2_storage_t pair =
+              __nv_fp8x2_storage_t((h & 1) ? (word >> 16) : (word & 0xFFFF));
+          const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
+          out[h] = pack_bf16x2(f.x * scale, f.y * scale);  // exact: e4m3 * 2^k fits bf16
+        }
+        *reinterpret_cast<uint4*>(kv_tile + kv_offset<kD>(ld_entry, chunk0 + c)) =
+            make_uint4(out[0], out[1], out[2], out[3]);
+      }
+    } else {
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        *reinterpret_cast<uint4*>(kv_tile + kv_offset<kD>(ld_entry, chunk0 + c)) =
+            reinterpret_cast<const uint4*>(src + ld_off)[c];
+    }
+  };
+
+  const uint32_t kv_base = smem_addr(kv_tile);
+  const uint32_t p_base = smem_addr(p_tile);
+  const int mi = lane >> 3, ri = lane & 7;
+
+  for (int c0 = t_begin; c0 < t_end; c0 += C::kAddrTiles) {
+    const int c1 = min(t_end, c0 + C::kAddrTiles);
+    __syncthreads();  // earlier readers of addr are done
+    resolve(c0, c1);
+    __syncthreads();
+#pragma unroll
+    for (int s = 0; s < C::kStages - 1; ++s) {
+      if (c0 + s < c1) issue_tile(c0 + s, c0, s);
+      cp_async_commit();
+    }
+    for (int t = c0; t < c1; ++t) {
+      cp_async_wait<C::kStages - 2>();  // this thread's copies for tile t have landed
+      __syncthreads();  // everyone's copies visible; the previous tile's readers are done
+      dequant_tile(t, c0, (t - c0) % C::kStages);
+      if (t + C::kStages - 1 < c1)
+        issue_tile(t + C::kStages - 1, c0, (t - c0 + C::kStages - 1) % C::kStages);
+      cp_async_commit();
+      __syncthreads();
+
+      // ---- QK^T: partial scores over this warp's 64 dims ----
+      {
+        uint32_t kb[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const int key = (mi >> 1) * 8 + ri;
+          const int chunk = (warp * 64 + kk * 16) / 8 + (mi & 1);
+          ldmatrix_x4(kb[kk], kv_base + kv_offset<kD>(key, chunk));
+        }
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          float acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) {
+            if (DS_SPARSE_MLA_ABLATE == 1) continue;
+            mma_bf16(acc[0], q_frag[mt][kk], kb[kk][0], kb[kk][1], acc[0]);
+            mma_bf16(acc[1], q_frag[mt][kk], kb[kk][2], kb[kk][3], acc[1]);
+          }
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int row = mt * 16 + (lane >> 2) + hh * 8;
+            float* sp = spart + (warp * C::kHG + row) * kTile;
+            const int sw = spart_swizzle(row);
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+              *reinterpret_cast<float2*>(sp + ((nt * 8 + 2 * (lane & 3)) ^ sw)) =
+                  make_float2(acc[nt][2 * hh], acc[nt][2 * hh + 1]);
+          }
+        }
+      }
+      __syncthreads();
+
+      // ---- softmax of the tile (scores summed in warp order, tile max, P in bf16), then the
+      // fold statistics by the first thread of each row: l_t sums P in key order ----
+      {
+        const int row = tid / C::kThreadsPerRow;
+        const int key0 = (tid % C::kThreadsPerRow) * C::kKeysPerThread;
+        float s[C::kKeysPerThread];
+        float m = kNegInf;
+        const int sw = spart_swizzle(row);
+        // Partial scores of the warps, added in warp order (vector loads where the group allows).
+#pragma unroll
+        for (int w = 0; w < C::kWarps; ++w) {
+          const float* sp = spart + (w * C::kHG + row) * kTile;
+          float v[C::kKeysPerThread];
+          if constexpr (C::kKeysPerThread == 4 || C::kKeysPerThread == 8) {
+#pragma unroll
+            for (int g = 0; g < C::kKeysPerThread; g += 4) {
+              const float4 f = *reinterpret_cast<const float4*>(sp + ((key0 + g) ^ sw));
+              v[g] = f.x;
+              v[g + 1] = f.y;
+              v[g + 2] = f.z;
+              v[g + 3] = f.w;
+            }
+          } else if constexpr (C::kKeysPerThread == 2) {
+            const float2 f = *reinterpret_cast<const float2*>(sp + (key0 ^ sw));
+            v[0] = f.x;
+            v[1] = f.y;
+          } else {
+#pragma unroll
+            for (int i = 0; i < C::kKeysPerThread; ++i) v[i] = sp[(key0 + i) ^ sw];
+          }
+#pragma unroll
+          for (int i = 0; i < C::kKeysPerThread; ++i) s[i] = w == 0 ? v[i] : s[i] + v[i];
+        }
+#pragma unroll
+        for (int i = 0; i < C::kKeysPerThread; ++i) {
+          const float acc = s[i];
+          const int j = t * kTile + key0 + i;
+          s[i] = (j < qs.n && key_ok[key0 + i]) ? acc * scale_log2 : kNegInf;
+          m = fmaxf(m, s[i]);
+        }
+#pragma unroll
+        for (int off = C::kThreadsPerRow / 2; off > 0; off >>= 1)
+          m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+        float pr[C::kKeysPerThread];
+#pragma unroll
+        for (int i = 0; i < C::kKeysPerThread; ++i) {
+          const __nv_bfloat16 b = __float2bfloat16_rn(m == kNegInf ? 0.0f : exp2f(s[i] - m));
+          p_tile[row * C::kPStride + key0 + i] = b;
+          pr[i] = __bfloat162float(b);
+        }
+        const int row_lane0 = (lane / C::kThreadsPerRow) * C::kThreadsPerRow;
+        float l_t = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kTile; ++k)
+          l_t += __shfl_sync(0xFFFFFFFFu, pr[k % C::kKeysPerThread],
+                             row_lane0 + k / C::kKeysPerThread);
+        if (key0 == 0) {
+          if (fold) {
+            float m_new, a, b;
+            merge_coeffs(run_m[row], m, m_new, a, b);
+            run_l[row] = merge_value(run_l[row], a, l_t, b);
+            run_m[row] = m_new;
+            coef[row] = make_float2(a, b);
+          } else {
+            coef[row] = make_float2(0.0f, 1.0f);
+            if (h0 + row < p.num_heads) {
+              float* ml = ws_ml + ((slot_base + t) * p.num_heads + h0 + row) * 2;
+              ml[0] = m;
+              ml[1] = l_t;
+            }
+          }
+        }
+      }
+      __syncthreads();
+
+      // ---- PV: per 8 output dims one mma from zero, then O = O a + (P V) b ----
+      {
+        uint32_t pa[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          const int row = mt * 16 + (mi & 1) * 8 + ri;
+          ldmatrix_x4(pa[mt], p_base + uint32_t((row * C::kPStride + (mi >> 1) * 8) * 2));
+        }
+#pragma unroll
+        for (int nb2 = 0; nb2 < 4; ++nb2) {
+          uint32_t vb[4];
+          const int key = (mi & 1) * 8 + ri;
+          const int chunk = (warp * 64 + nb2 * 16) / 8 + (mi >> 1);
+          ldmatrix_x4_trans(vb, kv_base + kv_offset<kD>(key, chunk));
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            const int r0 = mt * 16 + (lane >> 2);
+            const float2 c0 = coef[r0], c1 = coef[r0 + 8];
+            const float a0 = c0.x, b0 = c0.y, a1 = c1.x, b1 = c1.y;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              if (DS_SPARSE_MLA_ABLATE == 2) continue;
+              const float zero[4] = {0, 0, 0, 0};
+              float pv[4];
+              mma_bf16(pv, pa[mt], vb[2 * half], vb[2 * half + 1], zero);
+              float* acc = o[mt][nb2 * 2 + half];
+              acc[0] = merge_value(acc[0], a0, pv[0], b0);
+              acc[1] = merge_value(acc[1], a0, pv[1], b0);
+              acc[2] = merge_value(acc[2], a1, pv[2], b1);
+              acc[3] = merge_value(acc[3], a1, pv[3], b1);
+            }
+          }
+        }
+      }
+      if (!fold) {  // store this tile's P V as its own partial
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int h = h0 + mt * 16 + (lane >> 2) + hh * 8;
+            if (h >= p.num_heads) continue;
+            float* dst =
+                ws_o + ((slot_base + t) * p.num_heads + h) * kD + warp * 64 + 2 * (lane & 3);
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb)
+              *reinterpret_cast<float2*>(dst + nb * 8) =
+                  make_float2(o[mt][nb][2 * hh], o[mt][nb][2 * hh + 1]);
+          }
+      }
+    }
+  }
+  if (!fold) return;
+  __syncthreads();  // run_m / run_l final
+
+  if (qs.splits > 1) {  // split 0's fold state -> slot 0, continued by the combine kernel
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = mt * 16 + (lane >> 2) + hh * 8;
+        const int h = h0 + row;
+        if (h >= p.num_heads) continue;
+        float* dst = ws_o + (slot_base * p.num_heads + h) * kD + warp * 64 + 2 * (lane & 3);
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+          *reinterpret_cast<float2*>(dst + nb * 8) =
+              make_float2(o[mt][nb][2 * hh], o[mt][nb][2 * hh + 1]);
+      }
+    if (tid < C::kHG && h0 + tid < p.num_heads) {
+      float* ml = ws_ml + (slot_base * p.num_heads + h0 + tid) * 2;
+      ml[0] = run_m[tid];
+      ml[1] = run_l[tid];
+    }
+    return;
+  }
+  // Single split: normalize and write the output directly.
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = mt * 16 + (lane >> 2) + hh * 8;
+      const int h = h0 + row;
+      if (h >= p.num_heads) continue;
+      const float inv = final_scale(run_m[row], run_l[row], p.sink, h);
+      uint16_t* dst = p.out + (int64_t(q) * p.num_heads + h) * kD + warp * 64 + 2 * (lane & 3);
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb)
+        *reinterpret_cast<uint32_t*>(dst + nb * 8) =
+            pack_bf16x2(__fmul_rn(o[mt][nb][2 * hh], inv), __fmul_rn(o[mt][nb][2 * hh + 1], inv));
+    }
+  if (p.lse && tid < C::kHG && h0 + tid < p.num_heads)
+    p.lse[int64_t(q) * p.num_heads + h0 + tid] = final_lse(run_m[tid], run_l[tid]);
+}
+
+// Continues split 0's fold over the per-tile partials of the other splits, in tile order.
+// Block (query q, head h); each thread owns 4 output dims.
+template <int kD>
+__global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const SparseMlaParams p) {
+  const int q = blockIdx.x;
+  const int h = blockIdx.y;
+  const QuerySplit qs = query_split(p, q);
+  if (qs.splits <= 1) return;
+  const int d = threadIdx.x * 4;
+  const int64_t slot_base = int64_t(q) * p.plan.max_tiles;
+  const float* ws_o = p.workspace;
+  const float* ws_ml = p.workspace + int64_t(p.num_queries) * p.plan.max_tiles * p.num_heads * kD;
+  auto o_at = [&](int t) {
+    return *reinterpret_cast<const float4*>(ws_o + ((slot_base + t) * p.num_heads + h) * kD + d);
+  };
+  auto ml_at = [&](int t) {
+    return *reinterpret_cast<const float2*>(ws_ml + ((slot_base + t) * p.num_heads + h) * 2);
+  };
+  float2 ml = ml_at(0);
+  float m = ml.x, l = ml.y;
+  float4 o = o_at(0);
+  const int t0 = split_begin(qs, 1);
+  constexpr int kBatch = 16;  // loads of several tiles in flight before their (ordered) merges
+  for (int t = t0; t < qs.tiles; t += kBatch) {
+    float4 ot[kBatch];
+    float2 mlt[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+      if (t + i < qs.tiles) {
+        ot[i] = o_at(t + i);
+        mlt[i] = ml_at(t + i);
+      }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+      if (t + i < qs.tiles) {
+        float m_new, a, b;
+        merge_coeffs(m, mlt[i].x, m_new, a, b);
+        l = merge_value(l, a, mlt[i].y, b);
+        m = m_new;
+        o.x = merge_value(o.x, a, ot[i].x, b);
+        o.y = merge_value(o.y, a, ot[i].y, b);
+        o.z = merge_value(o.z, a, ot[i].z, b);
+        o.w = merge_value(o.w, a, ot[i].w, b);
+      }
+  }
+  const float inv = final_scale(m, l, p.sink, h);
+  uint16_t* dst = p.out + (int64_t(q) * p.num_heads + h) * kD + d;
+  *reinterpret_cast<uint2*>(dst) =
+      make_uint2(pack_bf16x2(__fmul_rn(o.x, inv), __fmul_rn(o.y, inv)),
+                 pack_bf16x2(__fmul_rn(o.z, inv), __fmul_rn(o.w, inv)));
+  if (p.lse && threadIdx.x == 0) p.lse[int64_t(q) * p.num_heads + h] = final_lse(m, l);
+}
+
+template <int kD, int kMT>
+Status launch_impl(const SparseMlaParams& p, cudaStream_t stream) {
+  using C = Config<kD, kMT>;
+  static const cudaError_t attr_err =
+      cudaFuncSetAttribute(sparse_mla_decode_kernel<kD, kMT>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+  DS_CUDA_RETURN_IF_ERROR(attr_err);
+  const int groups = (p.num_heads + C::kHG - 1) / C::kHG;
+  const dim3 grid(unsigned(p.plan.max_splits), unsigned(p.num_queries), unsigned(groups));
+  sparse_mla_decode_kernel<kD, kMT><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  if (p.plan.max_splits > 1) {
+    const dim3 cgrid(unsigned(p.num_queries), unsigned(p.num_heads));
+    sparse_mla_combine_kernel<kD><<<cgrid, kD / 4, 0, stream>>>(p);
+    DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  return ok_status();
+}
+
+template <int kD>
+Status launch_for_dim(const SparseMlaParams& p, cudaStream_t stream) {
+  switch (p.plan.heads_per_cta) {
+    case 16:
+      return launch_impl<kD, 1>(p, stream);
+    case 32:
+      return launch_impl<kD, 2>(p, stream);
+    case 64:
+      return launch_impl<kD, 4>(p, stream);
+    default:
+      return invalid_argument("sparse_mla_decode: heads_per_cta must be 16, 32 or 64, got " +
+                              std::to_string(p.plan.heads_per_cta));
+  }
+}
+
+}  // namespace
+
+SparseMlaPlan plan_sparse_mla_decode(int32_t num_queries, int32_t num_heads, int32_t window_width,
+                                     int32_t compressed_width, int32_t num_sms,
+                                     int32_t max_splits_cap) {
+  SparseMlaPlan plan;
+  plan.max_tiles = (window_width + compressed_width + kTile - 1) / kTile;
+  const int64_t queries = num_queries > 0 ? num_queries : 1;
+  const int64_t sms = num_sms > 0 ? num_sms : 1;
+  // Largest head group that fills >= 90% of the GPU with one wave; 16 if none does.
+  plan.heads_per_cta = 16;
+  for (int hpc : {64, 32}) {
+    if (hpc > ((num_heads + 15) / 16) * 16) continue;
+    if (10 * queries * ((num_heads + hpc - 1) / hpc) >= 9 * sms) {
+      plan.heads_per_cta = hpc;
+      break;
+    }
+  }
+  const int64_t ctas = queries * ((num_heads + plan.heads_per_cta - 1) / plan.heads_per_cta);
+  // Split keys only when heads leave more than half the GPU idle: every split but the first
+  // stores one fp32 partial per tile (NOTES.md), which costs more than idle SMs beyond that.
+  int64_t splits = 1;
+  if (2 * ctas < sms) splits = (sms + ctas - 1) / ctas;
+  splits = std::min<int64_t>(splits, std::max(1, plan.max_tiles));
+  if (max_splits_cap > 0) splits = std::min<int64_t>(splits, max_splits_cap);
+  plan.max_splits = int32_t(std::max<int64_t>(1, splits));
+  return plan;
+}
+
+size_t sparse_mla_workspace_bytes(const SparseMlaPlan& plan, int32_t num_queries, int32_t num_heads,
+                                  int32_t head_dim) {
+  if (plan.max_splits <= 1) return 0;
+  return size_t(num_queries) * size_t(plan.max_tiles) * size_t(num_heads) * (size_t(head_dim) + 2) *
+         sizeof(float);
+}
+
+Status launch_sparse_mla_decode(const SparseMlaParams& p, cudaStream_t stream) {
+  if (p.num_queries <= 0 || p.num_heads <= 0) return ok_status();
+  if (!p.q || !p.out || !p.query_seq || !p.window_len || (p.window_width > 0 && !p.window_idx) ||
+      (p.compressed_width > 0 && (!p.compressed_idx || !p.compressed_len)))
+    return invalid_argument("sparse_mla_decode: null pointer in params");
+  if (p.window_width < 0 || p.compressed_width < 0 || p.plan.max_splits < 1 ||
+      p.plan.max_tiles * kTile < p.window_width + p.compressed_width)
+    return invalid_argument("sparse_mla_decode: plan does not match the index widths");
+  if ((p.window_width > 0 && (p.window.page_size <= 0 || p.window.page_bytes % 16 != 0)) ||
+      (p.compressed_width > 0 &&
+       (p.compressed.page_size <= 0 || p.compressed.page_bytes % 16 != 0)))
+    return invalid_argument(
+        "sparse_mla_decode: page_size must be > 0 and page_bytes a multiple of 16");
+  const size_t need = sparse_mla_workspace_bytes(p.plan, p.num_queries, p.num_heads, p.head_dim);
+  if (need > 0 && (p.workspace == nullptr || p.workspace_bytes < need))
+    return invalid_argument("sparse_mla_decode: workspace of " + std::to_string(p.workspace_bytes) +
+                            " bytes, need " + std::to_string(need));
+  switch (p.head_dim) {
+    case 512:
+      return launch_for_dim<512>(p, stream);
+    case 128:
+      return launch_for_dim<128>(p, stream);
+    default:
+      return unimplemented("sparse_mla_decode: head_dim " + std::to_string(p.head_dim) +
+                           " (supported: 512, 128)");
+  }
+}
+
+}  // namespace ds::cuda

@@ -1,0 +1,795 @@
+// FP8 block-scaled and BF16 linear layers: the small-M (decode) tensor-core kernel, the cuBLASLt
+// prefill path and the helpers around them. See linear_fp8.h for the contract and NOTES.md for the
+// floors and measurements.
+//
+// Small-M kernel layout. A warp owns 16 weight rows (the A operand of mma.sync, rows = output
+// features) and up to 8*NT tokens (the B operand, 8 tokens per n-tile). Per 128-K block each lane
+// loads 32 contiguous weight bytes of its two rows (rows g and g+8, g = lane/4) at k offset
+// (lane%4)*32 and the matching 32 activation codes of its token: the K order inside a block is
+// permuted consistently for A and B (any permutation leaves the dot product unchanged), which turns
+// the mma fragments into 16-byte loads. The block's partial sums are multiplied by the weight
+// scale (and the activation scale) in fp32 and added to the running sums, as REF's fp8_gemm does.
+// A CTA of 8 warps = RW row-warps x (8/RW) K-warps; CTAs of one cluster split K further; partials
+// are summed through (distributed) shared memory in a fixed order.
+#include <cooperative_groups.h>
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/gemm/linear_fp8.h"
+#include "kernels/cuda/quant/quant_fp8.h"
+
+namespace ds::cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+
+struct SmallMArgs {
+  const uint8_t* w;
+  const uint8_t* w_scale;
+  const uint8_t* x_codes;
+  const uint8_t* x_scales;
+  const uint16_t* x_bf16;
+  void* y;
+  int64_t n, k;  // per group
+  int64_t m;
+  int64_t x_stride;        // elements (codes: G*K; bf16: x_row_stride)
+  int64_t x_scale_stride;  // G*K/128
+  int64_t y_stride;
+  int64_t w_scale_stride;  // K/128
+  int k_split;             // CTAs per cluster along K
+  int y_f32;
+  int pdl;                       // launched with programmatic stream serialization
+  int64_t tiles, groups, items;  // row tiles per group; work items = tiles * groups * chunks
+};
+
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float e8m0_to_float_dev(uint32_t code) {
+  if (code == 0) return __uint_as_float(0x00400000u);  // 2^-127
+  if (code == 255) return __uint_as_float(0x7FC00000u);
+  return __uint_as_float(code << 23);
+}
+
+__device__ __forceinline__ void mma_fp8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();
+#endif
+}
+
+// Two e4m3 codes (low 16 bits of v) to a bf16x2 word (exact: every e4m3 value is a bf16 value).
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t v) {
+  __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xFFFFu), __NV_E4M3);
+  float2 f = __half22float2(*reinterpret_cast<__half2*>(&h));
+  __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+  return *reinterpret_cast<uint32_t*>(&b);
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// One 128-K block of one warp: 16 rows x (8*NT) tokens, accumulated into acc with the block scales.
+//   wv[0..1]: row g bytes [32*t4, 32*t4+32) of the block, wv[2..3]: row g+8.
+template <bool kFp8Act, int NT>
+__device__ __forceinline__ void block_step(const SmallMArgs& a, int64_t kb, const uint4 (&wv)[4],
+                                           float w_scale, int64_t tok0, int64_t xcol0,
+                                           float (&acc)[NT][4]) {
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int64_t tok_b = tok0 + j * 8 + g;  // the token this lane loads for the B operand
+    float blk[4] = {0.f, 0.f, 0.f, 0.f};
+    if constexpr (kFp8Act) {
+      uint4 xv[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+      if (tok_b < a.m) {
+        const uint8_t* xp = a.x_codes + tok_b * a.x_stride + xcol0 + kb * 128 + t4 * 32;
+        xv[0] = __ldg(reinterpret_cast<const uint4*>(xp));
+        xv[1] = __ldg(reinterpret_cast<const uint4*>(xp) + 1);
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // mma q covers words 2q, 2q+1 of the lane's 32 bytes
+        const int h = q >> 1, i0 = (q & 1) * 2;
+        const uint32_t af[4] = {word(wv[h], i0), word(wv[2 + h], i0), word(wv[h], i0 + 1),
+                                word(wv[2 + h], i0 + 1)};
+        mma_fp8(blk, af, word(xv[h], i0), word(xv[h], i0 + 1));
+      }
+      // Scales of the two tokens of this lane's accumulator columns.
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int64_t tok = tok0 + j * 8 + t4 * 2 + c;
+        float s = 0.f;
+        if (tok < a.m) {
+          s = w_scale *
+              e8m0_to_float_dev(__ldg(a.x_scales + tok * a.x_scale_stride + xcol0 / 128 + kb));
+        }
+        acc[j][c] = fmaf(blk[c], s, acc[j][c]);
+        acc[j][2 + c] = fmaf(blk[2 + c], s, acc[j][2 + c]);
+      }
+    } else {
+      uint4 xv[4] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0),
+                     make_uint4(0, 0, 0, 0)};
+      if (tok_b < a.m) {
+        const uint4* xp = reinterpret_cast<const uint4*>(a.x_bf16 + tok_b * a.x_stride + xcol0 +
+                                                         kb * 128 + t4 * 32);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) xv[i] = __ldg(xp + i);
+      }
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {  // mma q covers bf16 words 2q, 2q+1 = weight byte word q
+        const int h = q >> 2, i = q & 3;
+        const uint32_t w0 = word(wv[h], i), w1 = word(wv[2 + h], i);
+        const uint32_t af[4] = {e4m3x2_to_bf16x2(w0), e4m3x2_to_bf16x2(w1),
+                                e4m3x2_to_bf16x2(w0 >> 16), e4m3x2_to_bf16x2(w1 >> 16)};
+        mma_bf16(blk, af, word(xv[q >> 1], (q & 1) * 2), word(xv[q >> 1], (q & 1) * 2 + 1));
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] = fmaf(blk[e], w_scale, acc[j][e]);
+    }
+  }
+}
+
+template <bool kFp8Act, int NT, int RW>
+__global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1) fp8_small_m_kernel(SmallMArgs a) {
+  constexpr int KW = kWarps / RW;
+  constexpr int kRows = 16 * RW;
+  constexpr int kCols = 8 * NT;
+  constexpr int kPad = kCols + 1;
+  constexpr int kRing = 4;  // K blocks in flight per warp
+  __shared__ float red[KW][kRows][kPad];
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int rw = warp % RW, kw = warp / RW;
+  const int srank = int(blockIdx.x % unsigned(a.k_split));
+  const int64_t cluster_id = blockIdx.x / unsigned(a.k_split);
+  const int64_t num_clusters = gridDim.x / unsigned(a.k_split);
+  cg::cluster_group cluster = cg::this_cluster();
+
+  // This warp's K blocks (the same for every work item).
+  const int64_t kblocks = a.k / 128;
+  const int64_t parts = int64_t(a.k_split) * KW;
+  const int64_t part = int64_t(srank) * KW + kw;
+  const int64_t kb_begin = kblocks * part / parts, kb_end = kblocks * (part + 1) / parts;
+
+  // Work items (row tile, group, 8*NT-token chunk), strided over the clusters of the grid (one
+  // item per cluster unless the caller capped the grid with max_ctas).
+  bool waited = false;
+  for (int64_t item = cluster_id; item < a.items; item += num_clusters) {
+    const int64_t tile = item % a.tiles;
+    const int64_t group = (item / a.tiles) % a.groups;
+    const int64_t tok0 = item / (a.tiles * a.groups) * kCols;
+    const int64_t row0 = tile * kRows + rw * 16;  // within the group
+    const int64_t xcol0 = group * a.k;            // the group's first input column
+
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+
+    uint4 ring[kRing][4];
+    const bool has_rows = row0 < a.n;
+    const int64_t grow = group * a.n + row0;  // global weight row of the warp's first row
+    const uint8_t* w0 = a.w + (grow + g) * a.k + t4 * 32;
+    const uint8_t* w1 = w0 + 8 * a.k;
+    auto load = [&](uint4(&v)[4], int64_t kb) {
+      const int64_t off = kb * 128;
+      v[0] = load_stream(w0 + off);
+      v[1] = load_stream(w0 + off + 16);
+      v[2] = load_stream(w1 + off);
+      v[3] = load_stream(w1 + off + 16);
+    };
+    if (has_rows) {
+#pragma unroll
+      for (int u = 0; u < kRing; ++u)
+        if (kb_begin + u < kb_end) load(ring[u], kb_begin + u);
+    }
+    // Weights do not depend on the previous kernel: they are requested before waiting for the
+    // producer of x.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (a.pdl && !waited) {
+      asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+      asm volatile("griddepcontrol.wait;" ::: "memory");
+    }
+#endif
+    waited = true;
+    if (has_rows) {
+      const uint8_t* srow = a.w_scale + (grow / 128) * a.w_scale_stride;
+      for (int64_t kb = kb_begin; kb < kb_end; kb += kRing) {
+#pragma unroll
+        for (int u = 0; u < kRing; ++u) {
+          if (kb + u < kb_end) {
+            const float ws = e8m0_to_float_dev(__ldg(srow + kb + u));
+            block_step<kFp8Act, NT>(a, kb + u, ring[u], ws, tok0, xcol0, acc);
+            if (kb + u + kRing < kb_end) load(ring[u], kb + u + kRing);
+          }
+        }
+      }
+    }
+
+    // Partials of this warp: rows rw*16 + g (+8), columns j*8 + t4*2 (+1).
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      red[kw][rw * 16 + g][j * 8 + t4 * 2] = acc[j][0];
+      red[kw][rw * 16 + g][j * 8 + t4 * 2 + 1] = acc[j][1];
+      red[kw][rw * 16 + g + 8][j * 8 + t4 * 2] = acc[j][2];
+      red[kw][rw * 16 + g + 8][j * 8 + t4 * 2 + 1] = acc[j][3];
+    }
+    if (a.k_split > 1)
+      cluster.sync();
+    else
+      __syncthreads();
+
+    // Each CTA of the cluster sums a slice of the tile's outputs over all K partials (fixed
+    // order) and writes it. Element e: token e / kRows, row e % kRows (consecutive threads,
+    // consecutive output features: coalesced stores).
+    constexpr int kElems = kRows * kCols;
+    const int e_begin = kElems * srank / a.k_split, e_end = kElems * (srank + 1) / a.k_split;
+    for (int e = e_begin + int(threadIdx.x); e < e_end; e += kThreads) {
+      const int col = e / kRows, row = e % kRows;
+      float sum = 0.f;
+      for (int s = 0; s < a.k_split; ++s) {
+        const float* base =
+            a.k_split > 1 ? cluster.map_shared_rank(&red[0][0][0], s) : &red[0][0][0];
+#pragma unroll
+        for (int w = 0; w < KW; ++w) sum += base[(w * kRows + row) * kPad + col];
+      }
+      const int64_t tok = tok0 + col, r = tile * kRows + row;
+      if (tok < a.m && r < a.n) {
+        const int64_t idx = tok * a.y_stride + group * a.n + r;
+        if (a.y_f32)
+          static_cast<float*>(a.y)[idx] = sum;
+        else
+          static_cast<__nv_bfloat16*>(a.y)[idx] = __float2bfloat16_rn(sum);
+      }
+    }
+    // Nobody may overwrite `red` (here or, through DSMEM, in the cluster) before all have read it.
+    if (a.k_split > 1)
+      cluster.sync();
+    else
+      __syncthreads();
+  }
+}
+
+template <bool kFp8Act, int NT, int RW>
+cudaError_t launch_small_m(const SmallMArgs& a, dim3 grid, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (a.k_split > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = unsigned(a.k_split);
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (a.pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  return cudaLaunchKernelEx(&cfg, fp8_small_m_kernel<kFp8Act, NT, RW>, a);
+}
+
+template <bool kFp8Act, int NT>
+cudaError_t dispatch_rw(int rw, const SmallMArgs& a, dim3 grid, cudaStream_t stream) {
+  switch (rw) {
+    case 1:
+      return launch_small_m<kFp8Act, NT, 1>(a, grid, stream);
+    case 2:
+      return launch_small_m<kFp8Act, NT, 2>(a, grid, stream);
+    case 4:
+      return launch_small_m<kFp8Act, NT, 4>(a, grid, stream);
+    default:
+      return launch_small_m<kFp8Act, NT, 8>(a, grid, stream);
+  }
+}
+
+template <bool kFp8Act>
+cudaError_t dispatch_nt(int nt, int rw, const SmallMArgs& a, dim3 grid, cudaStream_t stream) {
+  switch (nt) {
+    case 1:
+      return dispatch_rw<kFp8Act, 1>(rw, a, grid, stream);
+    case 2:
+      return dispatch_rw<kFp8Act, 2>(rw, a, grid, stream);
+    case 4:
+      return dispatch_rw<kFp8Act, 4>(rw, a, grid, stream);
+    default:
+      return dispatch_rw<kFp8Act, 8>(rw, a, grid, stream);
+  }
+}
+
+int n_tiles_for(int64_t m) {
+  const int64_t mm = std::min<int64_t>(m, kSmallMMaxTokens);
+  return mm <= 8 ? 1 : mm <= 16 ? 2 : mm <= 32 ? 4 : 8;
+}
+
+int device_sms() {
+  static int sms = [] {
+    int dev = 0, n = 132;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      n = 132;
+    }
+    return n;
+  }();
+  return sms;
+}
+
+Status check_weight(const Fp8WeightView& w) {
+  if (!w.data || !w.scale) return invalid_argument("fp8 linear: null weight or scale pointer");
+  if (w.out_features <= 0 || w.in_features <= 0 || w.num_groups <= 0)
+    return invalid_argument("fp8 linear: empty weight");
+  if (w.in_features % kFp8GemmBlock != 0)
+    return invalid_argument("fp8 linear: K = " + std::to_string(w.in_features) +
+                            " is not a multiple of 128");
+  if (w.out_features % 16 != 0 || (w.num_groups > 1 && w.out_features % kFp8GemmBlock != 0))
+    return invalid_argument("fp8 linear: N = " + std::to_string(w.out_features) +
+                            " must be a multiple of 16 (of 128 for a grouped weight)");
+  if (reinterpret_cast<uintptr_t>(w.data) % 16 != 0)
+    return invalid_argument("fp8 linear: weight data must be 16-byte aligned");
+  return ok_status();
+}
+
+__global__ void e8m0_to_f32_kernel(const uint8_t* in, float* out, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = e8m0_to_float_dev(in[i]);
+}
+
+// Activation scales e8m0 [M, C] (row-major) -> fp32 [C, M] (cuBLASLt VEC128_32F: the M index
+// contiguous).
+__global__ void act_scales_transpose_kernel(const uint8_t* in, float* out, int64_t m, int64_t c) {
+  __shared__ float tile[32][33];
+  const int64_t c0 = int64_t(blockIdx.x) * 32, m0 = int64_t(blockIdx.y) * 32;
+  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+    const int64_t mi = m0 + i, ci = c0 + threadIdx.x;
+    if (mi < m && ci < c) tile[i][threadIdx.x] = e8m0_to_float_dev(in[mi * c + ci]);
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+    const int64_t ci = c0 + i, mi = m0 + threadIdx.x;
+    if (mi < m && ci < c) out[ci * m + mi] = tile[threadIdx.x][i];
+  }
+}
+
+const char* lt_status_name(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default:
+      return "cublasStatus";
+  }
+}
+
+}  // namespace
+
+#define DS_LT_RETURN_IF_ERROR(expr)                                                       \
+  do {                                                                                    \
+    cublasStatus_t ds_lt_st_ = (expr);                                                    \
+    if (ds_lt_st_ != CUBLAS_STATUS_SUCCESS)                                               \
+      return internal_error(std::string("cuBLASLt error ") + lt_status_name(ds_lt_st_) +  \
+                            " in " #expr " at " __FILE__ ":" + std::to_string(__LINE__)); \
+  } while (0)
+
+std::pair<int, int> fp8_small_m_config(const Fp8SmallMParams& p, int num_sms) {
+  // From the H200 sweeps (NOTES.md, v2): at M = 1 the best layout has about two row tiles per SM
+  // (the largest row_warps that still gives >= 1.5 tiles per SM, else 1), and clusters split K
+  // only when the tiles alone leave more than half of the SMs idle.
+  const int nt = n_tiles_for(p.num_tokens);
+  const int64_t mchunks = (p.num_tokens + 8 * nt - 1) / (8 * nt);
+  const int64_t kblocks = p.w.in_features / kFp8GemmBlock;
+  const int64_t rows = p.w.out_features * p.w.num_groups * mchunks;
+  int rw = p.row_warps;
+  if (!rw) {
+    rw = 1;
+    for (int cand : {8, 4, 2})
+      if ((rows + 16 * cand - 1) / (16 * cand) * 2 >= 3 * int64_t(num_sms)) {
+        rw = cand;
+        break;
+      }
+  }
+  const int kw = kWarps / rw;
+  const int64_t tiles = (rows + 16 * rw - 1) / (16 * rw);
+  int ks = p.k_split;
+  if (!ks) {
+    ks = 1;
+    while (ks < 8 && tiles * ks * 2 < int64_t(num_sms) && kblocks >= int64_t(2 * ks) * kw) ks *= 2;
+  }
+  return {rw, ks};
+}
+
+Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) {
+  if (Status s = check_weight(p.w); !s.ok()) return s;
+  if (p.num_tokens < 0) return invalid_argument("fp8 linear: negative token count");
+  if (p.num_tokens == 0) return ok_status();
+  const int64_t in_cols = p.w.in_features * p.w.num_groups;
+  const bool fp8_act = p.x_codes != nullptr;
+  if (fp8_act && !p.x_scales) return invalid_argument("fp8 linear: codes given without scales");
+  if (!fp8_act && !p.x_bf16) return invalid_argument("fp8 linear: no input");
+  if (!fp8_act && (p.x_row_stride < in_cols || p.x_row_stride % 8 != 0))
+    return invalid_argument("fp8 linear: bf16 row stride must be >= G*K and a multiple of 8");
+  if (!p.y || p.y_row_stride < p.w.out_features * p.w.num_groups)
+    return invalid_argument("fp8 linear: output missing or row stride < G*N");
+  auto [rw, ks] = fp8_small_m_config(p, device_sms());
+  if (p.row_warps) rw = p.row_warps;
+  if (p.k_split) ks = p.k_split;
+  if ((rw != 1 && rw != 2 && rw != 4 && rw != 8) || (ks != 1 && ks != 2 && ks != 4 && ks != 8))
+    return invalid_argument("fp8 linear: row_warps and k_split must be 1, 2, 4 or 8");
+  const int nt = n_tiles_for(p.num_tokens);
+  SmallMArgs a{};
+  a.w = p.w.data;
+  a.w_scale = p.w.scale;
+  a.x_codes = p.x_codes;
+  a.x_scales = p.x_scales;
+  a.x_bf16 = p.x_bf16;
+  a.y = p.y;
+  a.n = p.w.out_features;
+  a.k = p.w.in_features;
+  a.m = p.num_tokens;
+  a.x_stride = fp8_act ? in_cols : p.x_row_stride;
+  a.x_scale_stride = in_cols / kFp8GemmBlock;
+  a.y_stride = p.y_row_stride;
+  a.w_scale_stride = p.w.in_features / kFp8GemmBlock;
+  a.k_split = ks;
+  a.y_f32 = p.y_type == OutType::kF32;
+  a.pdl = p.pdl ? 1 : 0;
+  const int64_t tiles = (p.w.out_features + 16 * rw - 1) / (16 * rw);
+  const int64_t mchunks = (p.num_tokens + 8 * nt - 1) / (8 * nt);
+  a.tiles = tiles;
+  a.groups = p.w.num_groups;
+  a.items = tiles * p.w.num_groups * mchunks;
+  // Clusters in the grid: one per work item unless the caller caps it (a grid of about one CTA per
+  // SM, which would leave room for the next kernel's CTAs under PDL, measured slower: NOTES.md).
+  int64_t clusters = a.items;
+  if (p.max_ctas > 0) clusters = std::max<int64_t>(1, p.max_ctas / ks);
+  clusters = std::min(clusters, a.items);
+  if (clusters * ks > 0x7FFFFFFF) return invalid_argument("fp8 linear: shape too large");
+  const dim3 grid(unsigned(clusters * ks), 1, 1);
+  const cudaError_t err = fp8_act ? dispatch_nt<true>(nt, rw, a, grid, stream)
+                                  : dispatch_nt<false>(nt, rw, a, grid, stream);
+  DS_CUDA_RETURN_IF_ERROR(err);
+  return ok_status();
+}
+
+Status launch_e8m0_to_f32(const uint8_t* in, float* out, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return ok_status();
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 4096);
+  e8m0_to_f32_kernel<<<unsigned(blocks), 256, 0, stream>>>(in, out, n);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ok_status();
+}
+
+// ---- GemmRunner -------------------------------------------------------------------------------
+
+namespace {
+constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
+size_t align_up(size_t v, size_t a) {
+  return (v + a - 1) / a * a;
+}
+}  // namespace
+
+struct GemmRunner::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool swapped = false;
+  ~Plan() {
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+size_t GemmRunner::workspace_bytes(int64_t max_tokens, int64_t max_in_columns) {
+  const size_t mk = size_t(max_tokens) * size_t(max_in_columns);
+  return align_up(mk, 256) + align_up(mk / kFp8GemmBlock, 256) +
+         align_up(mk / kFp8GemmBlock * sizeof(float), 256) + kLtWorkspaceBytes;
+}
+
+Result<std::unique_ptr<GemmRunner>> GemmRunner::create(void* workspace, size_t bytes,
+                                                       int64_t max_tokens, int64_t max_in_columns) {
+  if (max_tokens <= 0 || max_in_columns <= 0 || max_in_columns % kFp8GemmBlock != 0)
+    return invalid_argument("GemmRunner: max_in_columns must be a positive multiple of 128");
+  if (!workspace || bytes < workspace_bytes(max_tokens, max_in_columns))
+    return invalid_argument("GemmRunner: workspace smaller than workspace_bytes()");
+  std::unique_ptr<GemmRunner> r(new GemmRunner());
+  cublasLtHandle_t h = nullptr;
+  DS_LT_RETURN_IF_ERROR(cublasLtCreate(&h));
+  r->lt_ = h;
+  const size_t mk = size_t(max_tokens) * size_t(max_in_columns);
+  uint8_t* p = static_cast<uint8_t*>(workspace);
+  r->codes_ = p;
+  p += align_up(mk, 256);
+  r->scales_ = p;
+  p += align_up(mk / kFp8GemmBlock, 256);
+  r->scales_t_ = reinterpret_cast<float*>(p);
+  p += align_up(mk / kFp8GemmBlock * sizeof(float), 256);
+  r->lt_workspace_ = p;
+  r->lt_workspace_bytes_ = kLtWorkspaceBytes;
+  r->max_tokens_ = max_tokens;
+  r->max_in_columns_ = max_in_columns;
+  return Result<std::unique_ptr<GemmRunner>>(std::move(r));
+}
+
+GemmRunner::~GemmRunner() {
+  plans_.clear();
+  if (lt_) cublasLtDestroy(static_cast<cublasLtHandle_t>(lt_));
+}
+
+Status GemmRunner::run_fp8_cublaslt(const Fp8WeightView& w, int64_t m, const uint8_t* codes,
+                                    const float* scales_t, void* y, OutType y_type,
+                                    int64_t y_row_stride, cudaStream_t stream) {
+  const int64_t n = w.out_features, k = w.in_features, in_cols = k * w.num_groups;
+  auto key = std::make_tuple(0, m, n, k, in_cols, y_row_stride, int(y_type));
+  std::shared_ptr<Plan>& plan = plans_[key];
+  cublasLtHandle_t lt = static_cast<cublasLtHandle_t>(lt_);
+  std::string why;
+  // Two orientations: (0) column-major D[N, M] = W[K, N]^T Xq[K, M] with the 128x128 scales on A;
+  // (1) D[M, N] stored row-major = Xq[K, M]^T W[K, N] with the 1x128 scales on A.
+  for (int orient = 0; !plan && orient < 2; ++orient) {
+    auto pl = std::make_shared<Plan>();
+    pl->swapped = orient == 1;
+    DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&pl->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t opt = CUBLAS_OP_T, opn = CUBLAS_OP_N;
+    DS_LT_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof opt));
+    DS_LT_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opn, sizeof opn));
+    const int32_t wmode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    const int32_t xmode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    const float* aptr = pl->swapped ? scales_t : w.scale_f32;
+    const float* bptr = pl->swapped ? w.scale_f32 : scales_t;
+    DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        pl->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, pl->swapped ? &xmode : &wmode, sizeof wmode));
+    DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        pl->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, pl->swapped ? &wmode : &xmode, sizeof xmode));
+    DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        pl->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &aptr, sizeof aptr));
+    DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        pl->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bptr, sizeof bptr));
+    const cudaDataType_t dt = y_type == OutType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+    if (!pl->swapped) {
+      DS_LT_RETURN_IF_ERROR(
+          cublasLtMatrixLayoutCreate(&pl->a, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(n), k));
+      DS_LT_RETURN_IF_ERROR(
+          cublasLtMatrixLayoutCreate(&pl->b, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(m), in_cols));
+      DS_LT_RETURN_IF_ERROR(
+          cublasLtMatrixLayoutCreate(&pl->c, dt, uint64_t(n), uint64_t(m), y_row_stride));
+    } else {
+      DS_LT_RETURN_IF_ERROR(
+          cublasLtMatrixLayoutCreate(&pl->a, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(m), in_cols));
+      DS_LT_RETURN_IF_ERROR(
+          cublasLtMatrixLayoutCreate(&pl->b, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(n), k));
+      DS_LT_RETURN_IF_ERROR(
+          cublasLtMatrixLayoutCreate(&pl->c, dt, uint64_t(m), uint64_t(n), y_row_stride));
+      const int32_t row = CUBLASLT_ORDER_ROW;
+      DS_LT_RETURN_IF_ERROR(
+          cublasLtMatrixLayoutSetAttribute(pl->c, CUBLASLT_MATRIX_LAYOUT_ORDER, &row, sizeof row));
+    }
+    cublasLtMatmulPreference_t pref = nullptr;
+    DS_LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = lt_workspace_bytes_;
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    cublasLtMatmulHeuristicResult_t heur{};
+    int found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulAlgoGetHeuristic(lt, pl->desc, pl->a, pl->b, pl->c, pl->c, pref, 1, &heur,
+                                          &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
+      pl->algo = heur.algo;
+      plan = pl;
+    } else {
+      why += std::string(" orientation ") + std::to_string(orient) + ": " + lt_status_name(st);
+    }
+  }
+  if (!plan) {
+    plans_.erase(key);
+    return unimplemented(std::string("cuBLASLt has no FP8 block-scaled algorithm for M=") +
+                         std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
+                         " (" + why + ")");
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  const size_t elt = y_type == OutType::kF32 ? 4 : 2;
+  for (int g = 0; g < w.num_groups; ++g) {
+    const uint8_t* wg = w.data + size_t(g) * size_t(n) * size_t(k);
+    const float* wsg =
+        w.scale_f32 + size_t(g) * size_t(n / kFp8GemmBlock) * size_t(k / kFp8GemmBlock);
+    const uint8_t* xg = codes + size_t(g) * size_t(k);
+    const float* xsg = scales_t + size_t(g) * size_t(k / kFp8GemmBlock) * size_t(m);
+    void* yg = static_cast<uint8_t*>(y) + size_t(g) * size_t(n) * elt;
+    const void* aop = plan->swapped ? static_cast<const void*>(xg) : wg;
+    const void* bop = plan->swapped ? static_cast<const void*>(wg) : xg;
+    const float* asc = plan->swapped ? xsg : wsg;
+    const float* bsc = plan->swapped ? wsg : xsg;
+    DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &asc, sizeof asc));
+    DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bsc, sizeof bsc));
+    DS_LT_RETURN_IF_ERROR(cublasLtMatmul(lt, plan->desc, &alpha, aop, plan->a, bop, plan->b, &beta,
+                                         yg, plan->c, yg, plan->c, &plan->algo, lt_workspace_,
+                                         lt_workspace_bytes_, stream));
+  }
+  return ok_status();
+}
+
+Status GemmRunner::linear_fp8_cublaslt(const Fp8LinearParams& p, cudaStream_t stream) {
+  if (Status s = check_weight(p.w); !s.ok()) return s;
+  const int64_t in_cols = p.w.in_features * p.w.num_groups;
+  if (!p.x.codes || !p.x.scales) return invalid_argument("fp8 cuBLASLt: needs quantized input");
+  if (!p.w.scale_f32) return invalid_argument("fp8 cuBLASLt: needs fp32 weight scales");
+  if (p.w.out_features % kFp8GemmBlock != 0 || p.w.in_features % 512 != 0)
+    return unimplemented("fp8 cuBLASLt: needs N % 128 == 0 and K % 512 == 0");
+  if (p.num_tokens > max_tokens_ || in_cols > max_in_columns_)
+    return invalid_argument("fp8 cuBLASLt: input larger than the runner's workspace");
+  if (p.num_tokens == 0) return ok_status();
+  const int64_t c = in_cols / kFp8GemmBlock;
+  const dim3 tgrid(unsigned((c + 31) / 32), unsigned((p.num_tokens + 31) / 32));
+  act_scales_transpose_kernel<<<tgrid, dim3(32, 8), 0, stream>>>(p.x.scales, scales_t_,
+                                                                 p.num_tokens, c);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return run_fp8_cublaslt(p.w, p.num_tokens, p.x.codes, scales_t_, p.y, p.y_type, p.y_row_stride,
+                          stream);
+}
+
+Status GemmRunner::linear_fp8(const Fp8LinearParams& p, cudaStream_t stream) {
+  if (Status s = check_weight(p.w); !s.ok()) return s;
+  if (p.num_tokens < 0) return invalid_argument("fp8 linear: negative token count");
+  if (p.num_tokens == 0) return ok_status();
+  const int64_t in_cols = p.w.in_features * p.w.num_groups;
+  Fp8LinearParams q = p;
+  if (p.quantize_activations && !p.x.codes) {
+    // Reference numerics: quantize once into the workspace (bit-exact with the CPU reference).
+    if (!p.x.bf16) return invalid_argument("fp8 linear: no input");
+    if (p.num_tokens > max_tokens_ || in_cols > max_in_columns_)
+      return invalid_argument("fp8 linear: input larger than the runner's workspace");
+    if (p.x.x_row_stride < in_cols || p.x.x_row_stride % 8 != 0)
+      return invalid_argument("fp8 linear: bf16 row stride must be >= G*K and a multiple of 8");
+    QuantFp8Params qp;
+    qp.x = p.x.bf16;
+    qp.codes = codes_;
+    qp.scales = scales_;
+    qp.num_rows = p.num_tokens;
+    qp.row_len = in_cols;
+    qp.x_row_stride = p.x.x_row_stride;
+    launch_quantize_fp8_blocks(qp, stream);
+    DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    q.x.codes = codes_;
+    q.x.scales = scales_;
+  }
+  const bool fp8_act = p.quantize_activations;
+  if (fp8_act && p.num_tokens > kSmallMMaxTokens && p.w.scale_f32 &&
+      p.w.out_features % kFp8GemmBlock == 0 && p.w.in_features % 512 == 0) {
+    Status s = linear_fp8_cublaslt(q, stream);
+    if (s.code() != StatusCode::kUnimplemented) return s;
+    // No cuBLASLt algorithm for this combination: the small-M kernel in chunks below.
+  }
+  Fp8SmallMParams sp;
+  sp.w = p.w;
+  sp.num_tokens = p.num_tokens;
+  if (fp8_act) {
+    sp.x_codes = q.x.codes;
+    sp.x_scales = q.x.scales;
+  } else {
+    sp.x_bf16 = p.x.bf16;
+    sp.x_row_stride = p.x.x_row_stride;
+  }
+  sp.y = p.y;
+  sp.y_type = p.y_type;
+  sp.y_row_stride = p.y_row_stride;
+  sp.pdl = p.pdl;
+  return launch_fp8_linear_small_m(sp, stream);
+}
+
+Status GemmRunner::linear_bf16(const Bf16LinearParams& p, cudaStream_t stream) {
+  if (!p.w || !p.x || !p.y) return invalid_argument("bf16 linear: null pointer");
+  if (p.out_features <= 0 || p.in_features <= 0 || p.num_tokens < 0)
+    return invalid_argument("bf16 linear: bad shape");
+  if (p.out_features % 8 != 0 || p.in_features % 8 != 0 || p.x_row_stride < p.in_features ||
+      p.x_row_stride % 8 != 0 || p.y_row_stride < p.out_features || p.y_row_stride % 8 != 0)
+    return invalid_argument("bf16 linear: N, K and row strides must be multiples of 8");
+  if (p.num_tokens == 0) return ok_status();
+  const int64_t m = p.num_tokens, n = p.out_features, k = p.in_features;
+  auto key = std::make_tuple(1, m, n, k, p.x_row_stride, p.y_row_stride, int(p.y_type));
+  std::shared_ptr<Plan>& plan = plans_[key];
+  cublasLtHandle_t lt = static_cast<cublasLtHandle_t>(lt_);
+  if (!plan) {
+    auto pl = std::make_shared<Plan>();
+    DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&pl->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t opt = CUBLAS_OP_T, opn = CUBLAS_OP_N;
+    DS_LT_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof opt));
+    DS_LT_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opn, sizeof opn));
+    const cudaDataType_t dt = p.y_type == OutType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+    DS_LT_RETURN_IF_ERROR(
+        cublasLtMatrixLayoutCreate(&pl->a, CUDA_R_16BF, uint64_t(k), uint64_t(n), k));
+    DS_LT_RETURN_IF_ERROR(
+        cublasLtMatrixLayoutCreate(&pl->b, CUDA_R_16BF, uint64_t(k), uint64_t(m), p.x_row_stride));
+    DS_LT_RETURN_IF_ERROR(
+        cublasLtMatrixLayoutCreate(&pl->c, dt, uint64_t(n), uint64_t(m), p.y_row_stride));
+    cublasLtMatmulPreference_t pref = nullptr;
+    DS_LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = lt_workspace_bytes_;
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    cublasLtMatmulHeuristicResult_t heur{};
+    int found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulAlgoGetHeuristic(lt, pl->desc, pl->a, pl->b, pl->c, pl->c, pref, 1, &heur,
+                                          &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+      plans_.erase(key);
+      return unimplemented(std::string("cuBLASLt has no bf16 algorithm (") + lt_status_name(st) +
+                           ")");
+    }
+    pl->algo = heur.algo;
+    plan = pl;
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  DS_LT_RETURN_IF_ERROR(cublasLtMatmul(lt, plan->desc, &alpha, p.w, plan->a, p.x, plan->b, &beta,
+                                       p.y, plan->c, p.y, plan->c, &plan->algo, lt_workspace_,
+                                       lt_workspace_bytes_, stream));
+  return ok_status();
+}
+
+}  // namespace ds::cuda

@@ -1,0 +1,163 @@
+// Linear layers y = x @ W^T on the GPU (dsv4-model.md §10, §10.2): FP8 e4m3 weights with e8m0
+// 128x128 block scales (the attention projections, the shared expert, the indexer wq_b, the MTP
+// projections) and BF16 weights (compressor wkv/wgate, indexer weights_proj, gate, head).
+//
+// FP8 paths:
+//  - small M (<= 64 tokens, decode): launch_fp8_linear_small_m, our own bandwidth-bound kernel. It
+//    reads each weight byte and its block scale once, runs the products on the tensor cores
+//    (FP8 mma.sync when the activations are FP8-quantized, BF16 mma.sync on in-register
+//    dequantized weights otherwise), applies the scales per 128-K block in fp32 and reduces split-K
+//    partials inside a thread-block cluster (deterministic, one launch, graph-capturable).
+//  - large M (prefill): cuBLASLt FP8 GEMM with 1x128 activation / 128x128 weight block scaling
+//    (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F / BLK128x128_32F, cuBLAS >= 12.9, sm_90).
+// Reference numerics (§2) quantize the input to e4m3 per 128 K-elements first, with the kernel of
+// kernels/cuda/quant (bit-exact with ds::cpu::quantize_fp8_blocks); hf numerics use the bf16
+// input as is (large M then runs the small-M kernel over 64-token chunks: correct, not fast).
+// The CPU oracle is ds::cpu::linear (src/kernels/cpu/linear.h).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <utility>
+
+#include "core/status.h"
+
+namespace ds::cuda {
+
+inline constexpr int kFp8GemmBlock = 128;    // weight blocks 128x128, activation blocks 1x128
+inline constexpr int kSmallMMaxTokens = 64;  // launch_fp8_linear dispatches M <= 64 to small-M
+
+// An FP8 block-scaled weight in device memory (non-owning). A grouped weight (wo_a, §7.8) is
+// block-diagonal: group g owns rows [g*N, (g+1)*N) and reads input columns [g*K, (g+1)*K).
+struct Fp8WeightView {
+  const uint8_t* data = nullptr;     // [G*N, K] e4m3, row-major, 16-byte aligned
+  const uint8_t* scale = nullptr;    // [G*N/128, K/128] e8m0 (rows rounded up when G == 1)
+  const float* scale_f32 = nullptr;  // the same grid as fp32 2^(e-127) (launch_e8m0_to_f32, once at
+                                     // load); needed only by the cuBLASLt path, nullable
+  int64_t out_features = 0;          // N per group; a multiple of 16 (of 128 when G > 1)
+  int64_t in_features = 0;           // K per group; a multiple of 128
+  int num_groups = 1;                // G
+};
+
+enum class OutType : uint8_t { kBF16, kF32 };
+
+// Activations for an FP8 linear: either bf16 (quantized on the fly in reference numerics, or used
+// as is in hf numerics) or already FP8-quantized (the output of launch_quantize_fp8_blocks; lets
+// several linears share one quantization of the same input, e.g. wq_a and wkv on h).
+struct Fp8Activations {
+  const uint16_t* bf16 = nullptr;   // [M, x_row_stride] bf16 bits, 16-byte aligned rows
+  int64_t x_row_stride = 0;         // elements, >= G*K, a multiple of 8
+  const uint8_t* codes = nullptr;   // [M, G*K] e4m3 (contiguous rows), or nullptr
+  const uint8_t* scales = nullptr;  // [M, G*K/128] e8m0, or nullptr
+};
+
+// ---- small M: our own kernel ------------------------------------------------------------------
+
+struct Fp8SmallMParams {
+  Fp8WeightView w;
+  int64_t num_tokens = 0;  // M (any; > 64 runs 64-token chunks)
+  // Input: FP8 codes + scales when quantized (reference numerics), else bf16 (hf numerics).
+  const uint8_t* x_codes = nullptr;   // [M, G*K] e4m3, rows G*K apart, 16-byte aligned
+  const uint8_t* x_scales = nullptr;  // [M, G*K/128] e8m0
+  const uint16_t* x_bf16 = nullptr;   // [M, x_row_stride] bf16 bits (used when x_codes is null)
+  int64_t x_row_stride = 0;           // elements (bf16 input only)
+  void* y = nullptr;                  // [M, y_row_stride], G*N columns written
+  OutType y_type = OutType::kBF16;
+  int64_t y_row_stride = 0;  // elements, >= G*N
+  // Tuning, 0 = heuristic: warps per CTA along rows (1, 2, 4, 8; the other 8/rw warps split K) and
+  // CTAs per cluster along K (1, 2, 4, 8).
+  int row_warps = 0;
+  int k_split = 0;
+  // Programmatic dependent launch: the kernel starts streaming its weights before the previous
+  // kernel in the stream has finished and waits for it (griddepcontrol.wait) before reading x.
+  bool pdl = false;
+  // CTAs in the grid (0 = one per work item); with a cap each CTA (cluster) loops over items.
+  int max_ctas = 0;
+};
+
+// The configuration launch_fp8_linear_small_m would choose (row_warps, k_split).
+std::pair<int, int> fp8_small_m_config(const Fp8SmallMParams& p, int num_sms);
+
+// No allocation, no host synchronization, graph-capturable.
+Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream);
+
+// ---- helpers ----------------------------------------------------------------------------------
+
+// e8m0 bytes to fp32 2^(e-127) (255 -> NaN). out [n]
+Status launch_e8m0_to_f32(const uint8_t* in, float* out, int64_t n, cudaStream_t stream);
+
+// ---- the linear entry points (cuBLASLt-backed) -------------------------------------------------
+
+struct Fp8LinearParams {
+  Fp8WeightView w;
+  int64_t num_tokens = 0;  // M
+  Fp8Activations x;
+  bool quantize_activations = true;  // reference numerics (§10.2); false = hf numerics
+  void* y = nullptr;                 // [M, y_row_stride]
+  OutType y_type = OutType::kBF16;
+  int64_t y_row_stride = 0;
+  bool pdl = false;  // small-M path: programmatic dependent launch (see above)
+};
+
+struct Bf16LinearParams {
+  const uint16_t* w = nullptr;  // [N, K] bf16 bits, row-major
+  int64_t out_features = 0;     // N, a multiple of 8
+  int64_t in_features = 0;      // K, a multiple of 8
+  int64_t num_tokens = 0;       // M
+  const uint16_t* x = nullptr;  // [M, x_row_stride] bf16 bits
+  int64_t x_row_stride = 0;
+  void* y = nullptr;  // [M, y_row_stride]
+  OutType y_type = OutType::kF32;
+  int64_t y_row_stride = 0;
+};
+
+// Owns a cuBLASLt handle and carves a caller-provided device workspace into the quantized
+// activations and the cuBLASLt workspace. One instance per stream (the workspace is reused by
+// every call). No device allocation per call; graph-capturable once each shape has been seen
+// (the first call of a shape queries cuBLASLt's heuristic on the host).
+class GemmRunner {
+ public:
+  // Workspace bytes for inputs of up to max_tokens x max_in_columns (G*K) elements.
+  static size_t workspace_bytes(int64_t max_tokens, int64_t max_in_columns);
+  static Result<std::unique_ptr<GemmRunner>> create(void* workspace, size_t workspace_bytes,
+                                                    int64_t max_tokens, int64_t max_in_columns);
+  ~GemmRunner();
+  GemmRunner(const GemmRunner&) = delete;
+  GemmRunner& operator=(const GemmRunner&) = delete;
+
+  // y = x @ W^T for an FP8 block-scaled W. M <= 64: small-M kernel; larger M: cuBLASLt (reference
+  // numerics, K % 512 == 0, N % 128 == 0, scale_f32 given), else the small-M kernel in chunks.
+  Status linear_fp8(const Fp8LinearParams& p, cudaStream_t stream);
+  // The cuBLASLt FP8 block-scaled GEMM alone, on pre-quantized activations (p.x.codes/scales).
+  Status linear_fp8_cublaslt(const Fp8LinearParams& p, cudaStream_t stream);
+  // y = x @ W^T for a bf16 W (fp32 accumulation, cuBLASLt).
+  Status linear_bf16(const Bf16LinearParams& p, cudaStream_t stream);
+
+  // Device buffers of the quantized activations (for tests).
+  const uint8_t* act_codes() const { return codes_; }
+  const uint8_t* act_scales() const { return scales_; }
+
+ private:
+  GemmRunner() = default;
+  struct Plan;
+  Status run_fp8_cublaslt(const Fp8WeightView& w, int64_t m, const uint8_t* codes,
+                          const float* scales_t, void* y, OutType y_type, int64_t y_row_stride,
+                          cudaStream_t stream);
+
+  void* lt_ = nullptr;  // cublasLtHandle_t
+  uint8_t* codes_ = nullptr;
+  uint8_t* scales_ = nullptr;
+  float* scales_t_ = nullptr;
+  void* lt_workspace_ = nullptr;
+  size_t lt_workspace_bytes_ = 0;
+  int64_t max_tokens_ = 0, max_in_columns_ = 0;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int>, std::shared_ptr<Plan>>
+      plans_;
+};
+
+}  // namespace ds::cuda

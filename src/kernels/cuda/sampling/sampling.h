@@ -1,0 +1,40 @@
+// Greedy sampling and logprobs on the GPU over fp32 logits rows: the argmax with the lowest-index
+// tie rule, log-softmax logprobs of the top-k tokens (k <= 20, the OpenAI API maximum; ordered by
+// logit, ties by lower index) and the logprob of a given token per row. There is no CPU kernel
+// for this; the tests compute the expected values on the host in double.
+// Not here yet: temperature / top-p / top-k random sampling (the engine's sampler does it on the
+// host from these logprobs until a kernel exists).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ds::cuda {
+
+inline constexpr int kMaxTopLogprobs = 20;
+
+// Floats of workspace launch_sample_greedy needs for `rows` rows of `vocab` logits.
+int64_t sampling_workspace_floats(int64_t rows, int64_t vocab);
+
+struct SampleParams {
+  const float* logits = nullptr;  // [rows, vocab], rows `stride` elements apart; finite values
+                                  // (a NaN is never selected but poisons the row's logprobs)
+  int64_t rows = 0;
+  int64_t vocab = 0;
+  int64_t stride = 0;
+  int32_t* argmax = nullptr;           // [rows] nullable: greedy token (lowest index among maxima)
+  int top_k = 0;                       // 0..kMaxTopLogprobs
+  float* top_logprobs = nullptr;       // [rows, top_k] (when top_k > 0)
+  int32_t* top_ids = nullptr;          // [rows, top_k]
+  const int32_t* token_ids = nullptr;  // [rows] nullable: tokens whose logprob to report; when
+                                       // null, token_logprobs reports the argmax token's
+  float* token_logprobs = nullptr;     // [rows] nullable
+  float* workspace = nullptr;          // [sampling_workspace_floats(rows, vocab)]
+};
+
+// Split-vocab pass (each block: max, sum of exp, a local top list) into the workspace, then one
+// warp per row merges the splits in a fixed order. No allocation, no host sync, graph-capturable.
+void launch_sample_greedy(const SampleParams& params, cudaStream_t stream);
+
+}  // namespace ds::cuda

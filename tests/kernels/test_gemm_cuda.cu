@@ -1,0 +1,497 @@
+// FP8 block-scaled and BF16 linears on the GPU (kernels/cuda/gemm) against the CPU oracle
+// ds::cpu::linear, on fresh random inputs, at tiny shapes and at every DeepSeek-V4-Flash dense
+// linear shape for M in {1, 16, 64, 512, 4096}, in both numerics (with and without FP8
+// activation quantization), with outputs poisoned before each run.
+//
+// Tolerances (per output element, S = sum_k |x_k * w_k| over the exact operands the GPU sees):
+//  - every path: |y - ref| <= 1e-4 * S (+ 2^-8 |ref| for bf16 outputs). The products are exact on
+//    both sides (e4m3 x e4m3, bf16 x e4m3 fit in fp32); what differs is the summation: order,
+//    fp32 rounding, the tensor cores' accumulator inside a 128-K block (Hopper's FP8 MMA keeps
+//    ~14 mantissa bits there, DeepSeek-V3 report §3.3.2) before the fp32 promotion per block.
+//    Worst case ~4 * 2^-14 per block, random-signed over K/128 blocks: ~1e-5 * S; 1e-4 keeps a
+//    margin of ~10x while a dropped or doubled 128-K block (>= 1.4e-3 * S at K = 8192) or a wrong
+//    scale (a factor 2) fails.
+//  - activation quantization: the codes and scales the GPU used are compared bit for bit with
+//    ds::cpu::quantize_fp8_blocks.
+// Large shapes check a subsample of the tokens (first, last, and a spread) to keep CPU time small.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cuda/gemm/linear_fp8.h"
+#include "kernels/cuda/quant/quant_fp8.h"
+#include "kernels/cuda_test_util.h"
+
+namespace ds {
+namespace {
+
+constexpr double kTol = 1e-4;
+// cuBLASLt's FP8 block-scaled GEMM (Hopper WGMMA) accumulates in reduced precision inside the
+// tensor core: measured up to 1.4e-3 * S on the H200 (NOTES.md). Its elementwise bound is looser;
+// a relative Frobenius bound over all checked elements catches systematic errors (a wrong scale
+// on one 128-K block of 32 gives ~0.18).
+constexpr double kTolCublasLt = 4e-3;
+constexpr double kFrobCublasLt = 2e-2;
+
+struct LinearShape {
+  const char* name;
+  int64_t n, k;
+  int groups;
+};
+
+// DeepSeek-V4-Flash dense FP8 linears (dsv4-model.md §10 table).
+const LinearShape kFlashShapes[] = {
+    {"wq_a", 1024, 4096, 1},      {"wq_b", 32768, 1024, 1},        {"wkv", 512, 4096, 1},
+    {"wo_a", 1024, 4096, 8},      {"wo_b", 4096, 8192, 1},         {"shared_w1", 2048, 4096, 1},
+    {"shared_w2", 4096, 2048, 1}, {"indexer_wq_b", 8192, 1024, 1}, {"mtp_e_proj", 4096, 4096, 1},
+};
+// Tiny configuration (§14): hidden 256, q_lora 128, 4 heads x 128, o_groups 2 x o_lora 128.
+const LinearShape kTinyShapes[] = {
+    {"tiny_wq_a", 128, 256, 1}, {"tiny_wq_b", 512, 128, 1}, {"tiny_wkv", 128, 256, 1},
+    {"tiny_wo_a", 128, 256, 2}, {"tiny_wo_b", 256, 256, 1}, {"tiny_n16", 16, 128, 1},
+};
+
+struct HostWeight {
+  std::vector<uint8_t> data, scale;
+  std::vector<float> scale_f32;
+};
+
+// Random e4m3 codes (no NaN codes) and e8m0 scales around 2^-8 (realistic weight magnitudes).
+HostWeight random_weight(Rng& rng, const LinearShape& s) {
+  HostWeight w;
+  const int64_t rows = s.n * s.groups;
+  w.data.resize(size_t(rows * s.k));
+  for (size_t i = 0; i < w.data.size(); i += 8) {
+    uint64_t r = rng.next_u64();
+    for (size_t j = 0; j < 8 && i + j < w.data.size(); ++j) {
+      uint8_t c = uint8_t(r >> (8 * j));
+      if ((c & 0x7F) == 0x7F) c ^= 0x01;  // NaN -> 448 neighbour
+      w.data[i + j] = c;
+    }
+  }
+  const int64_t srows = (rows + 127) / 128, scols = s.k / 128;
+  w.scale.resize(size_t(srows * scols));
+  w.scale_f32.resize(w.scale.size());
+  for (size_t i = 0; i < w.scale.size(); ++i) {
+    w.scale[i] = uint8_t(127 - 12 + int(rng.below(9)));
+    w.scale_f32[i] = e8m0_to_float(w.scale[i]);
+  }
+  return w;
+}
+
+// Random bf16 activations with a per-128-block magnitude spread (so activation scales vary).
+std::vector<uint16_t> random_activations(Rng& rng, int64_t m, int64_t cols) {
+  std::vector<uint16_t> x(size_t(m * cols));
+  float mag = 1.0f;
+  for (int64_t i = 0; i < m * cols; ++i) {
+    if (i % 128 == 0) mag = std::ldexp(1.0f, int(rng.below(13)) - 6);
+    x[size_t(i)] = float_to_bf16(rng.normal() * mag);
+  }
+  return x;
+}
+
+std::vector<int64_t> sample_tokens(int64_t m) {
+  if (m <= 16) {
+    std::vector<int64_t> all(static_cast<size_t>(m));
+    for (int64_t i = 0; i < m; ++i) all[size_t(i)] = i;
+    return all;
+  }
+  std::vector<int64_t> t = {0, 1, m / 3, m / 2, m - 2, m - 1};
+  for (int64_t i = 7; t.size() < 10; i += m / 5) t.push_back(i % m);
+  std::sort(t.begin(), t.end());
+  t.erase(std::unique(t.begin(), t.end()), t.end());
+  return t;
+}
+
+// CPU reference for the sampled tokens; also returns S = sum |x w| per element.
+void reference(const HostWeight& w, const LinearShape& s, const std::vector<uint16_t>& x,
+               int64_t cols, const std::vector<int64_t>& toks, bool quantize,
+               std::vector<float>& ref, std::vector<float>& abs_sum) {
+  const int64_t nt = int64_t(toks.size()), gk = s.k * s.groups, gn = s.n * s.groups;
+  ref.assign(size_t(nt * gn), 0.f);
+  abs_sum.assign(size_t(nt * gn), 0.f);
+  std::vector<float> xg(size_t(nt * s.k)), xa(size_t(nt * s.k)), yg(size_t(nt * s.n)),
+      ya(size_t(nt * s.n));
+  std::vector<uint8_t> abs_codes(w.data);
+  for (auto& c : abs_codes) c &= 0x7F;
+  for (int g = 0; g < s.groups; ++g) {
+    for (int64_t t = 0; t < nt; ++t) {
+      for (int64_t c = 0; c < s.k; ++c)
+        xg[size_t(t * s.k + c)] = bf16_to_float(x[size_t(toks[size_t(t)] * cols + g * s.k + c)]);
+      if (quantize) cpu::simulate_fp8_blocks(&xg[size_t(t * s.k)], s.k, 128);
+    }
+    cpu::LinearWeight lw{
+        cpu::WeightFormat::kFp8Block, s.n * s.groups, s.k, w.data.data(), w.scale.data(), 1.0f};
+    cpu::LinearWeight gw = cpu::slice_rows(lw, g * s.n, s.n);
+    // y with the already-simulated input (quantize=false: do not quantize twice).
+    cpu::linear(xg.data(), nt, gw, false, yg.data());
+    // S = |x| @ |W|^T through the same oracle: |W| is W with the e4m3 sign bits cleared.
+    for (size_t i = 0; i < xa.size(); ++i) xa[i] = std::fabs(xg[i]);
+    cpu::LinearWeight aw = gw;
+    aw.data = abs_codes.data() + (g * s.n) * s.k;
+    cpu::linear(xa.data(), nt, aw, false, ya.data());
+    for (int64_t t = 0; t < nt; ++t)
+      for (int64_t n = 0; n < s.n; ++n) {
+        ref[size_t(t * gn + g * s.n + n)] = yg[size_t(t * s.n + n)];
+        abs_sum[size_t(t * gn + g * s.n + n)] = ya[size_t(t * s.n + n)];
+      }
+  }
+  (void)gk;
+}
+
+struct DeviceWeight {
+  test::DeviceBuffer<uint8_t> data, scale;
+  test::DeviceBuffer<float> scale_f32;
+  explicit DeviceWeight(const HostWeight& h)
+      : data(h.data.size()), scale(h.scale.size()), scale_f32(h.scale_f32.size()) {}
+};
+
+// Small-M kernel layout for a test case (0 = the heuristic's choice).
+struct SmallMConfig {
+  int row_warps = 0, k_split = 0, max_ctas = 0;
+  int pdl = -1;  // -1: on for odd M
+};
+
+class GemmCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+      (void)cudaGetLastError();
+      GTEST_SKIP() << "no CUDA device";
+    }
+    ws_bytes_ = cuda::GemmRunner::workspace_bytes(kMaxTokens, kMaxCols);
+    ws_ = std::make_unique<test::DeviceBuffer<uint8_t>>(ws_bytes_);
+    ASSERT_TRUE(ws_->ok());
+    auto r = cuda::GemmRunner::create(ws_->get(), ws_bytes_, kMaxTokens, kMaxCols);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    runner_ = std::move(r).value();
+  }
+  static constexpr int64_t kMaxTokens = 4096, kMaxCols = 32768;
+
+  // Runs one case through GemmRunner::linear_fp8 (which picks the path by M) and checks the
+  // sampled tokens. Returns the worst |err| / S seen.
+  enum class Path { kAuto, kSmallM, kCublasLt };
+  double run_fp8_case(const LinearShape& s, int64_t m, bool quantize, cuda::OutType out,
+                      uint64_t seed, bool direct_small_m = false, Path path = Path::kAuto,
+                      SmallMConfig cfg = {}) {
+    if (direct_small_m) path = Path::kSmallM;
+    SCOPED_TRACE(std::string(s.name) + " M=" + std::to_string(m) +
+                 (quantize ? " quantized" : " bf16-act") +
+                 (out == cuda::OutType::kF32 ? " f32-out" : " bf16-out"));
+    Rng rng(seed);
+    HostWeight hw = random_weight(rng, s);
+    const int64_t gk = s.k * s.groups, gn = s.n * s.groups;
+    const int64_t x_stride = gk + (s.groups == 1 && m % 2 ? 8 : 0);  // exercise a padded stride
+    std::vector<uint16_t> x = random_activations(rng, m, x_stride);
+    DeviceWeight dw(hw);
+    test::DeviceBuffer<uint16_t> dx(x.size());
+    const size_t esz = out == cuda::OutType::kF32 ? 4 : 2;
+    test::DeviceBuffer<uint8_t> dy(size_t(m * gn) * esz);
+    EXPECT_TRUE(dw.data.ok() && dw.scale.ok() && dw.scale_f32.ok() && dx.ok() && dy.ok());
+    EXPECT_EQ(dw.data.upload(hw.data), cudaSuccess);
+    EXPECT_EQ(dw.scale.upload(hw.scale), cudaSuccess);
+    EXPECT_EQ(dw.scale_f32.upload(hw.scale_f32), cudaSuccess);
+    EXPECT_EQ(dx.upload(x), cudaSuccess);
+    EXPECT_EQ(dy.poison(), cudaSuccess);
+
+    cuda::Fp8WeightView wv{dw.data.get(), dw.scale.get(), dw.scale_f32.get(), s.n, s.k, s.groups};
+    Status st;
+    test::DeviceBuffer<uint8_t> pre_codes(size_t(m * gk)), pre_scales(size_t(m * gk / 128));
+    if (path == Path::kCublasLt) {
+      // The cuBLASLt block-scaled GEMM alone, on activations quantized by the quant kernel.
+      cuda::QuantFp8Params q{dx.get(), pre_codes.get(), pre_scales.get(), m, gk, x_stride};
+      cuda::launch_quantize_fp8_blocks(q, nullptr);
+      cuda::Fp8LinearParams p;
+      p.w = wv;
+      p.num_tokens = m;
+      p.x.codes = pre_codes.get();
+      p.x.scales = pre_scales.get();
+      p.y = dy.get();
+      p.y_type = out;
+      p.y_row_stride = gn;
+      (void)(st = runner_->linear_fp8_cublaslt(p, nullptr));
+    } else if (direct_small_m) {
+      // The small-M kernel on bf16 input (hf numerics) or on codes from the quant kernel.
+      test::DeviceBuffer<uint8_t> codes(size_t(m * gk)), scales(size_t(m * gk / 128));
+      cuda::Fp8SmallMParams p;
+      p.w = wv;
+      p.num_tokens = m;
+      if (quantize) {
+        cuda::QuantFp8Params q{dx.get(), codes.get(), scales.get(), m, gk, x_stride};
+        cuda::launch_quantize_fp8_blocks(q, nullptr);
+        p.x_codes = codes.get();
+        p.x_scales = scales.get();
+      } else {
+        p.x_bf16 = dx.get();
+        p.x_row_stride = x_stride;
+      }
+      p.y = dy.get();
+      p.y_type = out;
+      p.y_row_stride = gn;
+      (void)(st = cuda::launch_fp8_linear_small_m(p, nullptr));
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    } else {
+      cuda::Fp8LinearParams p;
+      p.w = wv;
+      p.num_tokens = m;
+      p.x.bf16 = dx.get();
+      p.x.x_row_stride = x_stride;
+      p.quantize_activations = quantize;
+      p.y = dy.get();
+      p.y_type = out;
+      p.y_row_stride = gn;
+      (void)(st = runner_->linear_fp8(p, nullptr));
+    }
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+    const std::vector<int64_t> toks = sample_tokens(m);
+    if (quantize && path != Path::kSmallM) {
+      // The quantized input the GPU used, bit for bit against the CPU reference.
+      std::vector<uint8_t> codes(size_t(m * gk)), scales(size_t(m * gk / 128));
+      const bool pre = path == Path::kCublasLt;
+      EXPECT_EQ(cudaMemcpy(codes.data(), pre ? pre_codes.get() : runner_->act_codes(), codes.size(),
+                           cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(scales.data(), pre ? pre_scales.get() : runner_->act_scales(),
+                           scales.size(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      std::vector<float> row(static_cast<size_t>(gk));
+      std::vector<uint8_t> rc(static_cast<size_t>(gk)), rs(static_cast<size_t>(gk / 128));
+      int64_t bad = 0;
+      for (int64_t t : toks) {
+        for (int64_t c = 0; c < gk; ++c)
+          row[size_t(c)] = bf16_to_float(x[size_t(t * x_stride + c)]);
+        cpu::quantize_fp8_blocks(row.data(), gk, 128, rc.data(), rs.data(), nullptr);
+        for (int64_t c = 0; c < gk; ++c) bad += rc[size_t(c)] != codes[size_t(t * gk + c)];
+        for (int64_t c = 0; c < gk / 128; ++c)
+          bad += rs[size_t(c)] != scales[size_t(t * gk / 128 + c)];
+      }
+      EXPECT_EQ(bad, 0) << "quantized activations differ from the CPU reference";
+    }
+
+    std::vector<uint8_t> ybytes;
+    EXPECT_EQ(dy.download(ybytes), cudaSuccess);
+    std::vector<float> ref, abs_sum;
+    reference(hw, s, x, x_stride, toks, quantize, ref, abs_sum);
+    // The small-M kernel (also what kAuto runs for M <= 64, hf numerics or K % 512 != 0) is held
+    // to the tight bound; cuBLASLt to its own.
+    const bool tight =
+        path == Path::kSmallM || (path == Path::kAuto && (m <= 64 || !quantize || s.k % 512 != 0));
+    double worst = 0, err2 = 0, ref2 = 0;
+    int64_t bad = 0;
+    for (size_t ti = 0; ti < toks.size(); ++ti) {
+      for (int64_t n = 0; n < gn; ++n) {
+        const size_t gi = size_t(toks[ti] * gn + n), ri = ti * size_t(gn) + size_t(n);
+        float got;
+        if (out == cuda::OutType::kF32)
+          std::memcpy(&got, &ybytes[gi * 4], 4);
+        else
+          got = bf16_to_float(uint16_t(ybytes[gi * 2] | (ybytes[gi * 2 + 1] << 8)));
+        const double err = std::fabs(double(got) - double(ref[ri]));
+        const double tol =
+            (tight ? kTol : kTolCublasLt) * abs_sum[ri] +
+            (out == cuda::OutType::kBF16 ? std::ldexp(std::fabs(ref[ri]), -8) : 0.0) + 1e-30;
+        err2 += err * err;
+        ref2 += double(ref[ri]) * ref[ri];
+        if (!(err <= tol)) {  // NaN (poison) fails too
+          if (bad < 5)
+            ADD_FAILURE() << "token " << toks[ti] << " row " << n << ": got " << got << " want "
+                          << ref[ri] << " (S " << abs_sum[ri] << ")";
+          ++bad;
+        }
+        // Reported error: beyond the bf16 output rounding (half an ulp), relative to S.
+        const double excess =
+            err - (out == cuda::OutType::kBF16 ? std::ldexp(std::fabs(ref[ri]), -9) : 0.0);
+        if (abs_sum[ri] > 0) worst = std::max(worst, std::max(0.0, excess) / abs_sum[ri]);
+      }
+    }
+    EXPECT_EQ(bad, 0);
+    const double frob_tol = !tight ? kFrobCublasLt : out == cuda::OutType::kBF16 ? 5e-3 : 1e-4;
+    EXPECT_LE(std::sqrt(err2 / std::max(ref2, 1e-30)), frob_tol) << "relative Frobenius error";
+    return worst;
+  }
+
+  size_t ws_bytes_ = 0;
+  std::unique_ptr<test::DeviceBuffer<uint8_t>> ws_;
+  std::unique_ptr<cuda::GemmRunner> runner_;
+};
+
+TEST_F(GemmCudaTest, TinyShapesBothNumerics) {
+  uint64_t seed = 100;
+  for (const LinearShape& s : kTinyShapes)
+    for (int64_t m : {1, 3, 16, 64, 512})
+      for (bool q : {true, false}) run_fp8_case(s, m, q, cuda::OutType::kF32, ++seed);
+}
+
+TEST_F(GemmCudaTest, SmallMKernelFp32Output) {
+  // The small-M kernel alone (also at M > 64, in chunks), fp32 output: the tightest check.
+  uint64_t seed = 200;
+  for (const LinearShape& s : {kFlashShapes[0], kFlashShapes[2], kFlashShapes[3], kTinyShapes[3]})
+    for (int64_t m : {1, 8, 16, 33, 64, 100})
+      for (bool q : {true, false}) {
+        const double worst = run_fp8_case(s, m, q, cuda::OutType::kF32, ++seed, true);
+        std::printf("small-M %-10s M=%-4lld %s worst |err|/S = %.3g\n", s.name, (long long)m,
+                    q ? "fp8-act " : "bf16-act", worst);
+      }
+}
+
+TEST_F(GemmCudaTest, SmallMConfigurations) {
+  // Every (row_warps, k_split) layout, with grids small enough that CTAs and clusters loop over
+  // several work items, with and without programmatic dependent launch.
+  uint64_t seed = 250;
+  const LinearShape shapes[] = {kFlashShapes[0], kFlashShapes[3], kTinyShapes[1]};
+  for (const LinearShape& s : shapes)
+    for (int rw : {1, 2, 4, 8})
+      for (int ks : {1, 2, 4, 8}) {
+        if (s.k / 128 < ks) continue;
+        SmallMConfig c;
+        c.row_warps = rw;
+        c.k_split = ks;
+        c.max_ctas = (rw + ks) % 3 == 0 ? 0 : 3 * ks;
+        c.pdl = (rw * ks) % 2;
+        const int64_t m = (rw + ks) % 2 ? 16 : 37;
+        run_fp8_case(s, m, (rw + ks) % 4 != 1, cuda::OutType::kF32, ++seed, true, Path::kSmallM, c);
+      }
+}
+
+TEST_F(GemmCudaTest, FlashShapesDecode) {
+  uint64_t seed = 300;
+  for (const LinearShape& s : kFlashShapes)
+    for (int64_t m : {1, 16, 64})
+      for (bool q : {true, false}) run_fp8_case(s, m, q, cuda::OutType::kBF16, ++seed);
+}
+
+TEST_F(GemmCudaTest, FlashShapesPrefill) {
+  uint64_t seed = 400;
+  for (const LinearShape& s : kFlashShapes)
+    for (int64_t m : {512, 4096}) {
+      const double worst = run_fp8_case(s, m, true, cuda::OutType::kBF16, ++seed);
+      std::printf("prefill %-12s M=%-5lld worst |err|/S = %.3g\n", s.name, (long long)m, worst);
+    }
+  // hf numerics at prefill sizes run the small-M kernel in chunks (two shapes keep it short).
+  run_fp8_case(kFlashShapes[0], 512, false, cuda::OutType::kBF16, ++seed);
+  run_fp8_case(kFlashShapes[3], 4096, false, cuda::OutType::kBF16, ++seed);
+  // fp32 output at a prefill size (cuBLASLt, or the small-M kernel where cuBLASLt has no algo).
+  run_fp8_case(kFlashShapes[4], 512, true, cuda::OutType::kF32, ++seed);
+}
+
+TEST_F(GemmCudaTest, CublasLtBlockScaledAttentionShapes) {
+  // The prefill path itself (no fallback): 1x128 activation and 128x128 weight block scales.
+  uint64_t seed = 450;
+  for (int i : {0, 1, 2, 3, 4})
+    for (int64_t m : {256, 4096}) {
+      const double worst = run_fp8_case(kFlashShapes[i], m, true, cuda::OutType::kBF16, ++seed,
+                                        false, Path::kCublasLt);
+      std::printf("cublaslt %-6s M=%-5lld worst |err|/S = %.3g\n", kFlashShapes[i].name,
+                  (long long)m, worst);
+    }
+}
+
+TEST_F(GemmCudaTest, Bf16Linear) {
+  uint64_t seed = 500;
+  struct S {
+    int64_t n, k, m;
+  };
+  for (S s : {S{256, 4096, 1}, S{256, 4096, 64}, S{1024, 4096, 16}, S{64, 4096, 512},
+              S{512, 4096, 4096}, S{128, 256, 3}})
+    for (cuda::OutType out : {cuda::OutType::kF32, cuda::OutType::kBF16}) {
+      SCOPED_TRACE("bf16 linear N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
+                   " M=" + std::to_string(s.m));
+      Rng rng(++seed);
+      std::vector<uint16_t> w(size_t(s.n * s.k));
+      for (auto& v : w) v = float_to_bf16(rng.normal() * 0.02f);
+      std::vector<uint16_t> x = random_activations(rng, s.m, s.k);
+      test::DeviceBuffer<uint16_t> dw(w.size()), dx(x.size());
+      const size_t esz = out == cuda::OutType::kF32 ? 4 : 2;
+      test::DeviceBuffer<uint8_t> dy(size_t(s.m * s.n) * esz);
+      ASSERT_EQ(dw.upload(w), cudaSuccess);
+      ASSERT_EQ(dx.upload(x), cudaSuccess);
+      ASSERT_EQ(dy.poison(), cudaSuccess);
+      cuda::Bf16LinearParams p;
+      p.w = dw.get();
+      p.out_features = s.n;
+      p.in_features = s.k;
+      p.num_tokens = s.m;
+      p.x = dx.get();
+      p.x_row_stride = s.k;
+      p.y = dy.get();
+      p.y_type = out;
+      p.y_row_stride = s.n;
+      Status st = runner_->linear_bf16(p, nullptr);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      DS_CUDA_ASSERT(cudaDeviceSynchronize());
+      std::vector<uint8_t> yb;
+      DS_CUDA_ASSERT(dy.download(yb));
+      const std::vector<int64_t> toks = sample_tokens(s.m);
+      std::vector<float> xs(toks.size() * size_t(s.k)), ref(toks.size() * size_t(s.n));
+      for (size_t t = 0; t < toks.size(); ++t)
+        for (int64_t c = 0; c < s.k; ++c)
+          xs[t * size_t(s.k) + size_t(c)] = bf16_to_float(x[size_t(toks[t] * s.k + c)]);
+      cpu::linear_bf16(xs.data(), int64_t(toks.size()), w.data(), s.n, s.k, ref.data());
+      int64_t bad = 0;
+      for (size_t t = 0; t < toks.size(); ++t)
+        for (int64_t n = 0; n < s.n; ++n) {
+          double asum = 0;
+          for (int64_t c = 0; c < s.k; ++c)
+            asum += std::fabs(double(xs[t * size_t(s.k) + size_t(c)]) *
+                              bf16_to_float(w[size_t(n * s.k + c)]));
+          const size_t gi = size_t(toks[t] * s.n + n);
+          float got;
+          if (out == cuda::OutType::kF32)
+            std::memcpy(&got, &yb[gi * 4], 4);
+          else
+            got = bf16_to_float(uint16_t(yb[gi * 2] | (yb[gi * 2 + 1] << 8)));
+          const float r = ref[t * size_t(s.n) + size_t(n)];
+          const double tol =
+              kTol * asum + (out == cuda::OutType::kBF16 ? std::ldexp(std::fabs(r), -8) : 0.0);
+          if (!(std::fabs(double(got) - r) <= tol)) ++bad;
+        }
+      EXPECT_EQ(bad, 0);
+    }
+}
+
+TEST_F(GemmCudaTest, RejectsBadShapes) {
+  test::DeviceBuffer<uint8_t> w(256 * 200), s(4), y(1024);
+  test::DeviceBuffer<uint16_t> x(1024);
+  cuda::Fp8LinearParams p;
+  p.w = {w.get(), s.get(), nullptr, 256, 200, 1};  // K not a multiple of 128
+  p.num_tokens = 1;
+  p.x.bf16 = x.get();
+  p.x.x_row_stride = 200;
+  p.y = y.get();
+  p.y_row_stride = 256;
+  Status st = runner_->linear_fp8(p, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  p.w = {w.get(), s.get(), nullptr, 100, 128, 1};  // N not a multiple of 16
+  (void)(st = runner_->linear_fp8(p, nullptr));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  p.w = {w.get(), s.get(), nullptr, 128, 128, 1};
+  p.num_tokens = kMaxTokens + 1;  // larger than the workspace
+  p.x.x_row_stride = 128;
+  (void)(st = runner_->linear_fp8(p, nullptr));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  cuda::Fp8SmallMParams sp;
+  sp.w = {w.get(), s.get(), nullptr, 128, 128, 1};
+  sp.num_tokens = 1;
+  sp.x_bf16 = x.get();
+  sp.x_row_stride = 128;
+  sp.y = y.get();
+  sp.y_row_stride = 128;
+  sp.row_warps = 3;
+  (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+}
+
+}  // namespace
+}  // namespace ds

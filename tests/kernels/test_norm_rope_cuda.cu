@@ -1,0 +1,226 @@
+// RMSNorm and RoPE on the GPU against the CPU reference (ds::cpu::rms_norm / rms_norm_heads /
+// rope_rotate) on fresh random inputs at tiny and DeepSeek-V4-Flash shapes, outputs poisoned
+// (NaN) before each run.
+//
+// Tolerances:
+//  - RMSNorm fp32 output: 1e-5 relative (+1e-30). The sum of squares is a tree here and a running
+//    sum on the CPU; the rsqrt differs by a few fp32 ulps at most (4096 terms), nothing else does
+//    (the two multiplies are explicitly rounded in the reference's order).
+//  - RMSNorm bf16-rounded output (and the bf16 copy): within 1 bf16 ulp, since a few-ulp fp32
+//    difference can only move a value across one bf16 rounding boundary.
+//  - RoPE: bit-exact except where the device's double sin/cos and libm round to different fp32
+//    values (at most 1 fp32 ulp of cos/sin): <= 1e-6 relative + 1e-7 |x| absolute and at most
+//    1 in 10^4 values not bit-identical. Same products and sums in the same order, no FMA.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "kernels/cpu/norm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cuda/norm/norm.h"
+#include "kernels/cuda/rope/rope.h"
+#include "kernels/ops_test_util.h"
+
+namespace ds {
+namespace {
+
+using test::Dev;
+
+struct NormCase {
+  int64_t rows, dim, x_stride;
+  bool weighted, round, bf16_out, in_place;
+};
+
+void check_norm(const NormCase& c, uint64_t seed) {
+  SCOPED_TRACE("rows " + std::to_string(c.rows) + " dim " + std::to_string(c.dim) + " stride " +
+               std::to_string(c.x_stride) + (c.weighted ? " weighted" : "") +
+               (c.round ? " round" : "") + (c.in_place ? " in-place" : ""));
+  Rng rng(seed);
+  std::vector<float> x = test::random_bf16_valued(rng, size_t(c.rows * c.x_stride), 3.0f);
+  std::vector<float> w = test::random_normal(rng, size_t(c.dim), 0.2f, 1.0f);
+  // CPU reference row by row (the reference takes dense rows).
+  std::vector<float> want(static_cast<size_t>(c.rows * c.dim));
+  for (int64_t r = 0; r < c.rows; ++r) {
+    cpu::rms_norm(x.data() + r * c.x_stride, c.weighted ? w.data() : nullptr, 1, c.dim,
+                  cpu::kRmsNormEps, want.data() + r * c.dim);
+  }
+  std::vector<float> want_rounded = want;
+  for (auto& v : want_rounded) v = bf16_to_float(float_to_bf16(v));
+
+  Dev<float> d_x(x), d_w(w);
+  Dev<float> d_y(static_cast<size_t>(c.rows * c.dim));
+  Dev<uint16_t> d_yb(static_cast<size_t>(c.rows * c.dim));
+  ASSERT_EQ(d_y.buf.poison(), cudaSuccess);
+  ASSERT_EQ(d_yb.buf.poison(), cudaSuccess);
+  cuda::RmsNormParams p;
+  p.x = d_x.get();
+  p.weight = c.weighted ? d_w.get() : nullptr;
+  p.y = c.in_place ? d_x.get() : d_y.get();
+  p.y_bf16 = c.bf16_out ? d_yb.get() : nullptr;
+  p.num_rows = c.rows;
+  p.dim = c.dim;
+  p.x_stride = c.x_stride;
+  p.y_stride = c.in_place ? c.x_stride : c.dim;
+  p.round_bf16 = c.round;
+  cuda::launch_rms_norm(p, nullptr);
+  DS_CUDA_ASSERT(cudaGetLastError());
+  DS_CUDA_ASSERT(cudaDeviceSynchronize());
+  std::vector<float> got;
+  if (c.in_place) {
+    std::vector<float> all = d_x.host();
+    for (int64_t r = 0; r < c.rows; ++r)
+      got.insert(got.end(), all.begin() + r * c.x_stride, all.begin() + r * c.x_stride + c.dim);
+  } else {
+    got = d_y.host();
+  }
+  test::Diff d =
+      c.round ? test::compare_bf16(got, want_rounded, 1) : test::compare(got, want, 1e-30, 1e-5);
+  EXPECT_EQ(d.beyond, 0) << test::describe(d);
+  if (c.bf16_out) {
+    std::vector<uint16_t> bits = d_yb.host();
+    std::vector<float> gb(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) gb[i] = bf16_to_float(bits[i]);
+    test::Diff db = test::compare_bf16(gb, want_rounded, 1);
+    EXPECT_EQ(db.beyond, 0) << "bf16 copy: " << test::describe(db);
+  }
+}
+
+TEST(RmsNormCuda, TinyShapes) {
+  DS_REQUIRE_GPU();
+  check_norm({1, 256, 256, true, false, false, false}, 1);   // attn_norm, decode
+  check_norm({16, 256, 256, true, true, true, false}, 2);    // rounded + bf16 copy
+  check_norm({64, 128, 128, true, true, false, true}, 3);    // q_norm, in place
+  check_norm({5, 128, 132, false, false, false, false}, 4);  // strided, unweighted
+}
+
+TEST(RmsNormCuda, FlashShapes) {
+  DS_REQUIRE_GPU();
+  for (int64_t n : {1, 16, 64, 4096}) {
+    check_norm({n, 4096, 4096, true, true, true, false}, 10 + uint64_t(n));  // attn/ffn/final norm
+    check_norm({n, 1024, 1024, true, false, false, false}, 20 + uint64_t(n));  // q_norm
+    check_norm({n, 512, 512, true, true, false, true}, 30 + uint64_t(n));      // kv_norm in place
+  }
+  check_norm({64 * 4, 4096, 4096, true, true, false, false}, 40);  // MTP hnorm over N*hc rows
+}
+
+void check_norm_heads(int64_t tokens, int64_t heads, int64_t hd, bool round, uint64_t seed) {
+  SCOPED_TRACE("tokens " + std::to_string(tokens) + " heads " + std::to_string(heads));
+  Rng rng(seed);
+  std::vector<float> x = test::random_bf16_valued(rng, size_t(tokens * heads * hd), 2.0f);
+  std::vector<float> want = x;
+  cpu::rms_norm_heads(want.data(), tokens, heads, hd, cpu::kRmsNormEps);
+  if (round)
+    for (auto& v : want) v = bf16_to_float(float_to_bf16(v));
+  Dev<float> d_x(x);
+  cuda::RmsNormHeadsParams p;
+  p.x = d_x.get();
+  p.num_tokens = tokens;
+  p.num_heads = heads;
+  p.head_dim = hd;
+  p.token_stride = heads * hd;
+  p.round_bf16 = round;
+  cuda::launch_rms_norm_heads(p, nullptr);
+  DS_CUDA_ASSERT(cudaGetLastError());
+  DS_CUDA_ASSERT(cudaDeviceSynchronize());
+  std::vector<float> got = d_x.host();
+  test::Diff d = round ? test::compare_bf16(got, want, 1) : test::compare(got, want, 1e-30, 1e-5);
+  EXPECT_EQ(d.beyond, 0) << test::describe(d);
+}
+
+TEST(RmsNormCuda, PerHeadQueryNorm) {
+  DS_REQUIRE_GPU();
+  check_norm_heads(16, 4, 128, true, 50);  // tiny
+  for (int64_t n : {1, 16, 64, 4096}) check_norm_heads(n, 64, 512, n % 2 == 0, 60 + uint64_t(n));
+}
+
+struct RopeCase {
+  int64_t tokens, heads, head_dim, rope_dim;
+  bool yarn, inverse, round;
+  int64_t max_position;
+};
+
+void check_rope(const RopeCase& c, uint64_t seed) {
+  SCOPED_TRACE("tokens " + std::to_string(c.tokens) + " heads " + std::to_string(c.heads) + " hd " +
+               std::to_string(c.head_dim) + (c.yarn ? " yarn" : "") +
+               (c.inverse ? " inverse" : ""));
+  Rng rng(seed);
+  const cpu::RopeConfig cfg = cpu::rope_config_for_layer(c.yarn ? 4 : 0, c.rope_dim, 10000.0,
+                                                         160000.0, 16.0, 65536, 32.0, 1.0);
+  std::vector<float> inv_freq(static_cast<size_t>(c.rope_dim / 2));
+  cpu::rope_inv_freq(cfg, inv_freq.data());
+  std::vector<float> x = test::random_bf16_valued(rng, size_t(c.tokens * c.heads * c.head_dim));
+  std::vector<int64_t> pos(static_cast<size_t>(c.tokens));
+  for (auto& p : pos) p = int64_t(rng.below(uint64_t(c.max_position)));
+  if (c.tokens > 1) pos[1] = c.max_position - 1;
+  std::vector<float> want = x;
+  for (int64_t t = 0; t < c.tokens; ++t) {
+    cpu::rope_rotate(want.data() + t * c.heads * c.head_dim, c.heads, c.head_dim, c.rope_dim,
+                     inv_freq.data(), pos[size_t(t)],
+                     c.inverse ? cpu::RopeDirection::kInverse : cpu::RopeDirection::kForward);
+  }
+  if (c.round)
+    for (auto& v : want) v = bf16_to_float(float_to_bf16(v));
+  Dev<float> d_x(x), d_f(inv_freq);
+  Dev<int64_t> d_pos(pos);
+  cuda::RopeParams p;
+  p.x = d_x.get();
+  p.inv_freq = d_f.get();
+  p.positions = d_pos.get();
+  p.num_tokens = c.tokens;
+  p.num_heads = c.heads;
+  p.head_dim = c.head_dim;
+  p.rope_dim = c.rope_dim;
+  p.token_stride = c.heads * c.head_dim;
+  p.inverse = c.inverse;
+  p.round_bf16 = c.round;
+  cuda::launch_rope(p, nullptr);
+  DS_CUDA_ASSERT(cudaGetLastError());
+  DS_CUDA_ASSERT(cudaDeviceSynchronize());
+  std::vector<float> got = d_x.host();
+  test::Diff d = c.round ? test::compare_bf16(got, want, 1) : test::compare(got, want, 1e-7, 1e-6);
+  EXPECT_EQ(d.beyond, 0) << test::describe(d);
+  EXPECT_LE(d.differ, std::max<int64_t>(1, d.count / 10000)) << test::describe(d);
+}
+
+TEST(RopeCuda, TinyShapes) {
+  DS_REQUIRE_GPU();
+  check_rope({16, 4, 128, 64, false, false, false, 4096}, 70);  // SWA layer query
+  check_rope({64, 1, 128, 64, true, false, true, 4096}, 71);    // CSA kv, rounded
+  check_rope({16, 4, 128, 64, true, true, false, 4096}, 72);    // output de-rotation
+}
+
+TEST(RopeCuda, FlashShapes) {
+  DS_REQUIRE_GPU();
+  for (int64_t n : {1, 16, 64, 4096}) {
+    check_rope({n, 64, 512, 64, n % 2 == 1, false, false, 1 << 20}, 80 + uint64_t(n));  // q
+    check_rope({n, 1, 512, 64, true, false, false, 1 << 20}, 90 + uint64_t(n));         // kv
+    check_rope({n, 64, 512, 64, true, true, false, 1 << 20}, 100 + uint64_t(n));        // o
+  }
+  check_rope({64, 64, 128, 64, true, false, true, 1 << 20}, 110);  // indexer query heads
+}
+
+TEST(RopeCuda, InverseUndoesForward) {
+  DS_REQUIRE_GPU();
+  // Forward then inverse at the same positions returns the input up to rounding (|err| <= 1e-6
+  // for |x| ~ 1): a check of the sign convention that does not go through the CPU reference.
+  Rng rng(120);
+  const int64_t n = 8, h = 4, hd = 128, rd = 64;
+  std::vector<float> x = test::random_normal(rng, size_t(n * h * hd));
+  std::vector<float> inv_freq(static_cast<size_t>(rd / 2));
+  cpu::rope_inv_freq(cpu::RopeConfig{}, inv_freq.data());
+  std::vector<int64_t> pos = {0, 1, 7, 100, 4095, 65536, 1000000, 3};
+  Dev<float> d_x(x), d_f(inv_freq);
+  Dev<int64_t> d_pos(pos);
+  cuda::RopeParams p{d_x.get(), d_f.get(), d_pos.get(), n, h, hd, rd, h * hd, false, false};
+  cuda::launch_rope(p, nullptr);
+  p.inverse = true;
+  cuda::launch_rope(p, nullptr);
+  DS_CUDA_ASSERT(cudaDeviceSynchronize());
+  std::vector<float> got = d_x.host();
+  test::Diff d = test::compare(got, x, 2e-6, 0);
+  EXPECT_EQ(d.beyond, 0) << test::describe(d);
+  EXPECT_GT(d.differ, 0);  // the rope part was really rotated and rounded (not a no-op)
+}
+
+}  // namespace
+}  // namespace ds

@@ -1,0 +1,126 @@
+// Greedy sampling and logprobs on the GPU against a host computation in double: argmax with the
+// lowest-index tie rule and the top-k ids (bit-exact: they depend only on comparisons of the
+// input values), logprobs = x - logsumexp(row) within 2e-5 absolute (the fp32 sum of up to 129280
+// exps in a different order: relative error ~1e-6 in the sum, i.e. ~1e-6 in the log, plus the
+// fp32 rounding of x - lse for |x - lse| up to ~30). Logits are bf16-valued so that exact ties are
+// common, and rows with planted ties at the maximum check the tie rule. Outputs are poisoned.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "kernels/cuda/sampling/sampling.h"
+#include "kernels/ops_test_util.h"
+
+namespace ds {
+namespace {
+
+using test::Dev;
+
+void check_sampling(int64_t rows, int64_t vocab, int top_k, bool with_tokens, uint64_t seed) {
+  SCOPED_TRACE("rows " + std::to_string(rows) + " vocab " + std::to_string(vocab) + " top_k " +
+               std::to_string(top_k));
+  Rng rng(seed);
+  const int64_t stride = vocab + (vocab % 7 == 0 ? 0 : 3);  // odd stride: no alignment assumed
+  std::vector<float> logits = test::random_bf16_valued(rng, size_t(rows * stride), 3.0f);
+  std::vector<int32_t> tokens(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = logits.data() + r * stride;
+    if (r % 3 == 1) {  // plant a tie at the maximum: two (or three) equal best values
+      const float mx = *std::max_element(x, x + vocab) + 1.0f;
+      const int64_t a = int64_t(rng.below(uint64_t(vocab))),
+                    b = int64_t(rng.below(uint64_t(vocab)));
+      x[a] = mx;
+      x[b] = mx;
+      x[vocab - 1] = mx;
+    }
+    tokens[size_t(r)] = int32_t(rng.below(uint64_t(vocab)));
+  }
+  // Host reference.
+  std::vector<int32_t> want_arg(static_cast<size_t>(rows)),
+      want_ids(static_cast<size_t>(rows * top_k));
+  std::vector<double> want_lp(static_cast<size_t>(rows * top_k)),
+      want_tok(static_cast<size_t>(rows));
+  std::vector<int32_t> order(static_cast<size_t>(vocab));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = logits.data() + r * stride;
+    std::iota(order.begin(), order.end(), 0);
+    const int64_t keep = std::max(top_k, 1);
+    std::partial_sort(order.begin(), order.begin() + keep, order.end(),
+                      [&](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
+    double mx = x[order[0]], sum = 0;
+    for (int64_t i = 0; i < vocab; ++i) sum += std::exp(double(x[i]) - mx);
+    const double lse = mx + std::log(sum);
+    want_arg[size_t(r)] = order[0];
+    for (int j = 0; j < top_k; ++j) {
+      want_ids[size_t(r * top_k + j)] = order[size_t(j)];
+      want_lp[size_t(r * top_k + j)] = x[order[size_t(j)]] - lse;
+    }
+    want_tok[size_t(r)] = x[with_tokens ? tokens[size_t(r)] : order[0]] - lse;
+  }
+  Dev<float> d_logits(logits);
+  Dev<int32_t> d_tokens(tokens), d_arg(static_cast<size_t>(rows)),
+      d_ids(static_cast<size_t>(std::max<int64_t>(rows * top_k, 1)));
+  Dev<float> d_lp(static_cast<size_t>(std::max<int64_t>(rows * top_k, 1))),
+      d_tok(static_cast<size_t>(rows));
+  Dev<float> d_ws(static_cast<size_t>(cuda::sampling_workspace_floats(rows, vocab)));
+  for (auto* b : {&d_lp.buf, &d_tok.buf, &d_ws.buf}) ASSERT_EQ(b->poison(), cudaSuccess);
+  for (auto* b : {&d_arg.buf, &d_ids.buf}) ASSERT_EQ(b->poison(), cudaSuccess);
+  cuda::SampleParams p;
+  p.logits = d_logits.get();
+  p.rows = rows;
+  p.vocab = vocab;
+  p.stride = stride;
+  p.argmax = d_arg.get();
+  p.top_k = top_k;
+  p.top_logprobs = d_lp.get();
+  p.top_ids = d_ids.get();
+  p.token_ids = with_tokens ? d_tokens.get() : nullptr;
+  p.token_logprobs = d_tok.get();
+  p.workspace = d_ws.get();
+  cuda::launch_sample_greedy(p, nullptr);
+  DS_CUDA_ASSERT(cudaGetLastError());
+  DS_CUDA_ASSERT(cudaDeviceSynchronize());
+  EXPECT_EQ(d_arg.host(), want_arg);
+  std::vector<float> tok = d_tok.host();
+  int64_t bad_tok = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    bad_tok += !(std::fabs(tok[size_t(r)] - want_tok[size_t(r)]) <= 2e-5);
+  EXPECT_EQ(bad_tok, 0);
+  if (top_k > 0) {
+    std::vector<int32_t> ids = d_ids.host();
+    ids.resize(want_ids.size());
+    EXPECT_EQ(ids, want_ids);
+    std::vector<float> lp = d_lp.host();
+    int64_t bad = 0;
+    double worst = 0;
+    for (size_t i = 0; i < want_lp.size(); ++i) {
+      const double e = std::fabs(lp[i] - want_lp[i]);
+      worst = std::max(worst, e);
+      bad += !(e <= 2e-5);
+    }
+    EXPECT_EQ(bad, 0) << "max |err| " << worst;
+  }
+}
+
+TEST(SamplingCuda, TinyVocab) {
+  DS_REQUIRE_GPU();
+  check_sampling(1, 1024, 0, false, 1);
+  check_sampling(16, 1024, 5, true, 2);
+  check_sampling(64, 1024, 20, false, 3);
+  check_sampling(3, 37, 20, true, 4);  // an odd vocabulary barely above k
+}
+
+TEST(SamplingCuda, FlashVocab) {
+  DS_REQUIRE_GPU();
+  check_sampling(1, 129280, 0, false, 10);
+  check_sampling(1, 129280, 20, true, 11);
+  check_sampling(16, 129280, 1, false, 12);
+  check_sampling(64, 129280, 20, true, 13);
+  check_sampling(256, 129280, 5, true, 14);
+}
+
+}  // namespace
+}  // namespace ds

@@ -1,0 +1,520 @@
+// Sparse MLA decode on the GPU (kernels/cuda/attention/sparse_mla_decode.h) against the CPU
+// reference ds::cpu::sparse_attention run on the dequantized FP8 entries (cpu::unpack_kv_entry)
+// with the same bf16 query, on fresh random inputs with paged pools on shuffled pages, at tiny
+// (4 heads x 128) and Flash (64 x 512) shapes and the Pro head count (128), batch 1-128, key
+// lengths 1-640, 1-4 query tokens per sequence, -1 indices, empty compressed sets and an empty
+// key set. Outputs and workspace are poisoned (NaN) before every run.
+//
+// Tolerances (bf16 output), derived from what the kernel rounds that the fp32 reference does not:
+// the softmax weights are rounded to bf16 before PV and the denominator sums the same rounded
+// weights, so each normalized weight carries a relative error <= 2 * 2^-9 and the output an
+// absolute error <= 2^-8 * max_j |v_j| (weights sum to <= 1); the bf16 output adds 2^-9 |o|.
+// Scores are exact bf16 products accumulated in fp32 (error ~1e-6 relative). We allow twice that:
+//   |o - ref| <= 2^-7 * max|v| (over the query's keys) + 2^-8 * |ref|.
+// lse: the denominator's relative error is <= 2^-9, so |lse - ref| <= 4e-3 (absolute).
+// Split invariance is checked bit for bit: the same inputs under every split count and head-group
+// size give identical output and lse bits. A CUDA-graph test captures one launch and replays it
+// after the lengths, indices and queries changed on the device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/kv_entry.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cuda/attention/sparse_mla_decode.h"
+#include "kernels/cuda_test_util.h"
+
+namespace ds {
+namespace {
+
+struct Shape {
+  int num_seqs = 1;
+  int queries_per_seq = 1;
+  int num_heads = 64;
+  int head_dim = 512;
+  int window_width = 128;      // window index slots per query
+  int compressed_width = 512;  // compressed index slots per query
+  int window_entries = 131;    // entries in each sequence's window pool (ring + draft slots)
+  int compressed_entries = 600;
+  int page_size = 64;
+  double masked_fraction = 0.05;
+  double empty_compressed_fraction = 0.2;
+  int min_len = 1;  // total keys per query drawn from [min_len, max_len]
+  int max_len = 640;
+};
+
+// A paged pool on the host: all sequences' pages shuffled over one buffer.
+struct HostPool {
+  cpu::PagedKv kv;
+  std::vector<uint8_t> bytes;
+  std::vector<int32_t> page_table;  // [num_seqs, pages_per_seq]
+  int pages_per_seq = 0;
+  std::vector<std::vector<std::vector<float>>> dequant;  // [seq][entry][head_dim]
+};
+
+HostPool make_pool(Rng& rng, int num_seqs, int entries, int head_dim, int page_size) {
+  HostPool p;
+  p.kv.layout = cpu::KvEntryLayout{head_dim};
+  p.kv.page_size = page_size;
+  p.kv.page_bytes = cpu::kv_page_bytes(p.kv.layout, page_size);
+  p.pages_per_seq = std::max(1, (entries + page_size - 1) / page_size);
+  const int num_pages = num_seqs * p.pages_per_seq + 1;  // one spare page, never referenced
+  p.bytes.assign(size_t(num_pages) * size_t(p.kv.page_bytes), 0xFF);  // NaN e4m3 / NaN scales
+  std::vector<int32_t> perm(static_cast<size_t>(num_pages));
+  std::iota(perm.begin(), perm.end(), 0);
+  for (size_t i = perm.size() - 1; i > 0; --i) std::swap(perm[i], perm[rng.below(i + 1)]);
+  p.page_table.assign(perm.begin(), perm.begin() + num_seqs * p.pages_per_seq);
+  p.kv.pool = p.bytes.data();
+  p.dequant.resize(size_t(num_seqs));
+  std::vector<float> v(static_cast<size_t>(head_dim));
+  for (int s = 0; s < num_seqs; ++s) {
+    const int32_t* table = &p.page_table[size_t(s * p.pages_per_seq)];
+    for (int e = 0; e < entries; ++e) {
+      // Per-entry and per-64-block magnitudes spread over 2^-6..2^4 so the scales differ.
+      for (int b = 0; b < head_dim; b += 64) {
+        const float mag = std::ldexp(1.0f, int(rng.below(11)) - 6);
+        for (int i = b; i < b + 64; ++i) v[size_t(i)] = cpu::round_bf16(rng.normal() * mag);
+      }
+      uint8_t* data = cpu::kv_entry_data(p.kv, table, e);
+      uint8_t* scales = cpu::kv_entry_scales(p.kv, table, e);
+      cpu::pack_kv_entry(p.kv.layout, v.data(), data, scales);
+      std::vector<float> back(static_cast<size_t>(head_dim));
+      cpu::unpack_kv_entry(p.kv.layout, data, scales, back.data());
+      p.dequant[size_t(s)].push_back(back);
+    }
+  }
+  return p;
+}
+
+struct Problem {
+  Shape shape;
+  int num_queries = 0;
+  HostPool window, compressed;
+  std::vector<int32_t> query_seq, window_idx, window_len, compressed_idx, compressed_len;
+  std::vector<uint16_t> q;  // [num_queries, H, D]
+  std::vector<float> sink;  // [H]
+};
+
+// Draws `len` distinct indices out of [0, pool) (len <= pool), `masked` of them replaced by -1,
+// and fills the rest of the row (never read) with an out-of-range index.
+void draw_indices(Rng& rng, int len, int pool, double masked, int32_t* row, int width) {
+  std::vector<int32_t> all(static_cast<size_t>(pool));
+  std::iota(all.begin(), all.end(), 0);
+  for (int i = 0; i < len; ++i) {
+    std::swap(all[size_t(i)], all[size_t(i) + rng.below(uint64_t(pool - i))]);
+    row[i] = rng.uniform() < masked ? -1 : all[size_t(i)];
+  }
+  for (int i = len; i < width; ++i) row[i] = 1 << 30;
+}
+
+void draw_queries(Rng& rng, Problem& pr) {
+  const Shape& s = pr.shape;
+  pr.window_idx.assign(size_t(pr.num_queries) * s.window_width, 0);
+  pr.compressed_idx.assign(size_t(pr.num_queries) * std::max(1, s.compressed_width), 0);
+  pr.window_len.assign(size_t(pr.num_queries), 0);
+  pr.compressed_len.assign(size_t(pr.num_queries), 0);
+  for (int qi = 0; qi < pr.num_queries; ++qi) {
+    const int total = s.min_len + int(rng.below(uint64_t(s.max_len - s.min_len + 1)));
+    int wl = std::min(total, s.window_width);
+    if (rng.uniform() < 0.3) wl = int(rng.below(uint64_t(wl + 1)));  // short window, more entries
+    int cl = std::min(total - wl, s.compressed_width);
+    if (s.compressed_width > 0 && rng.uniform() < s.empty_compressed_fraction) cl = 0;
+    pr.window_len[size_t(qi)] = wl;
+    pr.compressed_len[size_t(qi)] = cl;
+    draw_indices(rng, wl, s.window_entries, s.masked_fraction,
+                 &pr.window_idx[size_t(qi) * s.window_width], s.window_width);
+    if (s.compressed_width > 0)
+      draw_indices(rng, cl, s.compressed_entries, s.masked_fraction,
+                   &pr.compressed_idx[size_t(qi) * s.compressed_width], s.compressed_width);
+  }
+  pr.q.resize(size_t(pr.num_queries) * s.num_heads * s.head_dim);
+  for (size_t i = 0; i < pr.q.size(); i += size_t(s.head_dim)) {
+    const float mag = 0.5f + 3.0f * float(rng.uniform());  // sharper and flatter heads
+    for (int d = 0; d < s.head_dim; ++d) pr.q[i + size_t(d)] = float_to_bf16(rng.normal() * mag);
+  }
+}
+
+Problem make_problem(const Shape& s, uint64_t seed) {
+  Rng rng(seed);
+  Problem pr;
+  pr.shape = s;
+  pr.num_queries = s.num_seqs * s.queries_per_seq;
+  pr.window = make_pool(rng, s.num_seqs, s.window_entries, s.head_dim, s.page_size);
+  pr.compressed = make_pool(rng, s.num_seqs, std::max(1, s.compressed_entries), s.head_dim,
+                            std::max(1, s.page_size / 4));
+  for (int qi = 0; qi < pr.num_queries; ++qi) pr.query_seq.push_back(qi / s.queries_per_seq);
+  pr.sink.resize(size_t(s.num_heads));
+  for (auto& x : pr.sink) x = rng.normal() * 2.0f;
+  draw_queries(rng, pr);
+  return pr;
+}
+
+struct Reference {
+  std::vector<float> out, lse, vmax;  // vmax: max |v| over each query's keys
+};
+
+Reference reference(const Problem& pr) {
+  const Shape& s = pr.shape;
+  Reference r;
+  r.out.resize(pr.q.size());
+  r.lse.resize(size_t(pr.num_queries) * s.num_heads);
+  r.vmax.assign(size_t(pr.num_queries), 0.0f);
+  std::vector<float> qf(size_t(s.num_heads) * s.head_dim);
+  for (int qi = 0; qi < pr.num_queries; ++qi) {
+    const int seq = pr.query_seq[size_t(qi)];
+    std::vector<const float*> keys;
+    for (int j = 0; j < pr.window_len[size_t(qi)]; ++j) {
+      const int idx = pr.window_idx[size_t(qi) * s.window_width + j];
+      if (idx >= 0) keys.push_back(pr.window.dequant[size_t(seq)][size_t(idx)].data());
+    }
+    for (int j = 0; j < pr.compressed_len[size_t(qi)]; ++j) {
+      const int idx = pr.compressed_idx[size_t(qi) * s.compressed_width + j];
+      if (idx >= 0) keys.push_back(pr.compressed.dequant[size_t(seq)][size_t(idx)].data());
+    }
+    for (const float* k : keys)
+      for (int d = 0; d < s.head_dim; ++d)
+        r.vmax[size_t(qi)] = std::max(r.vmax[size_t(qi)], std::fabs(k[d]));
+    const size_t qoff = size_t(qi) * s.num_heads * s.head_dim;
+    for (size_t i = 0; i < qf.size(); ++i) qf[i] = bf16_to_float(pr.q[qoff + i]);
+    cpu::SparseAttentionParams p;
+    p.q = qf.data();
+    p.keys = keys.data();
+    p.num_keys = int64_t(keys.size());
+    p.num_heads = s.num_heads;
+    p.head_dim = s.head_dim;
+    p.softmax_scale = 1.0f / std::sqrt(float(s.head_dim));
+    p.sink = pr.sink.data();
+    p.out = &r.out[qoff];
+    p.lse = &r.lse[size_t(qi) * s.num_heads];
+    cpu::sparse_attention(p);
+  }
+  return r;
+}
+
+// Device copies of a problem plus the launch.
+struct DeviceProblem {
+  test::DeviceBuffer<uint8_t> wpool, cpool;
+  test::DeviceBuffer<int32_t> wtable, ctable, query_seq, widx, wlen, cidx, clen;
+  test::DeviceBuffer<uint16_t> q, out;
+  test::DeviceBuffer<float> sink, lse;
+  explicit DeviceProblem(const Problem& pr)
+      : wpool(pr.window.bytes.size()),
+        cpool(pr.compressed.bytes.size()),
+        wtable(pr.window.page_table.size()),
+        ctable(pr.compressed.page_table.size()),
+        query_seq(pr.query_seq.size()),
+        widx(pr.window_idx.size()),
+        wlen(pr.window_len.size()),
+        cidx(pr.compressed_idx.size()),
+        clen(pr.compressed_len.size()),
+        q(pr.q.size()),
+        out(pr.q.size()),
+        sink(pr.sink.size()),
+        lse(pr.window_len.size() * pr.shape.num_heads) {}
+  bool ok() const {
+    return wpool.ok() && cpool.ok() && wtable.ok() && ctable.ok() && query_seq.ok() && widx.ok() &&
+           wlen.ok() && cidx.ok() && clen.ok() && q.ok() && out.ok() && sink.ok() && lse.ok();
+  }
+  cudaError_t upload(const Problem& pr) {
+    cudaError_t e;
+    if ((e = wpool.upload(pr.window.bytes)) != cudaSuccess) return e;
+    if ((e = cpool.upload(pr.compressed.bytes)) != cudaSuccess) return e;
+    if ((e = wtable.upload(pr.window.page_table)) != cudaSuccess) return e;
+    if ((e = ctable.upload(pr.compressed.page_table)) != cudaSuccess) return e;
+    if ((e = query_seq.upload(pr.query_seq)) != cudaSuccess) return e;
+    if ((e = sink.upload(pr.sink)) != cudaSuccess) return e;
+    return upload_queries(pr);
+  }
+  cudaError_t upload_queries(const Problem& pr) {
+    cudaError_t e;
+    if ((e = widx.upload(pr.window_idx)) != cudaSuccess) return e;
+    if ((e = wlen.upload(pr.window_len)) != cudaSuccess) return e;
+    if ((e = cidx.upload(pr.compressed_idx)) != cudaSuccess) return e;
+    if ((e = clen.upload(pr.compressed_len)) != cudaSuccess) return e;
+    return q.upload(pr.q);
+  }
+  cuda::SparseMlaParams params(const Problem& pr, const cuda::SparseMlaPlan& plan, float* ws,
+                               size_t ws_bytes) const {
+    const Shape& s = pr.shape;
+    cuda::SparseMlaParams p;
+    p.q = q.get();
+    p.sink = sink.get();
+    p.out = out.get();
+    p.lse = lse.get();
+    p.num_queries = pr.num_queries;
+    p.num_heads = s.num_heads;
+    p.head_dim = s.head_dim;
+    p.softmax_scale = 1.0f / std::sqrt(float(s.head_dim));
+    p.query_seq = query_seq.get();
+    p.window = {wpool.get(), wtable.get(), pr.window.pages_per_seq, int32_t(pr.window.kv.page_size),
+                pr.window.kv.page_bytes};
+    p.compressed = {cpool.get(), ctable.get(), pr.compressed.pages_per_seq,
+                    int32_t(pr.compressed.kv.page_size), pr.compressed.kv.page_bytes};
+    p.window_idx = widx.get();
+    p.window_len = wlen.get();
+    p.window_width = s.window_width;
+    p.compressed_idx = cidx.get();
+    p.compressed_len = clen.get();
+    p.compressed_width = s.compressed_width;
+    p.plan = plan;
+    p.workspace = ws;
+    p.workspace_bytes = ws_bytes;
+    return p;
+  }
+};
+
+struct Result {
+  std::vector<uint16_t> out;
+  std::vector<float> lse;
+};
+
+// Runs one launch with `plan` (poisoned outputs and workspace) and downloads the results.
+void run_plan(const Problem& pr, DeviceProblem& dp, const cuda::SparseMlaPlan& plan, Result& res) {
+  const size_t ws_bytes =
+      cuda::sparse_mla_workspace_bytes(plan, pr.num_queries, pr.shape.num_heads, pr.shape.head_dim);
+  test::DeviceBuffer<float> ws(std::max<size_t>(1, ws_bytes / sizeof(float)));
+  ASSERT_TRUE(ws.ok());
+  DS_CUDA_ASSERT(ws.poison());
+  DS_CUDA_ASSERT(dp.out.poison());
+  DS_CUDA_ASSERT(dp.lse.poison());
+  const Status st =
+      cuda::launch_sparse_mla_decode(dp.params(pr, plan, ws.get(), ws_bytes), nullptr);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  DS_CUDA_ASSERT(cudaDeviceSynchronize());
+  DS_CUDA_ASSERT(dp.out.download(res.out));
+  DS_CUDA_ASSERT(dp.lse.download(res.lse));
+}
+
+void expect_close(const Problem& pr, const Reference& ref, const Result& res, const char* what) {
+  const Shape& s = pr.shape;
+  int64_t bad = 0, bad_lse = 0;
+  double worst = 0;
+  for (int qi = 0; qi < pr.num_queries; ++qi)
+    for (int h = 0; h < s.num_heads; ++h) {
+      const size_t row = (size_t(qi) * s.num_heads + h) * s.head_dim;
+      for (int d = 0; d < s.head_dim; ++d) {
+        const float got = bf16_to_float(res.out[row + d]);
+        const float want = ref.out[row + d];
+        const double tol = std::ldexp(ref.vmax[size_t(qi)], -7) + std::ldexp(std::fabs(want), -8);
+        const double err = std::fabs(double(got) - want);  // NaN fails below
+        if (!(err <= tol)) {
+          if (bad < 5)
+            ADD_FAILURE() << what << ": query " << qi << " head " << h << " dim " << d << " got "
+                          << got << " want " << want << " tol " << tol;
+          ++bad;
+        }
+        if (tol > 0) worst = std::max(worst, err / tol);
+      }
+      const float gl = res.lse[size_t(qi) * s.num_heads + h];
+      const float wl = ref.lse[size_t(qi) * s.num_heads + h];
+      const bool lse_ok = std::isinf(wl) ? (std::isinf(gl) && gl < 0) : std::fabs(gl - wl) <= 4e-3f;
+      if (!lse_ok) {
+        if (bad_lse < 5)
+          ADD_FAILURE() << what << ": lse query " << qi << " head " << h << " got " << gl
+                        << " want " << wl;
+        ++bad_lse;
+      }
+    }
+  EXPECT_EQ(bad, 0) << what;
+  EXPECT_EQ(bad_lse, 0) << what;
+  ::testing::Test::RecordProperty(std::string("worst_error_over_tolerance_") + what,
+                                  std::to_string(worst));
+}
+
+int sm_count() {
+  int n = 0;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) return 132;
+  return n;
+}
+
+// Checks the default plan against the reference, then every (split cap, head group) pair for
+// identical bits.
+void check_problem(const Shape& s, uint64_t seed, const std::vector<int>& split_caps,
+                   const std::vector<int>& head_groups) {
+  Problem pr = make_problem(s, seed);
+  Reference ref = reference(pr);
+  DeviceProblem dp(pr);
+  ASSERT_TRUE(dp.ok());
+  DS_CUDA_ASSERT(dp.upload(pr));
+  const cuda::SparseMlaPlan base = cuda::plan_sparse_mla_decode(
+      pr.num_queries, s.num_heads, s.window_width, s.compressed_width, sm_count());
+  Result first;
+  run_plan(pr, dp, base, first);
+  expect_close(pr, ref, first, "default plan");
+  for (int cap : split_caps)
+    for (int hg : head_groups) {
+      cuda::SparseMlaPlan plan = base;
+      plan.max_splits = std::min(cap, std::max(1, plan.max_tiles));
+      plan.heads_per_cta = hg;
+      Result res;
+      run_plan(pr, dp, plan, res);
+      int64_t diff = 0;
+      for (size_t i = 0; i < res.out.size(); ++i) diff += res.out[i] != first.out[i];
+      int64_t diff_lse = 0;
+      for (size_t i = 0; i < res.lse.size(); ++i)
+        diff_lse += std::memcmp(&res.lse[i], &first.lse[i], sizeof(float)) != 0;
+      EXPECT_EQ(diff, 0) << "splits " << plan.max_splits << " heads/CTA " << hg
+                         << " (default: " << base.max_splits << ", " << base.heads_per_cta << ")";
+      EXPECT_EQ(diff_lse, 0) << "lse, splits " << plan.max_splits << " heads/CTA " << hg;
+    }
+}
+
+Shape tiny_shape() {
+  Shape s;
+  s.num_heads = 4;
+  s.head_dim = 128;
+  s.window_width = 16;
+  s.compressed_width = 8;
+  s.window_entries = 19;
+  s.compressed_entries = 75;
+  s.page_size = 8;
+  s.max_len = 24;
+  return s;
+}
+
+TEST(SparseMlaCuda, TinyShapes) {
+  DS_REQUIRE_GPU();
+  Shape s = tiny_shape();
+  s.num_seqs = 3;
+  s.queries_per_seq = 2;
+  check_problem(s, 101, {1, 2, 3}, {16});
+  s.num_seqs = 16;
+  s.queries_per_seq = 1;
+  s.masked_fraction = 0.3;
+  check_problem(s, 102, {1, 2}, {16});
+}
+
+TEST(SparseMlaCuda, FlashBatch1) {
+  DS_REQUIRE_GPU();
+  Shape s;
+  s.min_len = 600;
+  check_problem(s, 201, {1, 2, 3, 7, 40}, {16, 32, 64});
+}
+
+TEST(SparseMlaCuda, FlashSpeculativeBatch4) {
+  DS_REQUIRE_GPU();
+  Shape s;
+  s.num_seqs = 4;
+  s.queries_per_seq = 4;
+  check_problem(s, 301, {1, 5}, {16, 64});
+}
+
+TEST(SparseMlaCuda, FlashShortLengthsAndMasks) {
+  DS_REQUIRE_GPU();
+  Shape s;
+  s.num_seqs = 24;
+  s.max_len = 40;  // 1..40 keys: partial tiles, window only or window + a few entries
+  s.masked_fraction = 0.4;
+  s.empty_compressed_fraction = 0.5;
+  check_problem(s, 401, {1, 3}, {16, 64});
+}
+
+TEST(SparseMlaCuda, FlashBatch128) {
+  DS_REQUIRE_GPU();
+  Shape s;
+  s.num_seqs = 128;
+  check_problem(s, 501, {1, 2}, {64});
+}
+
+TEST(SparseMlaCuda, ProHeads128) {
+  DS_REQUIRE_GPU();
+  Shape s;
+  s.num_heads = 128;
+  s.num_seqs = 2;
+  s.queries_per_seq = 2;
+  check_problem(s, 601, {1, 4}, {32, 64});
+}
+
+TEST(SparseMlaCuda, EmptyAndFullyMaskedKeySets) {
+  DS_REQUIRE_GPU();
+  Shape s;
+  s.num_seqs = 3;
+  s.min_len = 0;
+  s.max_len = 0;  // no keys at all: output 0, lse -inf
+  check_problem(s, 701, {1, 2}, {64});
+  s.min_len = 20;
+  s.max_len = 200;
+  s.masked_fraction = 1.0;  // every index -1
+  check_problem(s, 702, {1, 4}, {16});
+}
+
+TEST(SparseMlaCuda, GraphReplayWithNewLengths) {
+  DS_REQUIRE_GPU();
+  Shape s;
+  s.num_seqs = 2;
+  s.queries_per_seq = 2;
+  Problem pr = make_problem(s, 801);
+  DeviceProblem dp(pr);
+  ASSERT_TRUE(dp.ok());
+  DS_CUDA_ASSERT(dp.upload(pr));
+  const cuda::SparseMlaPlan plan = cuda::plan_sparse_mla_decode(
+      pr.num_queries, s.num_heads, s.window_width, s.compressed_width, sm_count());
+  ASSERT_GT(plan.max_splits, 1);  // exercises the combine kernel inside the graph
+  const size_t ws_bytes =
+      cuda::sparse_mla_workspace_bytes(plan, pr.num_queries, s.num_heads, s.head_dim);
+  test::DeviceBuffer<float> ws(ws_bytes / sizeof(float));
+  ASSERT_TRUE(ws.ok());
+  cudaStream_t stream;
+  DS_CUDA_ASSERT(cudaStreamCreate(&stream));
+  cudaGraph_t graph;
+  DS_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const Status st = cuda::launch_sparse_mla_decode(dp.params(pr, plan, ws.get(), ws_bytes), stream);
+  DS_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  cudaGraphExec_t exec;
+  DS_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+  Rng rng(802);
+  for (int step = 0; step < 3; ++step) {
+    draw_queries(rng, pr);  // new lengths, indices and queries; same launch
+    Reference ref = reference(pr);
+    DS_CUDA_ASSERT(dp.upload_queries(pr));
+    DS_CUDA_ASSERT(ws.poison());
+    DS_CUDA_ASSERT(dp.out.poison());
+    DS_CUDA_ASSERT(dp.lse.poison());
+    DS_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+    DS_CUDA_ASSERT(cudaStreamSynchronize(stream));
+    Result res;
+    DS_CUDA_ASSERT(dp.out.download(res.out));
+    DS_CUDA_ASSERT(dp.lse.download(res.lse));
+    expect_close(pr, ref, res, "graph replay");
+  }
+  DS_CUDA_ASSERT(cudaGraphExecDestroy(exec));
+  DS_CUDA_ASSERT(cudaGraphDestroy(graph));
+  DS_CUDA_ASSERT(cudaStreamDestroy(stream));
+}
+
+TEST(SparseMlaCuda, RejectsBadParams) {
+  DS_REQUIRE_GPU();
+  Shape s = tiny_shape();
+  Problem pr = make_problem(s, 901);
+  DeviceProblem dp(pr);
+  ASSERT_TRUE(dp.ok());
+  DS_CUDA_ASSERT(dp.upload(pr));
+  cuda::SparseMlaPlan plan = cuda::plan_sparse_mla_decode(pr.num_queries, s.num_heads,
+                                                          s.window_width, s.compressed_width, 132);
+  plan.max_splits = 2;
+  cuda::SparseMlaParams p = dp.params(pr, plan, nullptr, 0);  // workspace missing
+  EXPECT_EQ(cuda::launch_sparse_mla_decode(p, nullptr).code(), StatusCode::kInvalidArgument);
+  plan.max_splits = 1;
+  p = dp.params(pr, plan, nullptr, 0);
+  p.head_dim = 256;
+  EXPECT_EQ(cuda::launch_sparse_mla_decode(p, nullptr).code(), StatusCode::kUnimplemented);
+  p.head_dim = 128;
+  p.plan.heads_per_cta = 48;
+  EXPECT_EQ(cuda::launch_sparse_mla_decode(p, nullptr).code(), StatusCode::kInvalidArgument);
+  p.plan.heads_per_cta = 16;
+  p.plan.max_tiles = 1;  // narrower than the index widths
+  EXPECT_EQ(cuda::launch_sparse_mla_decode(p, nullptr).code(), StatusCode::kInvalidArgument);
+  DS_CUDA_ASSERT(cudaDeviceSynchronize());
+}
+
+}  // namespace
+}  // namespace ds
