@@ -22,6 +22,12 @@ for a in "$@"; do
   esac
 done
 mkdir -p "$out"
+# The benchmarks record DS_COMMIT in their JSON (the GPU machine's copy has no .git: pass it).
+if [ -z "${DS_COMMIT:-}" ]; then
+  DS_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  git diff --quiet HEAD 2>/dev/null || DS_COMMIT="$DS_COMMIT+uncommitted"
+fi
+export DS_COMMIT
 summary=()
 step() {  # name, command...
   local name="$1"; shift
