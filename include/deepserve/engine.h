@@ -26,11 +26,11 @@ namespace deepserve {
 // Errors
 
 enum class ErrorKind {
-  kInvalidRequest,   // 400 invalid_request_error (bad value, context overflow, bad token id)
-  kNotFound,         // 404 (unknown model)
-  kOverloaded,       // 429/503 with Retry-After: queue full
-  kUnavailable,      // 503: loading or draining
-  kInternal,         // 500: details only in the log
+  kInvalidRequest,  // 400 invalid_request_error (bad value, context overflow, bad token id)
+  kNotFound,        // 404 (unknown model)
+  kOverloaded,      // 429/503 with Retry-After: queue full
+  kUnavailable,     // 503: loading or draining
+  kInternal,        // 500: details only in the log
 };
 
 struct ApiError {
@@ -52,10 +52,31 @@ struct LoadProgress {
   std::string phase;  // "tokenizer", "weights", "kv-cache", "ready"
 };
 
+// Test hooks that inject faults at the engine-step boundary (reliability.md §4.1, R6). They act
+// only in builds with the CMake option DEEPSERVE_FAULT_HOOKS (default ON; every field defaults to
+// "off", so the hooks are inert unless set). In a build without it the fields are ignored.
+struct EngineFaultHooks {
+  // GF3: NaN into the logits of one request before it samples its output token number
+  // `nan_at_output_token` (1-based; the first generated token is 1). The request is chosen by id
+  // (nan_request_id) or, when that is "", as the nan_request_ordinal-th request submitted (1-based;
+  // 0 = off). That request ends with finish_reason error; the others continue.
+  std::string nan_request_id;
+  int64_t nan_request_ordinal = 0;
+  int64_t nan_at_output_token = 1;
+  // SH3: sleep this many milliseconds inside every engine step once `stall_after_steps` steps have
+  // run (0 = off). The step counter (EngineMetrics::engine_steps_total) does not move meanwhile.
+  int64_t stall_ms = 0;
+  int64_t stall_after_steps = 0;
+  // GF1-like sticky fault: at engine step `sticky_fault_at_step` (1-based; 0 = off) the step fails
+  // as a sticky device error would: every in-flight request ends with finish_reason error, the
+  // engine turns dead (health().dead, submit answers kUnavailable).
+  int64_t sticky_fault_at_step = 0;
+};
+
 struct EngineConfig {
-  std::string model_dir;          // "" = the embedded tiny model (generated on first use)
-  std::string served_model_name;  // "" = the directory's base name (or "deepseek-v4-tiny")
-  std::string device = "cpu";     // "cpu" (CUDA when the backend exists)
+  std::string model_dir;               // "" = the embedded tiny model (generated on first use)
+  std::string served_model_name;       // "" = the directory's base name (or "deepseek-v4-tiny")
+  std::string device = "cpu";          // "cpu" (CUDA when the backend exists)
   std::string numerics = "reference";  // "reference" | "hf"
   int64_t max_model_len = 0;           // 0 = min(max_position_embeddings, what KV capacity allows)
   int64_t max_num_seqs = 64;           // running sequences per step
@@ -68,19 +89,20 @@ struct EngineConfig {
   int num_threads = 0;                    // CPU compute threads; 0 = all cores
   bool full_scan = false;                 // validate every weight value at load (rule 23)
   std::function<void(const LoadProgress&)> on_progress;  // called from the loading thread
+  EngineFaultHooks fault;                                // test builds only, see EngineFaultHooks
 };
 
 // ---------------------------------------------------------------------------------------------
 // Requests
 
 struct SamplingParams {
-  double temperature = 1.0;  // 0 = greedy
-  double top_p = 1.0;        // (0, 1]
-  int64_t top_k = 0;         // 0 or -1 = off
-  double min_p = 0.0;        // [0, 1]
-  double presence_penalty = 0.0;     // [-2, 2]
-  double frequency_penalty = 0.0;    // [-2, 2]
-  double repetition_penalty = 1.0;   // (0, 2]
+  double temperature = 1.0;              // 0 = greedy
+  double top_p = 1.0;                    // (0, 1]
+  int64_t top_k = 0;                     // 0 or -1 = off
+  double min_p = 0.0;                    // [0, 1]
+  double presence_penalty = 0.0;         // [-2, 2]
+  double frequency_penalty = 0.0;        // [-2, 2]
+  double repetition_penalty = 1.0;       // (0, 2]
   std::map<int32_t, double> logit_bias;  // token id -> bias in [-100, 100]
   std::optional<uint64_t> seed;          // reproducible per request when set
   int64_t max_tokens = -1;               // -1 = up to the context length
@@ -114,15 +136,15 @@ struct ChatMessage {
 
 struct ChatPrompt {
   std::vector<ChatMessage> messages;
-  std::string tools_json;  // OpenAI "tools" array as JSON text; "" = none
+  std::string tools_json;            // OpenAI "tools" array as JSON text; "" = none
   std::string response_format_json;  // "" = none
   bool thinking = false;             // chat_template_kwargs.thinking (DeepSeek convention)
   std::string reasoning_effort;      // "", "high" or "max"
 };
 
 struct GenerateRequest {
-  std::string request_id;            // "" = the engine makes one
-  std::vector<int32_t> prompt_ids;   // the whole prompt, already tokenized
+  std::string request_id;           // "" = the engine makes one
+  std::vector<int32_t> prompt_ids;  // the whole prompt, already tokenized
   SamplingParams sampling;
   OutputMode output_mode = OutputMode::kText;
   std::chrono::milliseconds timeout{0};  // 0 = none; past it the request ends with "length"
@@ -154,14 +176,14 @@ struct Usage {
 };
 
 struct RequestEvent {
-  std::string text;       // committed text (kText: all output; chat: content)
-  std::string reasoning;  // chat thinking mode: reasoning text
+  std::string text;                      // committed text (kText: all output; chat: content)
+  std::string reasoning;                 // chat thinking mode: reasoning text
   std::vector<ChatToolCall> tool_calls;  // chat: completed tool calls (ids assigned)
   std::vector<TokenInfo> tokens;         // tokens committed with this event (logprobs if asked)
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;  // set when finished
-  std::string stop_reason;   // the matched stop string, or the stop token as text
-  Usage usage;               // always set on the finished event
+  std::string stop_reason;        // the matched stop string, or the stop token as text
+  Usage usage;                    // always set on the finished event
   std::optional<ApiError> error;  // finish_reason == kError
   // Timing for metrics and benchmarks (engine clock).
   std::chrono::steady_clock::time_point time;
@@ -182,8 +204,8 @@ class RequestStream {
 // Introspection
 
 struct ModelInfo {
-  std::string id;             // served model name
-  std::string architecture;   // "DeepseekV4ForCausalLM"
+  std::string id;            // served model name
+  std::string architecture;  // "DeepseekV4ForCausalLM"
   int64_t max_model_len = 0;
   int64_t vocab_size = 0;
   int64_t num_parameters = 0;
@@ -204,6 +226,16 @@ struct EngineMetrics {
   int64_t engine_steps_total = 0;
   int64_t spec_draft_tokens_total = 0;
   int64_t spec_accepted_tokens_total = 0;
+  int64_t requests_corrupted_total = 0;  // ended by non-finite logits (GF3); also counted failed
+  int64_t kv_capacity_tokens = 0;        // tokens one sequence can hold at most
+  // Free/total per KV pool ("compressed_r4", "compressed_r128", "indexer_keys" in pages of 256
+  // tokens; "sequence_slots" in slots). Back to the baseline (all free) when idle (promise 3).
+  struct KvPool {
+    std::string name;
+    int64_t total = 0;
+    int64_t free = 0;
+  };
+  std::vector<KvPool> kv_pools;
   // Histogram samples are reported through the server's own histograms (from event times).
 };
 
@@ -236,8 +268,29 @@ class Engine {
   virtual void drain() = 0;
   // Aborts everything still running or queued (each gets a finished event with kAbort).
   virtual void abort_all() = 0;
-  // True once every request has finished after drain() / abort_all().
+  // True once every request has finished after drain() / abort_all() (in fact: whenever no
+  // request is queued or running).
   virtual bool idle() const = 0;
+
+  // Liveness facts for /health (SH3): the server reports a stall when active > 0 and `steps` has
+  // not moved for its stall timeout. `dead` is set after a sticky fault (promise 7).
+  struct Health {
+    bool dead = false;
+    std::string reason;
+    int64_t steps = 0;
+    int64_t active = 0;  // requests queued or running
+    std::chrono::steady_clock::time_point last_step;
+  };
+  // (Not pure, so that test doubles of Engine need not implement it: the default has no stall
+  // timestamp and never reports dead.)
+  virtual Health health() const {
+    Health h;
+    const EngineMetrics m = metrics();
+    h.steps = m.engine_steps_total;
+    h.active = m.num_requests_running + m.num_requests_waiting;
+    h.last_step = std::chrono::steady_clock::now();
+    return h;
+  }
 };
 
 }  // namespace deepserve

@@ -1,8 +1,9 @@
 // `deepserve generate`: runs the DeepSeek-V4 CPU reference forward on a prompt and prints the
 // generated token ids (and their text when a tokenizer is available) and tokens/s. The prompt is
 // prefilled in one chunk, then each token is decoded on the incremental path (per-sequence state).
-// Greedy with --temperature 0 (default); otherwise temperature, then top-k, top-p (nucleus) and
-// min-p filtering, then a draw from a seeded generator. Without --model it uses the embedded tiny
+// Greedy with --temperature 0 (default); otherwise the engine's sampler (src/scheduler/sampler.h:
+// temperature, then top-k, top-p (nucleus) and min-p filtering, then a draw from a generator
+// seeded with --seed). Without --model it uses the embedded tiny
 // model. Text prompts (--prompt) go through the checkpoint's tokenizer.json or the default
 // DeepSeek tokenizer.
 #include <algorithm>
@@ -16,11 +17,11 @@
 #include <vector>
 
 #include "commands.h"
-#include "core/rng.h"
 #include "kernels/cpu/numerics.h"
 #include "model/deepseek_v4/forward.h"
 #include "model/deepseek_v4/weights.h"
 #include "model/embedded_model.h"
+#include "scheduler/sampler.h"
 #include "tokenizer/default_tokenizer.h"
 
 namespace ds::cli {
@@ -54,51 +55,6 @@ Result<std::vector<int32_t>> parse_ids(const std::string& text) {
   }
   if (ids.empty()) return invalid_argument("--prompt-ids: no token ids");
   return ids;
-}
-
-// Greedy argmax (ties to the lower id) or a sampled id (dsv4-model.md §12 generation settings).
-int32_t pick_token(const float* logits, int64_t vocab, const SamplingParams& p, Rng* rng) {
-  if (p.temperature <= 0.0f) {
-    return int32_t(std::max_element(logits, logits + vocab) - logits);
-  }
-  std::vector<int32_t> order(static_cast<size_t>(vocab));
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
-  });
-  size_t keep = order.size();
-  if (p.top_k > 0) keep = std::min(keep, size_t(p.top_k));
-  // Softmax of logits / T over the kept candidates (sorted, so the max is first).
-  std::vector<double> prob(keep);
-  const double max_logit = double(logits[order[0]]) / p.temperature;
-  double sum = 0;
-  for (size_t i = 0; i < keep; ++i) {
-    prob[i] = std::exp(double(logits[order[i]]) / p.temperature - max_logit);
-    sum += prob[i];
-  }
-  for (auto& v : prob) v /= sum;
-  if (p.min_p > 0.0f) {  // drop tokens below min_p * p(top token)
-    size_t n = 1;
-    while (n < keep && prob[n] >= double(p.min_p) * prob[0]) ++n;
-    keep = n;
-  }
-  if (p.top_p < 1.0f) {  // smallest prefix whose mass reaches top_p
-    double mass = 0;
-    size_t n = 0;
-    while (n < keep) {
-      mass += prob[n++];
-      if (mass >= double(p.top_p)) break;
-    }
-    keep = n;
-  }
-  double total = 0;
-  for (size_t i = 0; i < keep; ++i) total += prob[i];
-  double u = rng->uniform() * total;
-  for (size_t i = 0; i < keep; ++i) {
-    u -= prob[i];
-    if (u <= 0) return order[i];
-  }
-  return order[keep - 1];
 }
 
 }  // namespace
@@ -199,7 +155,14 @@ void register_generate(CLI::App& app, CommandFn* run) {
       const auto mode = *cpu::numerics_mode_from_name(args->numerics);
       dsv4::Forward forward(weights->get(), dsv4::ForwardOptions::for_mode(mode));
       dsv4::SequenceState state = forward.new_sequence();
-      Rng rng(args->seed);
+      deepserve::SamplingParams sp;
+      sp.temperature = args->sampling.temperature;
+      sp.top_k = args->sampling.top_k;
+      sp.top_p = std::max(double(args->sampling.top_p), 1e-9);  // 0 keeps the top token
+      sp.min_p = args->sampling.min_p;
+      sp.ignore_eos = args->ignore_eos;
+      sched::Sampler sampler(sp, args->seed, config.vocab_size, int32_t(config.eos_token_id),
+                             std::span<const int32_t>(prompt));
       std::vector<int32_t> generated;
       std::vector<int32_t> next = prompt;
       double prefill_s = 0, decode_s = 0;
@@ -215,8 +178,8 @@ void register_generate(CLI::App& app, CommandFn* run) {
         const double dt =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         (step == 0 ? prefill_s : decode_s) += dt;
-        const int32_t id =
-            pick_token(out[0].logits.data(), config.vocab_size, args->sampling, &rng);
+        const int32_t id = sampler.sample(out[0].logits.data());
+        sampler.accept(id);
         generated.push_back(id);
         if (id == config.eos_token_id && !args->ignore_eos) break;
         next = {id};

@@ -15,7 +15,7 @@ namespace ds::cpu {
 void sparse_attention(const SparseAttentionParams& p) {
   const int64_t hd = p.head_dim;
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  DS_OMP_PARALLEL_FOR
+  DS_OMP_PARALLEL_FOR_IF(p.num_heads * p.num_keys * hd >= kParallelMinWork)
   for (int64_t h = 0; h < p.num_heads; ++h) {
     const float* qh = p.q + h * hd;
     float* oh = p.out + h * hd;

@@ -42,7 +42,7 @@ void indexer_scale_weights(const float* projected, int64_t num_heads, int64_t he
 
 void indexer_scores(const float* q, const float* weights, const float* keys, int64_t num_keys,
                     int64_t num_heads, int64_t head_dim, float* scores) {
-  DS_OMP_PARALLEL_FOR
+  DS_OMP_PARALLEL_FOR_IF(num_keys * num_heads * head_dim >= kParallelMinWork)
   for (int64_t w = 0; w < num_keys; ++w) {
     const float* k = keys + w * head_dim;
     float total = 0.0f;

@@ -76,7 +76,7 @@ void mhc_pre(const MhcConfig& config, const MhcSiteWeights& weights, const float
              int64_t num_tokens, float* u, float* post, float* comb) {
   const int64_t hc = config.hc_mult, dim = config.dim;
   const int64_t num_mixes = (2 + hc) * hc;
-  DS_OMP_PARALLEL_FOR
+  DS_OMP_PARALLEL_FOR_IF(num_tokens * hc * hc * dim >= kParallelMinWork)
   for (int64_t t = 0; t < num_tokens; ++t) {
     const float* xt = x + t * hc * dim;
     thread_local std::vector<float> mixes, pre;
@@ -97,7 +97,7 @@ void mhc_pre(const MhcConfig& config, const MhcSiteWeights& weights, const float
 void mhc_post(const MhcConfig& config, const float* o, const float* x, const float* post,
               const float* comb, int64_t num_tokens, float* x_new) {
   const int64_t hc = config.hc_mult, dim = config.dim;
-  DS_OMP_PARALLEL_FOR
+  DS_OMP_PARALLEL_FOR_IF(num_tokens * hc * hc * dim >= kParallelMinWork)
   for (int64_t t = 0; t < num_tokens; ++t) {
     const float* ot = o + t * dim;
     const float* xt = x + t * hc * dim;
@@ -117,7 +117,7 @@ void mhc_post(const MhcConfig& config, const float* o, const float* x, const flo
 void mhc_head(const MhcConfig& config, const MhcHeadWeights& weights, const float* x,
               int64_t num_tokens, float* y) {
   const int64_t hc = config.hc_mult, dim = config.dim;
-  DS_OMP_PARALLEL_FOR
+  DS_OMP_PARALLEL_FOR_IF(num_tokens * hc * hc * dim >= kParallelMinWork)
   for (int64_t t = 0; t < num_tokens; ++t) {
     const float* xt = x + t * hc * dim;
     thread_local std::vector<float> mixes;

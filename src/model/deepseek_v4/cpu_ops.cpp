@@ -162,7 +162,7 @@ void CpuOps::indexer_select(int64_t slot, const float* q_index, const float* w_i
   const int64_t N = plan_->num_tokens, ih = c.index_n_heads, ihd = c.index_head_dim;
   const int64_t k = c.index_topk, ratio = 4;  // CSA layers only
   const StepPlan& plan = *plan_;
-  DS_OMP_PARALLEL_FOR_DYNAMIC
+  DS_OMP_PARALLEL_FOR_DYNAMIC_IF(N >= 8)  // per-token work is small: only batches fan out
   for (int64_t i = 0; i < N; ++i) {
     const StepPlan::Seq& s = plan.seqs[size_t(plan.seq_of[size_t(i)])];
     LayerState& st = StateAccess::layer(s.state, plan.mtp, slot);
@@ -182,7 +182,7 @@ void CpuOps::attend(const AttendParams& params, const float* q, const float* kv,
   const int64_t W = c.sliding_window, ratio = L.compress_ratio, topk = c.index_topk;
   const bool csa = L.kind == LayerKind::kCsa;
   const StepPlan& plan = *plan_;
-  DS_OMP_PARALLEL_FOR_DYNAMIC
+  DS_OMP_PARALLEL_FOR_DYNAMIC_IF(N >= 8)  // per-token work is small: only batches fan out
   for (int64_t i = 0; i < N; ++i) {
     const StepPlan::Seq& s = plan.seqs[size_t(plan.seq_of[size_t(i)])];
     LayerState& st = StateAccess::layer(s.state, plan.mtp, params.layer_slot);

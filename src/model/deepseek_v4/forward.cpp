@@ -304,13 +304,25 @@ void Forward::outputs_for(std::span<const std::vector<int64_t>> logit_rows, cons
   const DeepSeekV4Config& c = config();
   const int64_t width = c.hc_mult * c.hidden_size;
   outputs->assign(logit_rows.size(), ChunkOutput{});
+  // One head call for the requested rows of every chunk (each row is computed independently, so
+  // this equals one call per chunk bit for bit, but reads the [vocab, hidden] head once per step
+  // instead of once per sequence).
+  std::vector<int64_t> all_rows;  // plan rows, chunk after chunk
+  for (size_t i = 0; i < logit_rows.size(); ++i) {
+    for (int64_t r : logit_rows[i]) all_rows.push_back(plan.seqs[i].begin + r);
+  }
+  auto all_logits = std::make_unique_for_overwrite<float[]>(  // [rows, vocab]
+      std::max<size_t>(1, all_rows.size() * size_t(c.vocab_size)));
+  if (!all_rows.empty()) head(x, all_rows, hc_head, norm, all_logits.get());
+  size_t done = 0;  // rows handed out so far
   for (size_t i = 0; i < logit_rows.size(); ++i) {
     std::vector<int64_t> rows;  // plan rows
     for (int64_t r : logit_rows[i]) rows.push_back(plan.seqs[i].begin + r);
     const int64_t R = int64_t(rows.size());
     ChunkOutput& out = (*outputs)[i];
-    out.logits.resize(size_t(R * c.vocab_size));
-    if (R > 0) head(x, rows, hc_head, norm, out.logits.data());
+    out.logits.assign(all_logits.get() + done * size_t(c.vocab_size),
+                      all_logits.get() + (done + size_t(R)) * size_t(c.vocab_size));
+    done += size_t(R);
     if (want_streams) {
       ArenaScope alloc(ops_);
       ComponentScope scope(ops_, Component::kHead);

@@ -1,0 +1,70 @@
+// Per-request token sampler (docs/engine.md "Sampling order"). Each request owns one Sampler with
+// its own seeded generator, so a request's tokens do not depend on its batch neighbours or on
+// preemption (recomputation never draws). On the raw logits of one row, in this order:
+//   1. logit_bias is added;
+//   2. before min_tokens outputs, EOS (unless ignore_eos) and the stop_token_ids get -inf;
+//   3. repetition penalty (prompt and output tokens: positive logits divided, negative
+//      multiplied), then frequency (x output count) and presence (x [count > 0]) penalties;
+//   4. temperature 0: argmax (ties to the lowest id), nothing drawn;
+//      otherwise logits / temperature -> softmax, then top-k, then top-p (the smallest prefix of
+//      the descending order whose mass reaches top_p), then min-p (drop p < min_p * p_max), then
+//      one uniform draw from the generator over the kept tokens (renormalized).
+// Logprobs are the log-softmax of the raw logits (before any of the above), with the top-k
+// alternatives by raw logit (ties to the lowest id).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "core/rng.h"
+#include "deepserve/engine.h"
+
+namespace ds::sched {
+
+// Range checks of the sampling fields; returns "" when valid, else a message, with `param` set
+// to the field's name.
+std::string validate_sampling(const deepserve::SamplingParams& p, int64_t vocab_size,
+                              std::string* param);
+
+struct LogprobEntry {
+  int32_t token_id = 0;
+  float logprob = 0;
+};
+
+// Log-softmax of `logits` [vocab] at `token`, plus the `top` best tokens (top may be 0).
+float token_logprob(const float* logits, int64_t vocab, int32_t token, int64_t top,
+                    std::vector<LogprobEntry>* best);
+
+// True when every value of logits [vocab] is finite.
+bool all_finite(const float* logits, int64_t vocab);
+
+class Sampler {
+ public:
+  Sampler(const deepserve::SamplingParams& params, uint64_t seed, int64_t vocab_size,
+          int32_t eos_token_id, std::span<const int32_t> prompt);
+
+  // Picks the next token from raw logits [vocab] given `num_output` tokens generated so far.
+  int32_t sample(const float* logits);
+  // Records a generated token (for the penalties and min_tokens).
+  void accept(int32_t token);
+
+  int64_t num_output() const { return num_output_; }
+  bool greedy() const { return params_.temperature <= 0; }
+
+ private:
+  deepserve::SamplingParams params_;
+  int64_t vocab_;
+  int32_t eos_;
+  Rng rng_;
+  std::unordered_set<int32_t> prompt_tokens_;
+  std::unordered_map<int32_t, int64_t> output_counts_;
+  int64_t num_output_ = 0;
+  std::vector<float> work_;     // [vocab] adjusted logits
+  std::vector<int32_t> order_;  // candidate ids
+  std::vector<double> prob_;    // [vocab]
+};
+
+}  // namespace ds::sched

@@ -1,0 +1,450 @@
+// The public Engine API on the embedded tiny model: batch invariance (64 concurrent greedy
+// requests == each alone, ids and text), preempted == not preempted, chunked-prefill settings,
+// aborts and dropped streams freeing the KV (metrics back to baseline), timeouts, the NaN fault
+// hook ending only its request, stop strings / stop tokens, logprobs, seeds and admission errors.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "core/rng.h"
+#include "deepserve/engine.h"
+
+namespace deepserve {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Outcome {
+  std::vector<int32_t> ids;
+  std::string text, reasoning;
+  FinishReason reason = FinishReason::kNone;
+  std::string stop_reason;
+  Usage usage;
+  std::vector<TokenInfo> tokens;
+  int events = 0;
+};
+
+Outcome collect(RequestStream* s) {
+  Outcome o;
+  RequestEvent ev;
+  while (s->next(&ev, 60s)) {
+    ++o.events;
+    o.text += ev.text;
+    o.reasoning += ev.reasoning;
+    for (const auto& t : ev.tokens) {
+      o.ids.push_back(t.token_id);
+      o.tokens.push_back(t);
+    }
+    if (ev.finished) {
+      o.reason = ev.finish_reason;
+      o.stop_reason = ev.stop_reason;
+      o.usage = ev.usage;
+      break;
+    }
+  }
+  return o;
+}
+
+std::unique_ptr<Engine> make_engine(EngineConfig c = {}) {
+  ApiError err;
+  auto e = Engine::create(c, &err);
+  EXPECT_NE(e, nullptr) << err.message;
+  return e;
+}
+
+std::vector<int32_t> random_prompt(ds::Rng* rng, int64_t n) {
+  std::vector<int32_t> p;
+  for (int64_t i = 0; i < n; ++i) p.push_back(int32_t(1000 + rng->below(100000)));
+  return p;
+}
+
+GenerateRequest greedy_request(std::vector<int32_t> prompt, int64_t max_tokens) {
+  GenerateRequest r;
+  r.prompt_ids = std::move(prompt);
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
+Outcome run_one(Engine* e, GenerateRequest r) {
+  ApiError err;
+  auto s = e->submit(std::move(r), &err);
+  EXPECT_NE(s, nullptr) << err.message;
+  if (!s) return {};
+  return collect(s.get());
+}
+
+void wait_idle(Engine* e) {
+  for (int i = 0; i < 2000 && !e->idle(); ++i) std::this_thread::sleep_for(5ms);
+  // One more step boundary for the metrics snapshot.
+  for (int i = 0; i < 200; ++i) {
+    const EngineMetrics m = e->metrics();
+    if (m.num_requests_running == 0 && m.num_requests_waiting == 0) break;
+    std::this_thread::sleep_for(5ms);
+  }
+}
+
+void expect_kv_baseline(Engine* e) {
+  wait_idle(e);
+  const EngineMetrics m = e->metrics();
+  EXPECT_EQ(m.num_requests_running, 0);
+  EXPECT_EQ(m.num_requests_waiting, 0);
+  EXPECT_EQ(m.kv_pages_free, m.kv_pages_total);
+  ASSERT_FALSE(m.kv_pools.empty());
+  for (const auto& p : m.kv_pools) EXPECT_EQ(p.free, p.total) << p.name;
+}
+
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { engine_ = make_engine().release(); }
+  static void TearDownTestSuite() {
+    delete engine_;
+    engine_ = nullptr;
+  }
+  static Engine* engine_;
+};
+Engine* EngineTest::engine_ = nullptr;
+
+TEST_F(EngineTest, ModelInfoAndSummary) {
+  ASSERT_NE(engine_, nullptr);
+  EXPECT_EQ(engine_->model_info().vocab_size, 129280);
+  EXPECT_EQ(engine_->model_info().max_model_len, 4096);
+  bool kv_line = false;
+  for (const auto& l : engine_->summary()) kv_line |= l.find("capacity") != std::string::npos;
+  EXPECT_TRUE(kv_line);
+  expect_kv_baseline(engine_);
+}
+
+TEST_F(EngineTest, BatchInvariance64ConcurrentGreedy) {
+  ASSERT_NE(engine_, nullptr);
+  ds::Rng rng(7);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 64; ++i) prompts.push_back(random_prompt(&rng, 2 + int64_t(rng.below(30))));
+  const int64_t kTokens = 5;
+  std::vector<Outcome> solo;
+  for (const auto& p : prompts) solo.push_back(run_one(engine_, greedy_request(p, kTokens)));
+  std::vector<std::unique_ptr<RequestStream>> streams;
+  for (const auto& p : prompts) {
+    ApiError err;
+    streams.push_back(engine_->submit(greedy_request(p, kTokens), &err));
+    ASSERT_NE(streams.back(), nullptr) << err.message;
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Outcome o = collect(streams[i].get());
+    EXPECT_EQ(o.ids, solo[i].ids) << "request " << i;
+    EXPECT_EQ(o.text, solo[i].text) << "request " << i;
+    EXPECT_EQ(o.reason, FinishReason::kLength);
+    EXPECT_EQ(o.usage.completion_tokens, kTokens);
+    EXPECT_EQ(o.usage.prompt_tokens, int64_t(prompts[i].size()));
+    std::string text;
+    ApiError err;
+    ASSERT_TRUE(engine_->detokenize(o.ids, &text, &err));
+    EXPECT_EQ(o.text, text);  // streamed text == one-shot decode
+  }
+  expect_kv_baseline(engine_);
+}
+
+TEST_F(EngineTest, AbortAndDroppedStreamFreeKv) {
+  ASSERT_NE(engine_, nullptr);
+  ds::Rng rng(11);
+  ApiError err;
+  auto s = engine_->submit(greedy_request(random_prompt(&rng, 300), 3000), &err);
+  ASSERT_NE(s, nullptr) << err.message;
+  RequestEvent ev;
+  int got = 0;
+  while (got < 3 && s->next(&ev, 60s)) got += int(ev.tokens.size());
+  EXPECT_LT(engine_->metrics().kv_pages_free, engine_->metrics().kv_pages_total);
+  s->abort();
+  s->abort();  // idempotent
+  Outcome o = collect(s.get());
+  EXPECT_EQ(o.reason, FinishReason::kAbort);
+  expect_kv_baseline(engine_);
+  // Dropping a stream mid-way aborts it.
+  {
+    auto d = engine_->submit(greedy_request(random_prompt(&rng, 100), 3000), &err);
+    ASSERT_NE(d, nullptr);
+    ASSERT_TRUE(d->next(&ev, 60s));
+  }
+  expect_kv_baseline(engine_);
+  EXPECT_TRUE(engine_->idle());
+}
+
+TEST_F(EngineTest, Timeout) {
+  ASSERT_NE(engine_, nullptr);
+  ds::Rng rng(3);
+  GenerateRequest r = greedy_request(random_prompt(&rng, 20), 3000);
+  r.timeout = 30ms;
+  const Outcome o = run_one(engine_, r);
+  EXPECT_EQ(o.reason, FinishReason::kLength);
+  EXPECT_LT(o.usage.completion_tokens, 3000);
+  expect_kv_baseline(engine_);
+}
+
+TEST_F(EngineTest, StopStringsAndStopTokens) {
+  ASSERT_NE(engine_, nullptr);
+  ds::Rng rng(5);
+  const auto prompt = random_prompt(&rng, 12);
+  const Outcome base = run_one(engine_, greedy_request(prompt, 24));
+  ASSERT_EQ(base.ids.size(), 24u);
+  // Stop token: the 5th generated id (its first occurrence) ends the output before it.
+  const int32_t stop_id = base.ids[4];
+  size_t first = 0;
+  while (base.ids[first] != stop_id) ++first;
+  GenerateRequest r = greedy_request(prompt, 24);
+  r.sampling.stop_token_ids = {stop_id};
+  Outcome o = run_one(engine_, r);
+  EXPECT_EQ(o.reason, FinishReason::kStop);
+  EXPECT_EQ(o.usage.completion_tokens, int64_t(first + 1));
+  std::string want;
+  ApiError err;
+  ASSERT_TRUE(engine_->detokenize(std::vector<int32_t>(base.ids.begin(), base.ids.begin() + first),
+                                  &want, &err));
+  EXPECT_EQ(o.text, want);
+  // Stop string: a piece from the middle of the text.
+  if (base.text.size() >= 8) {
+    size_t at = base.text.size() / 2;
+    while (at > 0 && (uint8_t(base.text[at]) & 0xC0) == 0x80) --at;
+    size_t end = at + 1;
+    while (end < base.text.size() && (uint8_t(base.text[end]) & 0xC0) == 0x80) ++end;
+    const std::string stop = base.text.substr(at, end - at);
+    GenerateRequest rs = greedy_request(prompt, 24);
+    rs.sampling.stop = {stop};
+    o = run_one(engine_, rs);
+    EXPECT_EQ(o.reason, FinishReason::kStop);
+    EXPECT_EQ(o.stop_reason, stop);
+    EXPECT_EQ(o.text, base.text.substr(0, base.text.find(stop)));
+  }
+  expect_kv_baseline(engine_);
+}
+
+TEST_F(EngineTest, LogprobsAndSeeds) {
+  ASSERT_NE(engine_, nullptr);
+  ds::Rng rng(9);
+  GenerateRequest r;
+  r.prompt_ids = random_prompt(&rng, 10);
+  r.sampling.temperature = 1.0;
+  r.sampling.seed = 1234;
+  r.sampling.max_tokens = 8;
+  r.sampling.ignore_eos = true;
+  r.sampling.logprobs = 3;
+  ApiError err;
+  auto a = engine_->submit(r, &err);
+  auto b = engine_->submit(r, &err);
+  ASSERT_TRUE(a && b);
+  const Outcome oa = collect(a.get()), ob = collect(b.get());
+  EXPECT_EQ(oa.ids, ob.ids);  // same seed, concurrent: same tokens
+  ASSERT_EQ(oa.tokens.size(), 8u);
+  for (const auto& t : oa.tokens) {
+    EXPECT_LE(t.logprob, 0.0f);
+    ASSERT_EQ(t.top.size(), 3u);
+    EXPECT_GE(t.top[0].logprob, t.top[1].logprob);
+    EXPECT_GE(t.top[0].logprob, t.logprob);
+  }
+  r.sampling.seed = 1235;
+  const Outcome oc = run_one(engine_, r);
+  EXPECT_NE(oa.ids, oc.ids);
+  expect_kv_baseline(engine_);
+}
+
+TEST_F(EngineTest, AdmissionErrors) {
+  ASSERT_NE(engine_, nullptr);
+  ApiError err;
+  GenerateRequest r;
+  EXPECT_EQ(engine_->submit(r, &err), nullptr);  // empty prompt
+  EXPECT_EQ(err.kind, ErrorKind::kInvalidRequest);
+  r.prompt_ids = {5, 129280};
+  EXPECT_EQ(engine_->submit(r, &err), nullptr);
+  EXPECT_EQ(err.kind, ErrorKind::kInvalidRequest);
+  EXPECT_NE(err.message.find("129280"), std::string::npos);
+  r.prompt_ids = std::vector<int32_t>(4000, 7);
+  r.sampling.max_tokens = 200;
+  EXPECT_EQ(engine_->submit(r, &err), nullptr);
+  EXPECT_EQ(err.code, "context_length_exceeded");
+  EXPECT_EQ(err.n_prompt_tokens, 4000);
+  EXPECT_EQ(err.n_ctx, 4096);
+  EXPECT_NE(err.message.find("maximum context length is 4096 tokens"), std::string::npos);
+  r.prompt_ids = {5, 6};
+  r.sampling.top_p = 1.5;
+  EXPECT_EQ(engine_->submit(r, &err), nullptr);
+  EXPECT_EQ(err.param, "top_p");
+  expect_kv_baseline(engine_);
+}
+
+TEST_F(EngineTest, ChatEncodingErrors) {
+  ASSERT_NE(engine_, nullptr);
+  ChatPrompt p;
+  p.messages.push_back({"user", std::string("hi"), std::nullopt, {}, ""});
+  std::vector<int32_t> ids;
+  ApiError err;
+  ASSERT_TRUE(engine_->encode_chat(p, &ids, &err)) << err.message;
+  EXPECT_FALSE(ids.empty());
+  p.tools_json = "[{bad json";
+  EXPECT_FALSE(engine_->encode_chat(p, &ids, &err));
+  EXPECT_EQ(err.kind, ErrorKind::kInvalidRequest);
+  EXPECT_EQ(err.param, "tools");
+}
+
+// Equivalences that need their own engine configuration.
+TEST(EngineConfigs, ChunkedPrefillAndPreemptionKeepGreedyOutput) {
+  ds::Rng rng(21);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) prompts.push_back(random_prompt(&rng, 236 + int64_t(rng.below(15))));
+  const int64_t kTokens = 24;  // every sequence crosses 256 positions: a second page
+  std::vector<Outcome> solo;
+  {
+    auto e = make_engine();
+    ASSERT_NE(e, nullptr);
+    for (const auto& p : prompts) solo.push_back(run_one(e.get(), greedy_request(p, kTokens)));
+  }
+  {
+    // Chunks of 7 tokens.
+    EngineConfig c;
+    c.max_num_batched_tokens = 7;
+    auto e = make_engine(c);
+    ASSERT_NE(e, nullptr);
+    const Outcome o = run_one(e.get(), greedy_request(prompts[0], kTokens));
+    EXPECT_EQ(o.ids, solo[0].ids);
+    EXPECT_EQ(o.text, solo[0].text);
+  }
+  {
+    // 5 pages per pool for 4 sequences that each need 2: preemption, not failure.
+    EngineConfig c;
+    c.max_num_seqs = 4;
+    const double page_set = 2 * 64 * 584 + 2 * 64 * 132 + 2 * 584, slot = 243328;
+    c.kv_cache_memory_gib = (4 * slot + 5 * page_set + 100) / double(1 << 30);
+    c.max_model_len = 512;
+    auto e = make_engine(c);
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(e->metrics().kv_capacity_tokens, 5 * 256);
+    std::vector<std::unique_ptr<RequestStream>> streams;
+    for (const auto& p : prompts) {
+      ApiError err;
+      streams.push_back(e->submit(greedy_request(p, kTokens), &err));
+      ASSERT_NE(streams.back(), nullptr) << err.message;
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const Outcome o = collect(streams[i].get());
+      EXPECT_EQ(o.ids, solo[i].ids) << "request " << i;  // no token duplicated or missing
+      EXPECT_EQ(o.text, solo[i].text) << "request " << i;
+      EXPECT_EQ(o.reason, FinishReason::kLength);
+    }
+    EXPECT_GT(e->metrics().num_preemptions_total, 0);
+    expect_kv_baseline(e.get());
+    // Recomputed tokens are not counted twice.
+    int64_t prompt_total = 0;
+    for (const auto& p : prompts) prompt_total += int64_t(p.size());
+    EXPECT_EQ(e->metrics().prompt_tokens_total, prompt_total);
+    EXPECT_EQ(e->metrics().generation_tokens_total, 4 * kTokens);
+    // KV1: a request that can never fit the cache alone is refused at once, < max_model_len.
+    e.reset();
+    c.max_model_len = 2048;
+    e = make_engine(c);
+    ApiError err;
+    EXPECT_EQ(e->submit(greedy_request(random_prompt(&rng, 1400), 10), &err), nullptr);
+    EXPECT_EQ(err.kind, ErrorKind::kInvalidRequest);
+    EXPECT_EQ(err.code, "kv_cache_exceeded");
+  }
+}
+
+TEST(EngineConfigs, QueueBoundsAndDrain) {
+  EngineConfig c;
+  c.max_queued_requests = 2;
+  c.max_queued_tokens = 100;
+  c.fault.stall_ms = 200;  // keep the queue from draining while we fill it (test build hook)
+  auto e = make_engine(c);
+  ASSERT_NE(e, nullptr);
+  ds::Rng rng(1);
+  ApiError err;
+  auto a = e->submit(greedy_request(random_prompt(&rng, 10), 4), &err);
+  auto b = e->submit(greedy_request(random_prompt(&rng, 10), 4), &err);
+  ASSERT_TRUE(a && b);
+  // A third one may or may not fit depending on whether the first was admitted yet; fill up.
+  std::vector<std::unique_ptr<RequestStream>> extra;
+  bool refused = false;
+  for (int i = 0; i < 4 && !refused; ++i) {
+    auto s = e->submit(greedy_request(random_prompt(&rng, 10), 4), &err);
+    if (!s) {
+      refused = true;
+      EXPECT_EQ(err.kind, ErrorKind::kOverloaded);
+    } else {
+      extra.push_back(std::move(s));
+    }
+  }
+  EXPECT_TRUE(refused);
+  EXPECT_GE(e->metrics().requests_rejected_total, 1);
+  // Token bound: 200 prompt tokens never fit 100 queued tokens.
+  EXPECT_EQ(e->submit(greedy_request(random_prompt(&rng, 200), 4), &err), nullptr);
+  EXPECT_EQ(err.kind, ErrorKind::kOverloaded);
+  e->drain();
+  EXPECT_EQ(e->submit(greedy_request(random_prompt(&rng, 10), 4), &err), nullptr);
+  EXPECT_EQ(err.kind, ErrorKind::kUnavailable);
+  e->abort_all();
+  const Outcome oa = collect(a.get());
+  EXPECT_TRUE(oa.reason == FinishReason::kAbort || oa.reason == FinishReason::kLength);
+  wait_idle(e.get());
+  EXPECT_TRUE(e->idle());
+}
+
+TEST(EngineConfigs, NanHookEndsOnlyItsRequest) {
+  ds::Rng rng(33);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) prompts.push_back(random_prompt(&rng, 8 + i));
+  EngineConfig c;
+  c.fault.nan_request_ordinal = 6;  // the 2nd of the concurrent batch (after 4 solo runs)
+  c.fault.nan_at_output_token = 3;
+  auto e = make_engine(c);
+  ASSERT_NE(e, nullptr);
+  std::vector<Outcome> solo;
+  for (const auto& p : prompts) solo.push_back(run_one(e.get(), greedy_request(p, 6)));
+  std::vector<std::unique_ptr<RequestStream>> streams;
+  for (const auto& p : prompts) {
+    ApiError err;
+    streams.push_back(e->submit(greedy_request(p, 6), &err));
+    ASSERT_NE(streams.back(), nullptr);
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Outcome o = collect(streams[i].get());
+    if (i == 1) {
+      EXPECT_EQ(o.reason, FinishReason::kError);
+      EXPECT_EQ(o.usage.completion_tokens, 2);
+    } else {
+      EXPECT_EQ(o.reason, FinishReason::kLength);
+      EXPECT_EQ(o.ids, solo[i].ids);
+    }
+  }
+  const EngineMetrics m = e->metrics();
+  EXPECT_EQ(m.requests_corrupted_total, 1);
+  EXPECT_EQ(m.requests_failed_total, 1);
+  expect_kv_baseline(e.get());
+  // Still serving.
+  EXPECT_EQ(run_one(e.get(), greedy_request(prompts[0], 6)).ids, solo[0].ids);
+}
+
+TEST(EngineConfigs, StickyFaultFailsEverythingAndKillsTheEngine) {
+  EngineConfig c;
+  c.fault.sticky_fault_at_step = 3;
+  auto e = make_engine(c);
+  ASSERT_NE(e, nullptr);
+  ds::Rng rng(44);
+  std::vector<std::unique_ptr<RequestStream>> streams;
+  for (int i = 0; i < 2; ++i) {
+    ApiError err;
+    streams.push_back(e->submit(greedy_request(random_prompt(&rng, 6), 20), &err));
+    ASSERT_NE(streams.back(), nullptr);
+  }
+  for (auto& s : streams) EXPECT_EQ(collect(s.get()).reason, FinishReason::kError);
+  const Engine::Health h = e->health();
+  EXPECT_TRUE(h.dead);
+  EXPECT_FALSE(h.reason.empty());
+  ApiError err;
+  EXPECT_EQ(e->submit(greedy_request(random_prompt(&rng, 6), 4), &err), nullptr);
+  EXPECT_EQ(err.kind, ErrorKind::kUnavailable);
+  expect_kv_baseline(e.get());
+}
+
+}  // namespace
+}  // namespace deepserve
