@@ -96,7 +96,8 @@ void moe_forward(const MoeParams& params, const float* x, const int32_t* token_i
   // Gather the tokens routed to each expert, run it once on them, scatter-add (REF's loop).
   std::vector<float> x_group, w_group, y_group;
   std::vector<int64_t> token_of_row;
-  for (int64_t e = 0; e < rc.num_experts; ++e) {
+  const int64_t expert_end = params.expert_end < 0 ? rc.num_experts : params.expert_end;
+  for (int64_t e = params.expert_begin; e < expert_end; ++e) {
     token_of_row.clear();
     w_group.clear();
     for (int64_t t = 0; t < num_tokens; ++t) {
@@ -122,6 +123,7 @@ void moe_forward(const MoeParams& params, const float* x, const int32_t* token_i
       for (int64_t d = 0; d < dim; ++d) yt[d] += y_group[size_t(r * dim + d)];
     }
   }
+  if (!params.add_shared) return;
   ExpertOptions shared_options{params.shared_expert_clamp ? params.swiglu_limit : 0.0f,
                                params.quantize_activations, params.round_bf16};
   std::vector<float> y_shared(static_cast<size_t>(num_tokens * dim));

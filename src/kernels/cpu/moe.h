@@ -79,6 +79,11 @@ struct MoeParams {
   bool shared_expert_clamp = false;  // NumericsFlags::shared_expert_clamp
   bool quantize_activations = true;  // NumericsFlags::activation_quantization
   bool round_bf16 = false;           // see ExpertOptions::round_bf16
+  // Expert parallelism: only routed experts in [expert_begin, expert_end) run here (-1 = all), and
+  // the shared expert only when add_shared; the partial sums of the ranks add up to the whole.
+  int64_t expert_begin = 0;
+  int64_t expert_end = -1;
+  bool add_shared = true;
 };
 
 // The whole MoE for num_tokens tokens: route, run each routed expert on its tokens, add the

@@ -86,6 +86,7 @@ const char* component_name(Component component) {
     case Component::kMoe: return "moe";
     case Component::kHead: return "head";
     case Component::kMtpInput: return "mtp input";
+    case Component::kCollective: return "collectives";
   }
   return "?";
 }
@@ -206,13 +207,21 @@ void Forward::attention(const LayerWeights& L, int64_t slot, int64_t N, const fl
   }
 
   // Inverse RoPE of the output, §7.8 grouped output projection; wo_a never quantizes its input.
+  {
+    ComponentScope scope(ops_, Component::kAttentionProjections);
+    ops.rope(o, H, hd, rd, L.inv_freq.data(), cpu::RopeDirection::kInverse);
+    maybe_round(o, N * H * hd);
+    float* z = alloc(N * L.wo_a.out_features);  // [N, o_groups * o_lora_rank]
+    ops.grouped_output_projection(o, c.o_groups, L.wo_a, z);
+    maybe_round(z, N * L.wo_a.out_features);
+    ops.linear(z, N, L.wo_b, actq, out);
+  }
+  // Tensor parallel: each rank's wo_b saw only its groups' columns (sharding.h).
+  if (weights_->shard.tensor_parallel) {
+    ComponentScope scope(ops_, Component::kCollective);
+    ops.all_reduce_sum(out, N * c.hidden_size);
+  }
   ComponentScope scope(ops_, Component::kAttentionProjections);
-  ops.rope(o, H, hd, rd, L.inv_freq.data(), cpu::RopeDirection::kInverse);
-  maybe_round(o, N * H * hd);
-  float* z = alloc(N * L.wo_a.out_features);  // [N, o_groups * o_lora_rank]
-  ops.grouped_output_projection(o, c.o_groups, L.wo_a, z);
-  maybe_round(z, N * L.wo_a.out_features);
-  ops.linear(z, N, L.wo_b, actq, out);
   maybe_round(out, N * c.hidden_size);
 }
 
@@ -269,7 +278,18 @@ void Forward::block(const LayerWeights& L, int64_t slot, int64_t N, float* x) co
     mp.shared_expert_clamp = f.shared_expert_clamp;
     mp.quantize_activations = f.activation_quantization;
     mp.round_bf16 = options_.round_bf16;
+    mp.expert_begin = weights_->shard.expert_begin;
+    mp.expert_end = weights_->shard.expert_end;
+    mp.add_shared = weights_->shard.shared_expert;
     ops.moe(mp, u, branch);
+  }
+  // Expert parallel: each rank's output holds its experts' (and shared-expert part's) sum.
+  if (weights_->shard.moe_partial()) {
+    ComponentScope scope(ops_, Component::kCollective);
+    ops.all_reduce_sum(branch, N * D);
+  }
+  {
+    ComponentScope scope(ops_, Component::kMoe);
     maybe_round(branch, N * D);
   }
   mhc_post(x_new, x);

@@ -117,6 +117,10 @@ class ForwardingOps : public Ops {
     before_op("attend");
     inner_->attend(params, q, kv, selected, o);
   }
+  void all_reduce_sum(float* x, int64_t n) override {
+    before_op("all_reduce_sum");
+    inner_->all_reduce_sum(x, n);
+  }
   void store_window(int64_t layer_slot, const float* kv, int64_t head_dim) override {
     before_op("store_window");
     inner_->store_window(layer_slot, kv, head_dim);

@@ -71,8 +71,9 @@ enum class Component : uint8_t {
   kMoe,                   // router, routed and shared experts
   kHead,                  // final hyper-connection collapse, norm, LM head
   kMtpInput,              // MTP layer's enorm/hnorm/e_proj/h_proj
+  kCollective,            // tensor/expert-parallel all-reduces (sharded models only)
 };
-inline constexpr int kNumComponents = 10;
+inline constexpr int kNumComponents = 11;
 const char* component_name(Component component);  // "attention projections", ...
 
 class Ops {
@@ -145,6 +146,12 @@ class Ops {
   // out[r] = x[rows[r]] for whole rows of `width` values.  out [rows.size(), width]
   virtual void gather_rows(const float* x, int64_t width, const std::vector<int64_t>& rows,
                            float* out) = 0;
+
+  // ---- Parallelism ----
+  // Sums x elementwise over the ranks of the model's tensor/expert-parallel group, in rank order
+  // (so every rank gets the same bits). The forward calls it only for sharded weights
+  // (sharding.h); a single-rank backend never sees it and does nothing.  x [n]
+  virtual void all_reduce_sum(float* x, int64_t n) {}
 
   // ---- Per-sequence state ----
   // §7.6: projects the plan's tokens (h [num_tokens, hidden]) with one compressor, feeds each

@@ -265,6 +265,25 @@ class WeightBinder {
   std::unordered_map<std::string, size_t> index_;
 };
 
+const void* ModelWeights::own_bytes(std::vector<uint8_t> bytes) {
+  owned_.push_back(std::make_unique<std::vector<uint8_t>>(std::move(bytes)));
+  return owned_.back()->data();
+}
+
+// A ModelWeights with `config` and a copy of every view of `full` (sharding.cpp adjusts them).
+Result<std::unique_ptr<ModelWeights>> make_shard_model(const ModelWeights& full,
+                                                       const DeepSeekV4Config& config) {
+  auto model = std::unique_ptr<ModelWeights>(new ModelWeights());
+  model->checkpoint_.config = config;
+  model->embed = full.embed;
+  model->head = full.head;
+  model->norm = full.norm;
+  model->hc_head = full.hc_head;
+  model->layers = full.layers;
+  model->mtp = full.mtp;
+  return model;
+}
+
 Result<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& dir) {
   auto checkpoint = open_checkpoint(dir);
   if (!checkpoint.ok()) return checkpoint.status();

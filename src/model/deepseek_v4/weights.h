@@ -81,6 +81,19 @@ struct MtpWeights {
   cpu::MhcHeadWeights hc_head{};  // fn [hc, hc*D], base [hc], scale [1]
 };
 
+// What part of a tensor/expert-parallel model a ModelWeights holds (sharding.h). The defaults are
+// the whole model on one rank.
+struct ShardInfo {
+  int world_size = 1;
+  int rank = 0;
+  bool tensor_parallel = false;  // attention split by heads: all-reduce after wo_b
+  int64_t expert_begin = 0;      // routed experts run here: [expert_begin, expert_end)
+  int64_t expert_end = -1;       // -1 = all
+  bool shared_expert = true;     // this rank runs (its part of) the shared expert
+  // The MoE output is a partial sum to be all-reduced (world_size > 1).
+  bool moe_partial() const { return world_size > 1; }
+};
+
 // The whole model. Movable, not copyable (the views point into `checkpoint`'s mappings and into
 // `owned_`).
 class ModelWeights {
@@ -89,6 +102,9 @@ class ModelWeights {
   static Result<std::unique_ptr<ModelWeights>> load(const std::string& dir);
 
   const DeepSeekV4Config& config() const { return checkpoint_.config; }
+  ShardInfo shard;  // set by shard_model()
+  // Keeps `bytes` alive as long as this model (tensors built at load: sharding's column slices).
+  const void* own_bytes(std::vector<uint8_t> bytes);
 
   cpu::LinearWeight embed;           // [vocab, D] bf16 (rows are gathered, never multiplied)
   cpu::LinearWeight head;            // [vocab, D] bf16 (shared with the MTP layers)
@@ -99,8 +115,15 @@ class ModelWeights {
 
  private:
   friend class WeightBinder;
+  friend Result<std::unique_ptr<ModelWeights>> make_shard_model(const ModelWeights& full,
+                                                                 const DeepSeekV4Config& config);
+
   Checkpoint checkpoint_;
   std::vector<std::unique_ptr<std::vector<uint8_t>>> owned_;  // realigned copies
 };
+
+// For sharding.cpp: a ModelWeights with `config` whose views are copies of `full`'s.
+Result<std::unique_ptr<ModelWeights>> make_shard_model(const ModelWeights& full,
+                                                       const DeepSeekV4Config& config);
 
 }  // namespace ds::dsv4
