@@ -81,6 +81,7 @@ TEST_P(ForwardOps, ExplicitBackendGivesTheDefaultForwardsLogits) {
     EXPECT_GT(recording.begins_[size_t(c)], 0) << component_name(c);
   }
   EXPECT_EQ(recording.begins_[size_t(Component::kMtpInput)], 0);
+  EXPECT_EQ(recording.begins_[size_t(Component::kCollective)], 0);  // one rank: no all-reduce
   // Ops land where they belong.
   auto& by = recording.ops_by_component_;
   EXPECT_GT(by["indexer"]["indexer_select"], 0);
