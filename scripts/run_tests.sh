@@ -18,7 +18,7 @@ ctest --preset cpu-release --no-tests=error -j"$jobs"
 cmake --preset cpu-asan >/dev/null
 asan_targets=(test_core test_json)
 asan_targets+=(fuzz_safetensors_header fuzz_shard_index fuzz_config_json fuzz_json_strict fuzz_tokenizer_json fuzz_bpe_roundtrip fuzz_stream_decoder fuzz_output_parser)
-for t in test_model test_tokenizer; do
+for t in test_model test_tokenizer test_server_protocol; do
   if grep -q "^$t:" <(ninja -C build/cpu-asan -t targets all 2>/dev/null); then asan_targets+=("$t"); fi
 done
 cmake --build --preset cpu-asan -j"$jobs" --target "${asan_targets[@]}"

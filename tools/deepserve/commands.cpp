@@ -10,6 +10,7 @@ void register_inspect(CLI::App& app, CommandFn* run);
 void register_make_checkpoint(CLI::App& app, CommandFn* run);
 void register_profile(CLI::App& app, CommandFn* run);
 void register_roofline(CLI::App& app, CommandFn* run);
+void register_serve(CLI::App& app, CommandFn* run);
 void register_tokenize(CLI::App& app, CommandFn* run);
 
 void register_all(CLI::App& app, CommandFn* run) {
@@ -19,6 +20,7 @@ void register_all(CLI::App& app, CommandFn* run) {
   register_make_checkpoint(app, run);
   register_profile(app, run);
   register_roofline(app, run);
+  register_serve(app, run);
   register_tokenize(app, run);
 }
 

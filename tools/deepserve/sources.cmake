@@ -9,3 +9,5 @@ list(APPEND DS_CLI_DEPS ds_kernels_cpu ds_scheduler)
 list(APPEND DS_CLI_SOURCES ${CMAKE_CURRENT_LIST_DIR}/cmd_roofline.cpp)
 list(APPEND DS_CLI_SOURCES ${CMAKE_CURRENT_LIST_DIR}/cmd_profile.cpp)
 include(${CMAKE_CURRENT_LIST_DIR}/bench/bench.cmake)  # ds_bench + cmd_bench.cpp
+list(APPEND DS_CLI_SOURCES ${CMAKE_CURRENT_LIST_DIR}/cmd_serve.cpp)
+list(APPEND DS_CLI_DEPS ds_server ds_engine)
