@@ -49,24 +49,6 @@
 
 namespace deepserve {
 
-const char* finish_reason_name(FinishReason r) {
-  switch (r) {
-    case FinishReason::kNone:
-      return "";
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kToolCalls:
-      return "tool_calls";
-    case FinishReason::kAbort:
-      return "abort";
-    case FinishReason::kError:
-      return "error";
-  }
-  return "";
-}
-
 namespace {
 
 using Clock = std::chrono::steady_clock;

@@ -696,21 +696,7 @@ void GenerationResult::add(const RequestEvent& event) {
 }
 
 const char* finish_reason_text(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kToolCalls:
-      return "tool_calls";
-    case FinishReason::kAbort:
-      return "abort";
-    case FinishReason::kError:
-      return "error";
-    case FinishReason::kNone:
-      break;
-  }
-  return nullptr;
+  return reason == FinishReason::kNone ? nullptr : finish_reason_name(reason);
 }
 
 namespace {
