@@ -37,8 +37,7 @@ class CpuCommunicator {
   void all_reduce_sum(int rank, float* x, int64_t n) {
     ptrs_[size_t(rank)] = x;
     barrier_.arrive_and_wait();  // every rank's input is posted
-    std::vector<float> sum(x, x + n);
-    sum.assign(ptrs_[0], ptrs_[0] + n);
+    std::vector<float> sum(ptrs_[0], ptrs_[0] + n);
     for (int r = 1; r < world_; ++r) {
       for (int64_t i = 0; i < n; ++i) sum[size_t(i)] += ptrs_[size_t(r)][i];
     }

@@ -2,7 +2,6 @@
 #include "model/deepseek_v4/sharding.h"
 
 #include <cstring>
-#include <functional>
 #include <regex>
 #include <vector>
 
