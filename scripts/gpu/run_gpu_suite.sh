@@ -45,14 +45,16 @@ step build cmake --build --preset cuda-kernels -j"$(nproc)" --target ds_cuda_all
 
 bin=build/cuda-kernels
 failed=0
-for t in test_kernels_cuda test_gemm_cuda test_ops_cuda test_sparse_mla_cuda; do
+for t in test_kernels_cuda test_gemm_cuda test_ops_cuda test_sparse_mla_cuda \
+         test_elementwise_cuda test_indexer_cuda test_moe_cuda; do
   exe=$(find "$bin/tests" -name "$t" -type f | head -1)
   [ -n "$exe" ] || { summary+=("$t: not built"); failed=1; continue; }
   step "$t" "$exe" || failed=1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$out/$t.log" | sed "s/^/    $t: /" | head -5
 done
 if [ $sanitize -eq 1 ]; then
-  for t in test_kernels_cuda test_ops_cuda test_sparse_mla_cuda test_gemm_cuda; do
+  for t in test_kernels_cuda test_ops_cuda test_sparse_mla_cuda test_gemm_cuda \
+           test_elementwise_cuda; do
     exe=$(find "$bin/tests" -name "$t" -type f | head -1)
     [ -n "$exe" ] && step "memcheck_$t" compute-sanitizer --tool memcheck --error-exitcode 1 \
       "$exe" --gtest_filter='*Tiny*:*tiny*:*Small*' || failed=1
@@ -60,7 +62,7 @@ if [ $sanitize -eq 1 ]; then
 fi
 if [ $bench -eq 1 ]; then
   for b in bench_quant_fp8:quant_fp8 bench_gemm_fp8:gemm_fp8 bench_ops:ops \
-           bench_sparse_mla:sparse_mla_decode; do
+           bench_sparse_mla:sparse_mla_decode bench_indexer:indexer bench_moe:moe; do
     exe=$(find "$bin/bench" -name "${b%%:*}" -type f | head -1)
     [ -n "$exe" ] && step "${b%%:*}" "$exe" "$out/${b##*:}.json"
   done

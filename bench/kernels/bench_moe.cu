@@ -1,0 +1,315 @@
+// MoE forward benchmark (kernels/cuda/moe, issue #8) at the DeepSeek-V4-Flash shape: D 4096,
+// 256 routed experts (MXFP4 or NVFP4), top-6, inter 2048, one FP8-block shared expert. Weights are
+// random codes with sane scales (3.4 GB of routed experts: far beyond L2, so every step streams
+// from HBM). Per token count T:
+//   - decode sizes (T <= 64, CUDA graph): the bytes of the distinct experts touched (counted from
+//     the routing of this very input) plus the shared expert and the gate, against the measured
+//     copy bandwidth: ratio = time / (bytes / copy_bw); the issue's target is expert bytes moving
+//     at >= 70% of the copy bandwidth;
+//   - prefill sizes (T >= 512): 2 * 3 * D * inter * (T * topk + T) FLOPs against the measured
+//     peak of the MMA used (bf16 mma.sync m16n8k16, fp32 accumulate, measured here);
+// Routing is the model's learned routing on random logits (roughly uniform). Correctness is
+// covered by tests/kernels/test_moe_cuda.cu; the benchmark checks the output is finite.
+//
+//   bench_moe [OUT_JSON]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/bench_util.h"
+#include "kernels/cpu/moe.h"
+#include "kernels/cuda/moe/moe.h"
+
+namespace ds {
+namespace {
+
+constexpr int64_t kDim = 4096, kInter = 2048, kExperts = 256, kTopk = 6;
+
+__device__ __forceinline__ uint32_t hash32(uint64_t i, uint32_t seed) {
+  uint64_t z = i * 0x9E3779B97F4A7C15ull + seed * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 31)) * 0x94D049BB133111EBull;
+  return uint32_t(z >> 32);
+}
+
+// mode 0: random bytes; 1: bytes in [lo, lo + span); 2: e4m3 codes without NaN;
+__global__ void fill_bytes(uint8_t* p, int64_t n, uint32_t seed, int mode, int lo, int span) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const uint32_t h = hash32(uint64_t(i), seed);
+    uint8_t v = uint8_t(h);
+    if (mode == 1) v = uint8_t(lo + int(h % uint32_t(span)));
+    if (mode == 2) v = uint8_t(h & 0xB7);  // |code| <= 0x37: no NaN, moderate magnitudes
+    p[i] = v;
+  }
+}
+
+__global__ void fill_floats(float* p, int64_t n, uint32_t seed, float scale) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    p[i] = (float(hash32(uint64_t(i), seed) >> 8) / float(1 << 24) * 2.0f - 1.0f) * scale;
+  }
+}
+
+// Peak of bf16 mma.sync m16n8k16 (the MMA the MoE kernels use): 8 independent accumulators per
+// warp, operands in registers.
+__global__ void mma_peak_kernel(int iters, float* sink) {
+  uint32_t a[4] = {threadIdx.x, threadIdx.x * 3u, threadIdx.x * 5u, threadIdx.x * 7u};
+  for (int i = 0; i < 4; ++i) a[i] = (a[i] & 0x00FF00FFu) | 0x3C003C00u;
+  uint32_t b0 = a[0] ^ 0x00010001u, b1 = a[1] ^ 0x00010001u;
+  float d[8][4] = {};
+  for (int it = 0; it < iters; ++it) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+          "{%8,%9}, {%0,%1,%2,%3};"
+          : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+  }
+  float s = 0;
+  for (int j = 0; j < 8; ++j) s += d[j][0] + d[j][1] + d[j][2] + d[j][3];
+  if (s == 12345.0f) *sink = s;
+}
+
+double measure_mma_tflops(cudaStream_t stream, int sms) {
+  float* sink;
+  DS_BENCH_CHECK(cudaMalloc(&sink, 4));
+  const int iters = 4096, blocks = sms * 4, threads = 256;
+  const double us = bench::time_us(
+      [&](cudaStream_t s) { mma_peak_kernel<<<blocks, threads, 0, s>>>(iters, sink); }, stream,
+      10, 2);
+  DS_BENCH_CHECK(cudaFree(sink));
+  const double flops = double(blocks) * (threads / 32) * iters * 8 * (2.0 * 16 * 8 * 16);
+  return flops / (us * 1e-6) / 1e12;
+}
+
+struct Matrices {
+  uint8_t* data = nullptr;   // [E][rows][bytes per row]
+  uint8_t* scale = nullptr;  // [E][scale bytes]
+  int64_t data_bytes = 0, scale_bytes = 0;  // per expert
+};
+
+Matrices make_fp4(cpu::WeightFormat f, int64_t rows, int64_t cols, int64_t count, uint32_t seed) {
+  Matrices m;
+  m.data_bytes = rows * cols / 2;
+  m.scale_bytes = rows * cols / (f == cpu::WeightFormat::kMxfp4 ? 32 : 16);
+  DS_BENCH_CHECK(cudaMalloc(&m.data, size_t(m.data_bytes * count)));
+  DS_BENCH_CHECK(cudaMalloc(&m.scale, size_t(m.scale_bytes * count)));
+  fill_bytes<<<4096, 256>>>(m.data, m.data_bytes * count, seed, 0, 0, 0);
+  if (f == cpu::WeightFormat::kMxfp4) {
+    fill_bytes<<<4096, 256>>>(m.scale, m.scale_bytes * count, seed + 1, 1, 118, 4);  // ~2^-8
+  } else {
+    fill_bytes<<<4096, 256>>>(m.scale, m.scale_bytes * count, seed + 1, 1, 0x30, 8);  // e4m3 ~1
+  }
+  DS_BENCH_CHECK(cudaGetLastError());
+  return m;
+}
+
+}  // namespace
+}  // namespace ds
+
+int main(int argc, char** argv) {
+  using namespace ds;
+  const std::string out = argc > 1 ? argv[1] : "bench/results/moe.json";
+  cudaStream_t stream;
+  DS_BENCH_CHECK(cudaStreamCreate(&stream));
+  bench::DeviceInfo dev = bench::device_info();
+  const double copy_gbps = bench::measure_copy_bandwidth_gbps(stream);
+  const double mma_tflops = measure_mma_tflops(stream, dev.sm_count);
+  std::printf("ceilings: copy %.0f GB/s, bf16 mma.sync %.0f TFLOP/s\n", copy_gbps, mma_tflops);
+  std::vector<bench::Record> records;
+  {
+    bench::Record r;
+    r.kernel = "ceiling_mma_sync_bf16";
+    r.shape = "m16n8k16 f32 acc, registers only";
+    r.mode = "eager";
+    r.achieved_tflops = mma_tflops;
+    r.error_metric = "none";
+    records.push_back(r);
+  }
+
+  // Shared expert (FP8 128x128 blocks), gate (fp32), inputs.
+  uint8_t *s_data[3], *s_scale[3];
+  for (int i = 0; i < 3; ++i) {
+    const int64_t rows = i == 2 ? kDim : kInter, cols = i == 2 ? kInter : kDim;
+    DS_BENCH_CHECK(cudaMalloc(&s_data[i], size_t(rows * cols)));
+    DS_BENCH_CHECK(cudaMalloc(&s_scale[i], size_t(rows * cols / (128 * 128))));
+    fill_bytes<<<4096, 256>>>(s_data[i], rows * cols, 50 + i, 2, 0, 0);
+    fill_bytes<<<64, 256>>>(s_scale[i], rows * cols / (128 * 128), 60 + i, 1, 118, 4);
+  }
+  const int64_t shared_bytes = 3 * kDim * kInter + 3 * kDim * kInter / (128 * 128);
+  float *gate, *bias;
+  DS_BENCH_CHECK(cudaMalloc(&gate, size_t(kExperts * kDim) * 4));
+  DS_BENCH_CHECK(cudaMalloc(&bias, size_t(kExperts) * 4));
+  fill_floats<<<1024, 256>>>(gate, kExperts * kDim, 70, 0.03f);
+  fill_floats<<<1, 256>>>(bias, kExperts, 71, 0.01f);
+  const int64_t max_t = 4096;
+  float *x, *y;
+  DS_BENCH_CHECK(cudaMalloc(&x, size_t(max_t * kDim) * 4));
+  DS_BENCH_CHECK(cudaMalloc(&y, size_t(max_t * kDim) * 4));
+  fill_floats<<<4096, 256>>>(x, max_t * kDim, 72, 1.0f);
+  DS_BENCH_CHECK(cudaDeviceSynchronize());
+
+  for (cpu::WeightFormat fmt : {cpu::WeightFormat::kMxfp4, cpu::WeightFormat::kNvfp4}) {
+    const char* fname = fmt == cpu::WeightFormat::kMxfp4 ? "mxfp4" : "nvfp4";
+    Matrices w1 = make_fp4(fmt, kInter, kDim, kExperts, 1);
+    Matrices w3 = make_fp4(fmt, kInter, kDim, kExperts, 3);
+    Matrices w2 = make_fp4(fmt, kDim, kInter, kExperts, 5);
+    const int64_t expert_bytes =
+        w1.data_bytes + w1.scale_bytes + w3.data_bytes + w3.scale_bytes + w2.data_bytes +
+        w2.scale_bytes;
+    std::vector<cpu::ExpertWeights> experts(kExperts);
+    const float gs = fmt == cpu::WeightFormat::kNvfp4 ? 0.01f : 1.0f;
+    for (int64_t e = 0; e < kExperts; ++e) {
+      experts[size_t(e)].w1 = {fmt, kInter, kDim, w1.data + e * w1.data_bytes,
+                               w1.scale + e * w1.scale_bytes, gs};
+      experts[size_t(e)].w3 = {fmt, kInter, kDim, w3.data + e * w3.data_bytes,
+                               w3.scale + e * w3.scale_bytes, gs};
+      experts[size_t(e)].w2 = {fmt, kDim, kInter, w2.data + e * w2.data_bytes,
+                               w2.scale + e * w2.scale_bytes, gs};
+    }
+    cpu::MoeParams p;
+    p.router_config = {kExperts, kTopk, 1.5f, 0.0f};
+    p.router.gate = {cpu::WeightFormat::kF32, kExperts, kDim, gate, nullptr, 1.0f};
+    p.router.bias = bias;
+    p.experts = experts.data();
+    p.shared.w1 = {cpu::WeightFormat::kFp8Block, kInter, kDim, s_data[0], s_scale[0], 1.0f};
+    p.shared.w3 = {cpu::WeightFormat::kFp8Block, kInter, kDim, s_data[1], s_scale[1], 1.0f};
+    p.shared.w2 = {cpu::WeightFormat::kFp8Block, kDim, kInter, s_data[2], s_scale[2], 1.0f};
+    auto layer = cuda::MoeDeviceLayer::create(p);
+    if (!layer.ok()) {
+      std::fprintf(stderr, "create: %s\n", layer.status().message().c_str());
+      return 1;
+    }
+    void* ws;
+    DS_BENCH_CHECK(cudaMalloc(&ws, cuda::MoeRunner::workspace_bytes(max_t, *layer)));
+    const std::vector<int64_t> sizes =
+        fmt == cpu::WeightFormat::kMxfp4
+            ? std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 512, 1024, 4096}
+            : std::vector<int64_t>{1, 16, 64, 4096};
+    // (T, tuning) cases: the heuristic for every size, plus a sweep of the GEMM variants.
+    struct BenchCase {
+      int64_t T;
+      cuda::MoeTuning tuning;
+    };
+    std::vector<BenchCase> cases;
+    for (int64_t T : sizes) cases.push_back({T, {}});
+    if (fmt == cpu::WeightFormat::kMxfp4) {
+      for (int64_t T : {1, 64}) {
+        for (auto v : {cuda::MoeTuning{8, 1}, cuda::MoeTuning{8, 2}, cuda::MoeTuning{8, 4},
+                       cuda::MoeTuning{16, 2}})
+          cases.push_back({T, v});
+      }
+      for (auto v : {cuda::MoeTuning{32, 1}, cuda::MoeTuning{64, 1}}) cases.push_back({4096, v});
+    }
+    for (const BenchCase& bc : cases) {
+      const int64_t T = bc.T;
+      auto fwd = [&](cudaStream_t s) {
+        Status st = cuda::MoeRunner::forward(*layer, x, nullptr, T, y, ws, s, bc.tuning);
+        if (!st.ok()) {
+          std::fprintf(stderr, "forward: %s\n", st.message().c_str());
+          std::exit(1);
+        }
+      };
+      // Distinct experts touched by this input (the routing is deterministic).
+      int32_t* ex;
+      float* wt;
+      DS_BENCH_CHECK(cudaMalloc(&ex, size_t(T * kTopk) * 4));
+      DS_BENCH_CHECK(cudaMalloc(&wt, size_t(T * kTopk) * 4));
+      Status st = cuda::MoeRunner::route(*layer, x, nullptr, T, ex, wt, ws, stream);
+      if (!st.ok()) return 1;
+      std::vector<int32_t> hex(size_t(T * kTopk));
+      DS_BENCH_CHECK(cudaMemcpy(hex.data(), ex, hex.size() * 4, cudaMemcpyDeviceToHost));
+      DS_BENCH_CHECK(cudaFree(ex));
+      DS_BENCH_CHECK(cudaFree(wt));
+      const int64_t distinct = int64_t(std::set<int32_t>(hex.begin(), hex.end()).size());
+
+      const bool graph = T <= 64;
+      const double eager_us = bench::time_us(fwd, stream, 20, 3, false);
+      const double us = graph ? bench::time_us(fwd, stream, 50, 5, true) : eager_us;
+      std::vector<float> hy(size_t(T * kDim));
+      DS_BENCH_CHECK(cudaMemcpy(hy.data(), y, hy.size() * 4, cudaMemcpyDeviceToHost));
+      int64_t nonfinite = 0;
+      for (float v : hy) nonfinite += std::isfinite(v) ? 0 : 1;
+
+      const double routed_bytes = double(distinct) * double(expert_bytes);
+      const double bytes = routed_bytes + double(shared_bytes) + double(kExperts * kDim * 4) +
+                           double(T * kDim * 8);
+      const double flops = 2.0 * 3.0 * double(kDim) * double(kInter) * double(T * kTopk + T);
+      bench::Record r;
+      r.kernel = std::string("moe_forward_") + fname;
+      if (bc.tuning.tile_tokens > 0) {
+        r.kernel += "_bt" + std::to_string(bc.tuning.tile_tokens) + "_ks" +
+                    std::to_string(bc.tuning.k_split);
+      }
+      char shape[160];
+      std::snprintf(shape, sizeof shape,
+                    "T=%lld D=4096 E=256 k=6 inter=2048 distinct=%lld expert=%.2fMB +shared fp8",
+                    (long long)T, (long long)distinct, double(expert_bytes) / 1e6);
+      r.shape = shape;
+      r.mode = graph ? "graph" : "eager";
+      r.time_us = us;
+      r.bytes = bytes;
+      r.flops = flops;
+      r.achieved_gbps = bytes / (us * 1e-6) / 1e9;
+      r.achieved_tflops = flops / (us * 1e-6) / 1e12;
+      if (T <= 128) {
+        r.floor_us = bytes / (copy_gbps * 1e9) * 1e6;
+      } else {
+        r.floor_us = std::max(flops / (mma_tflops * 1e12), bytes / (copy_gbps * 1e9)) * 1e6;
+      }
+      r.ratio = us / r.floor_us;
+      r.max_error = double(nonfinite);
+      r.error_metric = "non-finite outputs (correctness: test_moe_cuda)";
+      records.push_back(r);
+      std::printf("%s bt%d ks%d T=%-5lld distinct=%-3lld eager %9.1f us  %s %9.1f us  %7.0f GB/s "
+                  "(expert bytes %.0f GB/s = %.0f%% of copy)  %6.1f TFLOP/s (%.0f%% of mma)\n",
+                  fname, bc.tuning.tile_tokens, bc.tuning.k_split, (long long)T,
+                  (long long)distinct, eager_us, graph ? "graph" : "     ",
+                  us, r.achieved_gbps, routed_bytes / (us * 1e-6) / 1e9,
+                  100.0 * routed_bytes / (us * 1e-6) / 1e9 / copy_gbps, r.achieved_tflops,
+                  100.0 * r.achieved_tflops / mma_tflops);
+    }
+    if (fmt == cpu::WeightFormat::kMxfp4) {
+      // The routing alone (gate logits + top-k), the part every step pays before the experts.
+      for (int64_t T : {1, 64, 4096}) {
+        int32_t* ex;
+        float* wt;
+        DS_BENCH_CHECK(cudaMalloc(&ex, size_t(T * kTopk) * 4));
+        DS_BENCH_CHECK(cudaMalloc(&wt, size_t(T * kTopk) * 4));
+        const double us = bench::time_us(
+            [&](cudaStream_t s) {
+              if (!cuda::MoeRunner::route(*layer, x, nullptr, T, ex, wt, ws, s).ok()) std::exit(1);
+            },
+            stream, 50, 5, T <= 64);
+        bench::Record r;
+        r.kernel = "moe_route";
+        r.shape = "T=" + std::to_string(T) + " gate fp32 [256, 4096]";
+        r.mode = T <= 64 ? "graph" : "eager";
+        r.time_us = us;
+        r.bytes = double(kExperts * kDim * 4) + double(T * kDim * 4);
+        r.floor_us = r.bytes / (copy_gbps * 1e9) * 1e6;
+        r.ratio = us / r.floor_us;
+        r.achieved_gbps = r.bytes / (us * 1e-6) / 1e9;
+        r.error_metric = "none";
+        records.push_back(r);
+        std::printf("route T=%-5lld %8.1f us\n", (long long)T, us);
+        DS_BENCH_CHECK(cudaFree(ex));
+        DS_BENCH_CHECK(cudaFree(wt));
+      }
+    }
+    DS_BENCH_CHECK(cudaFree(ws));
+    for (Matrices* m : {&w1, &w3, &w2}) {
+      DS_BENCH_CHECK(cudaFree(m->data));
+      DS_BENCH_CHECK(cudaFree(m->scale));
+    }
+  }
+  bench::write_results(out, "moe", dev, copy_gbps, records);
+  return 0;
+}

@@ -1,0 +1,604 @@
+// Lightning indexer kernels (see indexer.h and NOTES.md).
+//
+// Score kernel, CTA (split x, query q), 8 warps:
+//   0. quantizes q's heads to e4m3 (one power-of-two scale per head, folded into the weights:
+//      ReLU(s x) = s ReLU(x) for s > 0) into shared memory; every warp keeps the B fragments of all
+//      heads (64 heads x 128 dims = 64 registers) for the whole kernel;
+//   1. per tile of 16 keys, each thread loads 2 x 16 bytes of 2 key rows straight from the paged
+//      pool (the next tile is loaded while the current one is multiplied), 4 k-steps x heads/8
+//      mma.sync m16n8k32 e4m3 give the 16 x heads dot products, ReLU and the weights are applied in
+//      registers and two shuffles finish the sum over heads: score = key scale * sum;
+//   2. every 2048 keys the CTA merges the chunk's scores into its running top-k in shared memory
+//      (radix select on the order-preserving uint32 image of the score, ordered compaction so the
+//      list stays in ascending index order and ties keep the lower index);
+//   3. one split: the top-k goes to the output; several: to the workspace, and the merge kernel
+//      (one CTA per query) selects the final top-k from the splits' lists with the same select.
+// The dimension order inside the MMA k-steps is a permutation of the 128 dims (the same for q and
+// keys), chosen so each thread's key bytes are two contiguous 16-byte loads per row.
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/dtype.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/indexer/indexer.h"
+
+namespace ds::cuda {
+namespace {
+
+constexpr int kThreads = 256;  // score kernel
+constexpr int kWarps = kThreads / 32;
+constexpr int kTile = 16;       // keys per MMA tile
+constexpr int kChunk = 2048;    // keys scored between two selections
+constexpr int kMergeThreads = 512;
+constexpr float kE4M3MaxF = 448.0f;
+constexpr float kAmaxFloor = 1e-4f;  // as cpu::quantize_fp8_blocks
+
+// ---- shared helpers ------------------------------------------------------------------------------
+__host__ __device__ inline int active_splits(int max_splits, int min_keys, int visible) {
+  const int s = visible / min_keys;
+  return s < 1 ? 1 : (s < max_splits ? s : max_splits);
+}
+
+// 2^ceil(log2(v)) for positive normal v as an e8m0 code (the exponent field, plus one when any
+// mantissa bit is set); the same rule as ds::e8m0_ceil_pow2 on v >= 1e-4 / 448.
+__device__ __forceinline__ uint32_t e8m0_ceil_pow2_code(float v) {
+  const uint32_t u = __float_as_uint(v);
+  return ((u >> 23) & 0xFFu) + ((u & 0x7FFFFFu) ? 1u : 0u);
+}
+
+// The FP8 scale of a block with absolute maximum `amax` and its exact reciprocal.
+__device__ __forceinline__ float fp8_scale(float amax, float& inv) {
+  const uint32_t code = e8m0_ceil_pow2_code(fmaxf(amax, kAmaxFloor) / kE4M3MaxF);
+  inv = __uint_as_float((254u - code) << 23);
+  return __uint_as_float(code << 23);
+}
+
+__device__ __forceinline__ uint32_t to_e4m3(float x) {
+  if (!isnan(x)) x = fminf(fmaxf(x, -kE4M3MaxF), kE4M3MaxF);
+  return uint32_t(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)) & 0xFFu;
+}
+
+// Order-preserving image of a score: a larger float gives a larger uint32 (-0 counted as +0).
+__device__ __forceinline__ uint32_t order_key(float s) {
+  const uint32_t u = __float_as_uint(s + 0.0f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// D = A(16x32 e4m3, row) * B(32x8 e4m3, col) + C, fp32 (sm_89+).
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// ---- block-wide radix select ---------------------------------------------------------------------
+struct SelectShared {
+  uint32_t hist[256];
+  uint32_t digit;
+  uint32_t remaining;
+  unsigned long long warp_sums[32];
+};
+
+// Exclusive prefix sum over the block (kNT threads) of a 64-bit value; `total` = the block sum.
+template <int kNT>
+__device__ uint64_t block_exclusive_scan(uint64_t v, SelectShared& sh, uint64_t& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  uint64_t x = v;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const uint64_t y = __shfl_up_sync(0xFFFFFFFFu, x, off);
+    if (lane >= off) x += y;
+  }
+  if (lane == 31) sh.warp_sums[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    uint64_t w = lane < kNT / 32 ? sh.warp_sums[lane] : 0;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const uint64_t y = __shfl_up_sync(0xFFFFFFFFu, w, off);
+      if (lane >= off) w += y;
+    }
+    if (lane < kNT / 32) sh.warp_sums[lane] = w;
+  }
+  __syncthreads();
+  const uint64_t before = warp > 0 ? sh.warp_sums[warp - 1] : 0;
+  total = sh.warp_sums[kNT / 32 - 1];
+  __syncthreads();  // warp_sums reusable
+  return before + x - v;
+}
+
+// The k-th largest key of key_at(0 .. n-1) (1 <= k <= n): thr, and how many elements equal to thr
+// belong to the top k (`ties`, >= 1). Four 8-bit digit passes; all threads of the block call it.
+template <int kNT, class KeyAt>
+__device__ void radix_threshold(const KeyAt& key_at, int n, int k, SelectShared& sh, uint32_t& thr,
+                                uint32_t& ties) {
+  uint32_t prefix = 0, mask = 0, remaining = uint32_t(k);
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += kNT) sh.hist[i] = 0;
+    __syncthreads();
+    // Warp-aggregated: one shared atomic per distinct digit of a warp (scores often share their
+    // leading bytes, and same-address atomics serialize).
+    const int lane = threadIdx.x & 31;
+    for (int i0 = 0; i0 < n; i0 += kNT) {
+      const int i = i0 + int(threadIdx.x);
+      bool live = i < n;
+      uint32_t d = 256u + uint32_t(lane);  // distinct dummy digit for idle lanes
+      if (live) {
+        const uint32_t u = key_at(i);
+        live = (u & mask) == prefix;
+        if (live) d = (u >> shift) & 0xFFu;
+      }
+      const uint32_t peers = __match_any_sync(0xFFFFFFFFu, d);
+      if (live && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[d], uint32_t(__popc(peers)));
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      const int lane = threadIdx.x;
+      uint32_t c[8], s = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        c[j] = sh.hist[lane * 8 + j];
+        s += c[j];
+      }
+      uint32_t suf = s;  // inclusive sum of this lane's and all higher lanes' bins
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const uint32_t y = __shfl_down_sync(0xFFFFFFFFu, suf, off);
+        if (lane + off < 32) suf += y;
+      }
+      const uint32_t above = suf - s;
+      if (above < remaining && remaining <= suf) {  // exactly one lane
+        uint32_t acc = above;
+#pragma unroll
+        for (int j = 7; j >= 0; --j) {
+          if (acc + c[j] >= remaining) {
+            sh.digit = uint32_t(lane * 8 + j);
+            sh.remaining = remaining - acc;
+            break;
+          }
+          acc += c[j];
+        }
+      }
+    }
+    __syncthreads();
+    prefix |= sh.digit << shift;
+    mask |= 0xFFu << shift;
+    remaining = sh.remaining;
+  }
+  thr = prefix;
+  ties = remaining;
+}
+
+// Calls emit(i, pos) for the top-k elements (all keys > thr, then the first `ties` keys == thr in
+// index order) with pos = their rank in index order among the selected (0 .. k-1).
+template <int kNT, class KeyAt, class Emit>
+__device__ void ordered_emit(const KeyAt& key_at, int n, uint32_t thr, uint32_t ties,
+                             SelectShared& sh, const Emit& emit) {
+  const int per = (n + kNT - 1) / kNT;
+  const int b = min(n, int(threadIdx.x) * per), e = min(n, b + per);
+  uint32_t gt = 0, eq = 0;
+  for (int i = b; i < e; ++i) {
+    const uint32_t u = key_at(i);
+    gt += u > thr;
+    eq += u == thr;
+  }
+  uint64_t total;
+  const uint64_t before = block_exclusive_scan<kNT>((uint64_t(eq) << 32) | gt, sh, total);
+  uint32_t gt_before = uint32_t(before), eq_before = uint32_t(before >> 32);
+  for (int i = b; i < e; ++i) {
+    const uint32_t u = key_at(i);
+    if (u > thr) {
+      emit(i, gt_before + min(eq_before, ties));
+      ++gt_before;
+    } else if (u == thr) {
+      if (eq_before < ties) emit(i, gt_before + eq_before);
+      ++eq_before;
+    }
+  }
+}
+
+// ---- pack kernel ---------------------------------------------------------------------------------
+__global__ void __launch_bounds__(256) pack_index_keys_kernel(const PackIndexKeysParams p) {
+  const int64_t row = int64_t(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= p.num_rows) return;  // warp-uniform
+  const int32_t idx = p.index[row];
+  if (idx < 0) return;
+  const float4 x = *reinterpret_cast<const float4*>(p.keys + row * kIndexHeadDim + lane * 4);
+  float amax = fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w)));
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  float inv;
+  const float scale = fp8_scale(amax, inv);
+  const uint32_t packed = to_e4m3(x.x * inv) | (to_e4m3(x.y * inv) << 8) |
+                          (to_e4m3(x.z * inv) << 16) | (to_e4m3(x.w * inv) << 24);
+  const IndexKeySource& d = p.dst;
+  const int32_t page = d.page_table[int64_t(p.seq[row]) * d.page_table_stride + idx / d.page_size];
+  const int slot = idx % d.page_size;
+  uint8_t* base = d.pool + int64_t(page) * d.page_bytes;
+  *reinterpret_cast<uint32_t*>(base + int64_t(slot) * kIndexKeyDataBytes + lane * 4) = packed;
+  if (lane == 0)
+    *reinterpret_cast<float*>(base + int64_t(d.page_size) * kIndexKeyDataBytes +
+                              int64_t(slot) * kIndexKeyScaleBytes) = scale;
+}
+
+// ---- score + select kernel -----------------------------------------------------------------------
+// Shared memory: per-warp rings of key tiles [warp][stage] (the q e4m3 [64][128] and scaled
+// weights [64] of the prologue alias the rings) | SelectShared | chunk keys [kChunk] | candidate
+// keys [2][topk] | candidate indices [2][topk].
+// A ring stage holds one 16-key tile as its warp's threads load it: uint4 data[4][32] (each
+// thread's 2 x 32 bytes of rows g and g+8) and float scale[2][32]; every thread reads back only
+// the slots it wrote itself, so the ring needs no barrier, only cp.async.wait_group.
+constexpr int kStages = 4;  // tiles per warp in flight: kStages - 1
+constexpr int kStageBytes = 4 * 32 * 16 + 2 * 32 * 4;
+constexpr int kOffW = kIndexerMaxHeads * kIndexHeadDim;
+constexpr int kRingBytes = kWarps * kStages * kStageBytes;
+static_assert(kOffW + kIndexerMaxHeads * 4 <= kRingBytes, "prologue aliases the rings");
+constexpr int kOffSel = kRingBytes;
+constexpr int kOffChunk = kOffSel + int((sizeof(SelectShared) + 15) / 16 * 16);
+constexpr int kOffCand = kOffChunk + kChunk * 4;
+constexpr size_t score_smem_bytes(int topk) { return size_t(kOffCand) + size_t(topk) * 16; }
+static_assert(score_smem_bytes(kIndexerMaxTopk) <= 99 * 1024, "portable: <= 99 KB shared memory");
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return uint32_t(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+template <int kNT>
+__global__ void __launch_bounds__(kThreads) indexer_score_kernel(const IndexerSelectParams p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* q8 = smem;
+  float* wq = reinterpret_cast<float*>(smem + kOffW);
+  SelectShared& sh = *reinterpret_cast<SelectShared*>(smem + kOffSel);
+  uint32_t* chunk_key = reinterpret_cast<uint32_t*>(smem + kOffChunk);
+  const int k = p.topk;
+  uint32_t* cand_key[2] = {reinterpret_cast<uint32_t*>(smem + kOffCand),
+                           reinterpret_cast<uint32_t*>(smem + kOffCand) + k};
+  int32_t* cand_idx[2] = {reinterpret_cast<int32_t*>(cand_key[1] + k),
+                          reinterpret_cast<int32_t*>(cand_key[1] + k) + k};
+
+  const int split = blockIdx.x;
+  const int q = blockIdx.y;
+  const int tid = threadIdx.x;
+  const int v = p.visible[q];
+  int32_t* sel = p.selected + int64_t(q) * k;
+  if (v <= k) {  // everything visible is selected; no scoring
+    if (split == 0) {
+      for (int i = tid; i < k; i += kThreads) sel[i] = i < v ? i : -1;
+      if (tid == 0 && p.count) p.count[q] = max(v, 0);
+    }
+    return;
+  }
+  const int splits = active_splits(p.plan.max_splits, p.plan.min_keys, v);
+  if (split >= splits) return;
+  const int begin = int(int64_t(v) * split / splits);
+  const int end = int(int64_t(v) * (split + 1) / splits);
+
+  // ---- q -> e4m3 per head (4 threads x 32 dims per head), weights * q scale ----
+  {
+    const int h = tid >> 2, part = tid & 3;
+    float x[32];
+    float amax = 0.0f;
+    const bool live = h < p.num_heads;
+    const float* src = p.q + (int64_t(q) * p.num_heads + h) * kIndexHeadDim + part * 32;
+#pragma unroll
+    for (int i = 0; i < 32; i += 4) {
+      const float4 f = live ? *reinterpret_cast<const float4*>(src + i) : make_float4(0, 0, 0, 0);
+      x[i] = f.x;
+      x[i + 1] = f.y;
+      x[i + 2] = f.z;
+      x[i + 3] = f.w;
+      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(f.x), fabsf(f.y)), fmaxf(fabsf(f.z), fabsf(f.w))));
+    }
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+    float inv;
+    const float scale = fp8_scale(amax, inv);
+    uint32_t* dst = reinterpret_cast<uint32_t*>(q8 + h * kIndexHeadDim + part * 32);
+#pragma unroll
+    for (int i = 0; i < 32; i += 4)
+      dst[i / 4] = to_e4m3(x[i] * inv) | (to_e4m3(x[i + 1] * inv) << 8) |
+                   (to_e4m3(x[i + 2] * inv) << 16) | (to_e4m3(x[i + 3] * inv) << 24);
+    if (part == 0) wq[h] = live ? p.weights[int64_t(q) * p.num_heads + h] * scale : 0.0f;
+  }
+  __syncthreads();
+
+  const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+  // B fragments (k-step s: b0 = dims c*16 + 4s .. +3, b1 = dims 64 + c*16 + 4s .. +3 of head
+  // nt*8 + g; the A fragments below use the same dims).
+  uint32_t bq[kNT][4][2];
+  float wreg[kNT][2];
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    const uint8_t* row = q8 + (nt * 8 + g) * kIndexHeadDim;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      bq[nt][s][0] = *reinterpret_cast<const uint32_t*>(row + c * 16 + 4 * s);
+      bq[nt][s][1] = *reinterpret_cast<const uint32_t*>(row + 64 + c * 16 + 4 * s);
+    }
+    wreg[nt][0] = wq[nt * 8 + 2 * c];
+    wreg[nt][1] = wq[nt * 8 + 2 * c + 1];
+  }
+  __syncthreads();  // q8 / wq are overwritten by the rings from here on
+  uint8_t* ring = smem + warp * kStages * kStageBytes;
+
+  const IndexKeySource& ks = p.keys;
+  const int32_t* table = ks.page_table + int64_t(p.query_seq[q]) * ks.page_table_stride;
+  const int64_t scale_off = int64_t(ks.page_size) * kIndexKeyDataBytes;
+  int cur = 0, cand_n = 0;
+  for (int c0 = begin; c0 < end; c0 += kChunk) {
+    const int m = min(kChunk, end - c0);
+    const int tiles = (m + kTile - 1) / kTile;
+    // Issues tile t of this warp into ring stage st (rows past m are zero-filled).
+    auto issue = [&](int t, int st) {
+      uint4* data = reinterpret_cast<uint4*>(ring + st * kStageBytes);
+      float* sc = reinterpret_cast<float*>(ring + st * kStageBytes + 4 * 32 * 16);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int j = t * kTile + g + 8 * hh;
+        if (j < m) {
+          const int e = c0 + j;
+          const int32_t page = __ldg(table + e / ks.page_size);
+          const int slot = e % ks.page_size;
+          const uint8_t* base = ks.pool + int64_t(page) * ks.page_bytes;
+          const uint4* src = reinterpret_cast<const uint4*>(base + int64_t(slot) * kIndexKeyDataBytes);
+          cp_async16(&data[(2 * hh) * 32 + lane], src + c);
+          cp_async16(&data[(2 * hh + 1) * 32 + lane], src + 4 + c);
+          cp_async4(&sc[hh * 32 + lane], reinterpret_cast<const float*>(base + scale_off) + slot);
+        } else {
+          data[(2 * hh) * 32 + lane] = make_uint4(0, 0, 0, 0);
+          data[(2 * hh + 1) * 32 + lane] = make_uint4(0, 0, 0, 0);
+          sc[hh * 32 + lane] = 0.0f;
+        }
+      }
+    };
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) {
+      const int t = warp + i * kWarps;
+      if (t < tiles) issue(t, i);
+      cp_async_commit();
+    }
+    for (int i = 0;; ++i) {
+      const int t = warp + i * kWarps;
+      if (t >= tiles) break;
+      {
+        const int ta = t + (kStages - 1) * kWarps;
+        if (ta < tiles) issue(ta, (i + kStages - 1) % kStages);
+        cp_async_commit();
+      }
+      cp_async_wait<kStages - 1>();
+      const uint8_t* stage = ring + (i % kStages) * kStageBytes;
+      uint4 dr[4];
+#pragma unroll
+      for (int part = 0; part < 4; ++part)
+        dr[part] = reinterpret_cast<const uint4*>(stage)[part * 32 + lane];
+      const float* scs = reinterpret_cast<const float*>(stage + 4 * 32 * 16);
+      const float sc0 = scs[lane], sc1 = scs[32 + lane];
+      float acc[kNT][4];
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+      const uint32_t* w0 = reinterpret_cast<const uint32_t*>(&dr[0]);  // row g, dims c*16..
+      const uint32_t* w1 = reinterpret_cast<const uint32_t*>(&dr[1]);  // row g, 64 + c*16..
+      const uint32_t* w2 = reinterpret_cast<const uint32_t*>(&dr[2]);  // row g+8, c*16..
+      const uint32_t* w3 = reinterpret_cast<const uint32_t*>(&dr[3]);  // row g+8, 64 + ..
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+          mma_e4m3(acc[nt], w0[s], w2[s], w1[s], w3[s], bq[nt][s][0], bq[nt][s][1]);
+      float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        s0 += wreg[nt][0] * fmaxf(acc[nt][0], 0.0f) + wreg[nt][1] * fmaxf(acc[nt][1], 0.0f);
+        s1 += wreg[nt][0] * fmaxf(acc[nt][2], 0.0f) + wreg[nt][1] * fmaxf(acc[nt][3], 0.0f);
+      }
+      s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, 1);
+      s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, 2);
+      s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 1);
+      s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 2);
+      const int j0 = t * kTile + g;
+      if (c == 0 && j0 < m) chunk_key[j0] = order_key(s0 * sc0);
+      if (c == 1 && j0 + 8 < m) chunk_key[j0 + 8] = order_key(s1 * sc1);
+    }
+    cp_async_wait<0>();  // no copy may land in the ring after this chunk
+    __syncthreads();
+
+    // ---- merge the chunk into the running top-k (ascending index order kept) ----
+    const int total = cand_n + m;
+    if (total <= k) {
+      for (int i = tid; i < m; i += kThreads) {
+        cand_key[cur][cand_n + i] = chunk_key[i];
+        cand_idx[cur][cand_n + i] = c0 + i;
+      }
+      cand_n = total;
+    } else {
+      const uint32_t* ck = cand_key[cur];
+      const int32_t* ci = cand_idx[cur];
+      uint32_t* ok = cand_key[cur ^ 1];
+      int32_t* oi = cand_idx[cur ^ 1];
+      const int n_old = cand_n;
+      auto key_at = [&](int i) { return i < n_old ? ck[i] : chunk_key[i - n_old]; };
+      uint32_t thr, ties;
+      radix_threshold<kThreads>(key_at, total, k, sh, thr, ties);
+      ordered_emit<kThreads>(key_at, total, thr, ties, sh, [&](int i, uint32_t pos) {
+        ok[pos] = key_at(i);
+        oi[pos] = i < n_old ? ci[i] : c0 + (i - n_old);
+      });
+      cur ^= 1;
+      cand_n = k;
+    }
+    __syncthreads();
+  }
+
+  // cand_n == k here: v > k, and with several splits every split has >= min_keys >= 2k keys.
+  if (splits == 1) {
+    for (int i = tid; i < k; i += kThreads) sel[i] = cand_idx[cur][i];
+    if (tid == 0 && p.count) p.count[q] = k;
+  } else {
+    const int64_t slot = (int64_t(q) * p.plan.max_splits + split) * k;
+    uint32_t* ws_key = static_cast<uint32_t*>(p.workspace);
+    int32_t* ws_idx = reinterpret_cast<int32_t*>(ws_key + int64_t(p.plan.num_queries) *
+                                                              p.plan.max_splits * k);
+    for (int i = tid; i < k; i += kThreads) {
+      ws_key[slot + i] = cand_key[cur][i];
+      ws_idx[slot + i] = cand_idx[cur][i];
+    }
+  }
+}
+
+// Final top-k over the splits' candidate lists (consecutive in the workspace, in index order).
+__global__ void __launch_bounds__(kMergeThreads) indexer_merge_kernel(const IndexerSelectParams p) {
+  __shared__ SelectShared sh;
+  const int q = blockIdx.x;
+  const int k = p.topk;
+  const int v = p.visible[q];
+  if (v <= k) return;
+  const int splits = active_splits(p.plan.max_splits, p.plan.min_keys, v);
+  if (splits <= 1) return;
+  const int64_t base = int64_t(q) * p.plan.max_splits * k;
+  const uint32_t* keys = static_cast<const uint32_t*>(p.workspace) + base;
+  const int32_t* idx = reinterpret_cast<const int32_t*>(static_cast<const uint32_t*>(p.workspace) +
+                                                        int64_t(p.plan.num_queries) *
+                                                            p.plan.max_splits * k) +
+                       base;
+  int32_t* sel = p.selected + int64_t(q) * k;
+  const int n = splits * k;
+  auto key_at = [&](int i) { return __ldcg(keys + i); };
+  uint32_t thr, ties;
+  radix_threshold<kMergeThreads>(key_at, n, k, sh, thr, ties);
+  ordered_emit<kMergeThreads>(key_at, n, thr, ties, sh,
+                              [&](int i, uint32_t pos) { sel[pos] = __ldcg(idx + i); });
+  if (threadIdx.x == 0 && p.count) p.count[q] = k;
+}
+
+template <int kNT>
+Status launch_score(const IndexerSelectParams& p, cudaStream_t stream) {
+  static const cudaError_t attr_err =
+      cudaFuncSetAttribute(indexer_score_kernel<kNT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(score_smem_bytes(kIndexerMaxTopk)));
+  DS_CUDA_RETURN_IF_ERROR(attr_err);
+  const dim3 grid(unsigned(p.plan.max_splits), unsigned(p.num_queries));
+  indexer_score_kernel<kNT><<<grid, kThreads, score_smem_bytes(p.topk), stream>>>(p);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ok_status();
+}
+
+}  // namespace
+
+// ---- host helpers --------------------------------------------------------------------------------
+void pack_index_key_host(const float* key, uint8_t* data, float* scale) {
+  float amax = 0.0f;
+  for (int d = 0; d < kIndexHeadDim; ++d) amax = std::max(amax, std::fabs(key[d]));
+  const float s = e8m0_to_float(e8m0_ceil_pow2(std::max(amax, kAmaxFloor) / kE4M3Max));
+  for (int d = 0; d < kIndexHeadDim; ++d)
+    data[d] = float_to_e4m3(std::clamp(key[d] / s, -kE4M3Max, kE4M3Max));
+  *scale = s;
+}
+
+void unpack_index_key_host(const uint8_t* data, float scale, float* key) {
+  for (int d = 0; d < kIndexHeadDim; ++d) key[d] = e4m3_to_float(data[d]) * scale;
+}
+
+uint8_t* index_key_data_host(const IndexKeySource& src, int32_t seq, int64_t index) {
+  const int32_t page =
+      src.page_table[int64_t(seq) * src.page_table_stride + index / src.page_size];
+  return src.pool + int64_t(page) * src.page_bytes + (index % src.page_size) * kIndexKeyDataBytes;
+}
+
+float* index_key_scale_host(const IndexKeySource& src, int32_t seq, int64_t index) {
+  const int32_t page =
+      src.page_table[int64_t(seq) * src.page_table_stride + index / src.page_size];
+  return reinterpret_cast<float*>(src.pool + int64_t(page) * src.page_bytes +
+                                  int64_t(src.page_size) * kIndexKeyDataBytes +
+                                  (index % src.page_size) * kIndexKeyScaleBytes);
+}
+
+// ---- launches ------------------------------------------------------------------------------------
+Status launch_pack_index_keys(const PackIndexKeysParams& p, cudaStream_t stream) {
+  if (p.num_rows <= 0) return ok_status();
+  if (!p.keys || !p.seq || !p.index || !p.dst.pool || !p.dst.page_table)
+    return invalid_argument("pack_index_keys: null pointer in params");
+  if (p.dst.page_size <= 0 || p.dst.page_bytes < index_key_page_bytes(p.dst.page_size) ||
+      p.dst.page_bytes % 16 != 0)
+    return invalid_argument("pack_index_keys: page_size must be > 0 and page_bytes >= "
+                            "index_key_page_bytes(page_size), a multiple of 16");
+  const unsigned grid = unsigned((int64_t(p.num_rows) + 7) / 8);
+  pack_index_keys_kernel<<<grid, 256, 0, stream>>>(p);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ok_status();
+}
+
+IndexerPlan plan_indexer_select(int32_t num_queries, int32_t max_visible, int32_t topk,
+                                int32_t num_sms, int32_t max_splits_cap) {
+  IndexerPlan plan;
+  plan.topk = topk;
+  plan.num_queries = num_queries;
+  plan.min_keys = std::max(2 * std::max(topk, 1), 256);
+  const int64_t queries = std::max<int32_t>(num_queries, 1);
+  const int64_t sms = std::max<int32_t>(num_sms, 1);
+  int64_t splits = (2 * sms + queries - 1) / queries;  // about two CTAs per SM
+  splits = std::min<int64_t>(splits, std::max<int64_t>(1, max_visible / plan.min_keys));
+  if (max_splits_cap > 0) splits = std::min<int64_t>(splits, max_splits_cap);
+  plan.max_splits = int32_t(std::max<int64_t>(1, splits));
+  return plan;
+}
+
+size_t indexer_workspace_bytes(const IndexerPlan& plan) {
+  if (plan.max_splits <= 1) return 0;
+  return size_t(plan.num_queries) * size_t(plan.max_splits) * size_t(plan.topk) * 8;
+}
+
+Status launch_indexer_select(const IndexerSelectParams& p, cudaStream_t stream) {
+  if (p.num_queries <= 0) return ok_status();
+  if (!p.q || !p.weights || !p.query_seq || !p.visible || !p.selected || !p.keys.pool ||
+      !p.keys.page_table)
+    return invalid_argument("indexer_select: null pointer in params");
+  if (p.head_dim != kIndexHeadDim)
+    return unimplemented("indexer_select: head_dim " + std::to_string(p.head_dim) +
+                         " (supported: 128)");
+  if (p.num_heads < 1 || p.num_heads > kIndexerMaxHeads)
+    return unimplemented("indexer_select: num_heads " + std::to_string(p.num_heads) +
+                         " (supported: 1 .. 64)");
+  if (p.topk < 1 || p.topk > kIndexerMaxTopk)
+    return invalid_argument("indexer_select: topk must be in 1 .. 1024");
+  if (p.plan.topk != p.topk || p.plan.max_splits < 1 || p.num_queries > p.plan.num_queries ||
+      p.plan.min_keys < 2 * p.topk)
+    return invalid_argument("indexer_select: plan does not match the params");
+  if (p.keys.page_size <= 0 || p.keys.page_bytes < index_key_page_bytes(p.keys.page_size) ||
+      p.keys.page_bytes % 16 != 0)
+    return invalid_argument("indexer_select: page_size must be > 0 and page_bytes >= "
+                            "index_key_page_bytes(page_size), a multiple of 16");
+  const size_t need = indexer_workspace_bytes(p.plan);
+  if (need > 0 && (p.workspace == nullptr || p.workspace_bytes < need))
+    return invalid_argument("indexer_select: workspace of " + std::to_string(p.workspace_bytes) +
+                            " bytes, need " + std::to_string(need));
+  const Status st = p.num_heads <= 8    ? launch_score<1>(p, stream)
+                    : p.num_heads <= 16 ? launch_score<2>(p, stream)
+                    : p.num_heads <= 32 ? launch_score<4>(p, stream)
+                                        : launch_score<8>(p, stream);
+  if (!st.ok()) return st;
+  if (p.plan.max_splits > 1) {
+    indexer_merge_kernel<<<unsigned(p.num_queries), kMergeThreads, 0, stream>>>(p);
+    DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  return ok_status();
+}
+
+}  // namespace ds::cuda

@@ -1,0 +1,1088 @@
+// MoE kernels (see moe.h and NOTES.md). One forward is 8 launches:
+//   1. router_logits: logits[T, E] = x @ gate^T in fp32 (T <= 64: a CTA per expert with the
+//      warps splitting D; else a warp per expert, 8 tokens per CTA);
+//   2. route: a warp per token: sqrt-softplus, top-k of score + bias (ties to the lower index, as
+//      cpu::topk_indices) or the tid2eid row, renormalized weights times route_scale;
+//   3. plan: one CTA: counts per group (routed experts in [begin, end), then the shared expert as
+//      group E), exclusive scans of rows and tiles, the tile list and the permutation (row ->
+//      token, output slot, route weight) with shared-memory atomics;
+//   4. quant x: fp32 -> bf16, FP8-simulated per 128 (reference numerics) or bf16-rounded;
+//   5. grouped GEMM gate/up: per (tile of <= 8*NT rows of one group, 16*4/KS inter columns) the
+//      w1 and w3 products on the tensor cores (KS warps of the CTA split K, reduced in shared
+//      memory), then the clamped SwiGLU times the route weight -> h fp32;
+//   6. quant h (as 4);
+//   7. grouped GEMM down: per (tile, 32*4/KS output columns) -> ybuf[slot] fp32;
+//   8. combine: y[t] = sum of the token's slots in ascending expert order + shared (the CPU order).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/moe/moe.h"
+
+namespace ds::cuda {
+namespace {
+
+using cpu::WeightFormat;
+
+constexpr int kChunk = 128;          // K elements per main-loop step (= FP8 activation block)
+constexpr int kGemmThreads = 128;    // 4 warps
+constexpr int kMaxExperts = 512;     // route kernel: 16 scores per lane
+constexpr int kMaxTopk = 16;
+constexpr int kDimAlign = 128;       // D: the FP8 activation block and the K chunk
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+size_t align256(size_t v) { return (v + 255) & ~size_t(255); }
+
+// ---- workspace layout ---------------------------------------------------------------------------
+
+struct Layout {
+  size_t logits, experts, weights, group_offset, num_tiles, tiles, row_token, row_slot, row_weight,
+      xq, h, hq, ybuf, total;
+};
+
+int64_t max_tiles(int64_t T, const MoeDeviceLayer& l, int bt) {
+  const int64_t slots = T * l.topk;
+  const int64_t range = l.expert_end - l.expert_begin;
+  return ceil_div(slots, bt) + std::min(range, slots) + ceil_div(T, bt);
+}
+
+Layout make_layout(int64_t T, const MoeDeviceLayer& l) {
+  const int64_t rows = T * l.topk + T;  // routed slots + shared rows
+  Layout o{};
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    size_t at = off;
+    off += align256(bytes);
+    return at;
+  };
+  o.logits = take(size_t(T * l.num_experts) * 4);
+  o.experts = take(size_t(T * l.topk) * 4);
+  o.weights = take(size_t(T * l.topk) * 4);
+  o.group_offset = take(size_t(l.num_experts + 2) * 4);
+  o.num_tiles = take(4);
+  o.tiles = take(size_t(max_tiles(T, l, 8)) * 8);  // 8 = the smallest tile: the largest bound
+  o.row_token = take(size_t(rows) * 4);
+  o.row_slot = take(size_t(rows) * 4);
+  o.row_weight = take(size_t(rows) * 4);
+  o.xq = take(size_t(T * l.dim) * 2);
+  o.h = take(size_t(rows * l.inter) * 4);
+  o.hq = take(size_t(rows * l.inter) * 2);
+  o.ybuf = take(size_t(rows * l.dim) * 4);
+  o.total = off;
+  return o;
+}
+
+// ---- small device helpers ----------------------------------------------------------------------
+
+__device__ __forceinline__ float sqrt_softplus_dev(float logit) {
+  const float sp = logit > 20.0f ? logit : log1pf(expf(logit));
+  return sqrtf(sp);
+}
+
+__device__ __forceinline__ float round_bf16_dev(float v) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&b);
+}
+
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+__device__ __forceinline__ float e8m0_to_float_dev(uint32_t code) {
+  // 2^(code-127); code 0 is the subnormal 2^-127, 255 is NaN.
+  if (code == 0) return __uint_as_float(0x00400000u);
+  if (code == 255) return __uint_as_float(0x7FC00000u);
+  return __uint_as_float(code << 23);
+}
+
+// The e2m1 code in the low 4 bits to fp32 with ALU operations only (a shared-memory table made
+// the prefill GEMMs LDS-bound): the sign to bit 31 and exponent:mantissa (3 bits) to bits 24..22
+// give 2^-126 times the value for every code (code 1, 0.5, lands on the fp32 subnormal 2^-127),
+// and the multiplication by 2^126 is exact.
+__device__ __forceinline__ float e2m1_to_float_dev(uint32_t code) {
+  const uint32_t bits = ((code & 0x8u) << 28) | ((code & 0x7u) << 22);
+  return __uint_as_float(bits) * 0x1p126f;
+}
+
+__device__ __forceinline__ float e4m3_to_float_dev(uint32_t code) {
+  __half_raw h = __nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(code & 0xFFu), __NV_E4M3);
+  return __half2float(*reinterpret_cast<__half*>(&h));
+}
+
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t v) {
+  __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xFFFFu), __NV_E4M3);
+  return __half22float2(*reinterpret_cast<__half2*>(&h));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+// ---- 1. router logits --------------------------------------------------------------------------
+
+template <bool kBf16>
+__global__ void router_logits_kernel(const float* __restrict__ x, const void* __restrict__ gate,
+                                     int64_t T, int64_t D, int64_t E, float* __restrict__ logits) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t e = int64_t(blockIdx.x) * 8 + warp;
+  const int64_t t0 = int64_t(blockIdx.y) * 8;
+  if (e >= E) return;
+  const int nt = T - t0 < 8 ? int(T - t0) : 8;
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t k = lane * 4; k < D; k += 128) {
+    float w[4];
+    if constexpr (kBf16) {
+      const uint2 raw =
+          *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(gate) + e * D + k);
+      w[0] = __uint_as_float(raw.x << 16);
+      w[1] = __uint_as_float(raw.x & 0xFFFF0000u);
+      w[2] = __uint_as_float(raw.y << 16);
+      w[3] = __uint_as_float(raw.y & 0xFFFF0000u);
+    } else {
+      const float4 v =
+          *reinterpret_cast<const float4*>(static_cast<const float*>(gate) + e * D + k);
+      w[0] = v.x;
+      w[1] = v.y;
+      w[2] = v.z;
+      w[3] = v.w;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if (j < nt) {
+        const float4 xv = *reinterpret_cast<const float4*>(x + (t0 + j) * D + k);
+        acc[j] = fmaf(xv.x, w[0], acc[j]);
+        acc[j] = fmaf(xv.y, w[1], acc[j]);
+        acc[j] = fmaf(xv.z, w[2], acc[j]);
+        acc[j] = fmaf(xv.w, w[3], acc[j]);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    float v = acc[j];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    if (lane == 0 && j < nt) logits[(t0 + j) * E + e] = v;
+  }
+}
+
+// Small T (decode): a CTA per (expert, 8 tokens) with the 8 warps splitting D, so that the
+// gate (E x D) streams with E x 8 warps in flight; partial sums reduced in warp order.
+template <bool kBf16>
+__global__ void router_logits_small_kernel(const float* __restrict__ x,
+                                           const void* __restrict__ gate, int64_t T, int64_t D,
+                                           int64_t E, float* __restrict__ logits) {
+  __shared__ float part[8][8];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t e = blockIdx.x;
+  const int64_t t0 = int64_t(blockIdx.y) * 8;
+  const int nt = T - t0 < 8 ? int(T - t0) : 8;
+  const int64_t slice = D / 8;  // D % 128 == 0: slices of multiples of 16
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll 4
+  for (int64_t k = warp * slice + lane * 4; k < (warp + 1) * slice; k += 128) {
+    float w[4];
+    if constexpr (kBf16) {
+      const uint2 raw =
+          *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(gate) + e * D + k);
+      w[0] = __uint_as_float(raw.x << 16);
+      w[1] = __uint_as_float(raw.x & 0xFFFF0000u);
+      w[2] = __uint_as_float(raw.y << 16);
+      w[3] = __uint_as_float(raw.y & 0xFFFF0000u);
+    } else {
+      const float4 v =
+          *reinterpret_cast<const float4*>(static_cast<const float*>(gate) + e * D + k);
+      w[0] = v.x;
+      w[1] = v.y;
+      w[2] = v.z;
+      w[3] = v.w;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if (j < nt) {
+        const float4 xv = *reinterpret_cast<const float4*>(x + (t0 + j) * D + k);
+        acc[j] = fmaf(xv.x, w[0], acc[j]);
+        acc[j] = fmaf(xv.y, w[1], acc[j]);
+        acc[j] = fmaf(xv.z, w[2], acc[j]);
+        acc[j] = fmaf(xv.w, w[3], acc[j]);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    float v = acc[j];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    if (lane == 0) part[warp][j] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < nt) {
+    float v = 0.0f;
+    for (int w = 0; w < 8; ++w) v += part[w][threadIdx.x];
+    logits[(t0 + threadIdx.x) * E + e] = v;
+  }
+}
+
+// ---- 2. route ----------------------------------------------------------------------------------
+
+struct RouteArgs {
+  const float* logits;
+  const float* bias;
+  const int32_t* tid2eid;
+  const int32_t* token_ids;
+  int64_t T, E, k;
+  float route_scale, eps;
+  int32_t* experts;
+  float* weights;
+};
+
+__global__ void route_kernel(RouteArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (t >= a.T) return;
+  const float* lg = a.logits + t * a.E;
+  int32_t* ex = a.experts + t * a.k;
+  if (a.tid2eid) {
+    if (lane < a.k) ex[lane] = a.tid2eid[int64_t(a.token_ids[t]) * a.k + lane];
+  } else {
+    constexpr int kPer = kMaxExperts / 32;
+    float b[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int64_t e = lane + 32 * i;
+      b[i] = e < a.E ? sqrt_softplus_dev(lg[e]) + (a.bias ? a.bias[e] : 0.0f) : -INFINITY;
+    }
+    for (int r = 0; r < a.k; ++r) {
+      float best = -INFINITY;
+      int best_idx = 0x7FFFFFFF;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int e = lane + 32 * i;
+        if (e < a.E && (b[i] > best || (b[i] == best && e < best_idx))) {
+          best = b[i];
+          best_idx = e;
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xFFFFFFFFu, best, o);
+        const int oi = __shfl_xor_sync(0xFFFFFFFFu, best_idx, o);
+        if (ov > best || (ov == best && oi < best_idx)) {
+          best = ov;
+          best_idx = oi;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        if (lane + 32 * i == best_idx) b[i] = -INFINITY;
+      }
+      if (lane == 0) ex[r] = best_idx;
+    }
+  }
+  __syncwarp();
+  if (lane == 0) {
+    // The renormalization in slot order, as cpu::route_token.
+    float s[kMaxTopk];
+    float sum = 0.0f;
+    for (int i = 0; i < a.k; ++i) {
+      s[i] = sqrt_softplus_dev(lg[ex[i]]);
+      sum += s[i];
+    }
+    for (int i = 0; i < a.k; ++i) a.weights[t * a.k + i] = s[i] / (sum + a.eps) * a.route_scale;
+  }
+}
+
+// ---- 3. plan -----------------------------------------------------------------------------------
+
+struct PlanArgs {
+  const int32_t* experts;
+  const float* weights;
+  int64_t T, k, E, begin, end;
+  bool add_shared;
+  int bt;
+  int32_t* group_offset;  // [E + 2]
+  int2* tiles;            // (group, row0)
+  int32_t* num_tiles;
+  int32_t* row_token;
+  int32_t* row_slot;
+  float* row_weight;
+};
+
+constexpr int kPlanThreads = 1024;
+
+// Exclusive scan of v over the block (kPlanThreads threads); returns the block total in *total.
+__device__ int block_exclusive_scan(int v, int* scratch /*[32]*/, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int inc = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int n = __shfl_up_sync(0xFFFFFFFFu, inc, o);
+    if (lane >= o) inc += n;
+  }
+  if (lane == 31) scratch[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    int w = scratch[lane];
+    int winc = w;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int n = __shfl_up_sync(0xFFFFFFFFu, winc, o);
+      if (lane >= o) winc += n;
+    }
+    scratch[lane] = winc - w;  // exclusive prefix of the warps
+    if (lane == 31) scratch[32] = winc;
+  }
+  __syncthreads();
+  const int out = scratch[warp] + inc - v;
+  *total = scratch[32];
+  __syncthreads();
+  return out;
+}
+
+__global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanArgs a) {
+  __shared__ int count[kPlanThreads];
+  __shared__ int cursor[kPlanThreads];
+  __shared__ int scratch[33];
+  const int tid = threadIdx.x;
+  const int groups = int(a.E) + 1;
+  const int64_t slots = a.T * a.k;
+  count[tid] = 0;
+  __syncthreads();
+  for (int64_t s = tid; s < slots; s += kPlanThreads) {
+    const int e = a.experts[s];
+    if (e >= a.begin && e < a.end) atomicAdd(&count[e], 1);
+  }
+  if (tid == 0) count[a.E] = a.add_shared ? int(a.T) : 0;
+  __syncthreads();
+  const int c = tid < groups ? count[tid] : 0;
+  const int tl = (c + a.bt - 1) / a.bt;
+  int total_rows = 0, total_tiles = 0;
+  const int row_off = block_exclusive_scan(c, scratch, &total_rows);
+  const int tile_off = block_exclusive_scan(tl, scratch, &total_tiles);
+  if (tid < groups) {
+    a.group_offset[tid] = row_off;
+    cursor[tid] = row_off;
+    for (int i = 0; i < tl; ++i) a.tiles[tile_off + i] = make_int2(tid, i * a.bt);
+  }
+  if (tid == 0) {
+    a.group_offset[groups] = total_rows;
+    *a.num_tiles = total_tiles;
+  }
+  __syncthreads();
+  for (int64_t s = tid; s < slots; s += kPlanThreads) {
+    const int e = a.experts[s];
+    if (e >= a.begin && e < a.end) {
+      const int pos = atomicAdd(&cursor[e], 1);
+      a.row_token[pos] = int(s / a.k);
+      a.row_slot[pos] = int(s);
+      a.row_weight[pos] = a.weights[s];
+    }
+  }
+  if (a.add_shared) {
+    const int base = cursor[a.E];
+    for (int64_t t = tid; t < a.T; t += kPlanThreads) {
+      a.row_token[base + t] = int(t);
+      a.row_slot[base + t] = int(slots + t);
+      a.row_weight[base + t] = 1.0f;
+    }
+  }
+}
+
+// ---- 4/6. activation quantization --------------------------------------------------------------
+
+// Half a warp per 128-element block: bf16 of the FP8 simulation (exact in bf16) or of the value.
+__global__ void quant_rows_kernel(const float* __restrict__ in, int64_t len, int64_t rows_bound,
+                                  const int32_t* rows_dev, uint16_t* __restrict__ out, bool fp8) {
+  const int lane = threadIdx.x & 31, sub = lane & 15;
+  const int64_t bpr = len / kChunk;
+  const int64_t warp = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
+  const int64_t block = warp * 2 + (lane >> 4);
+  const int64_t rows = rows_dev ? int64_t(*rows_dev) : rows_bound;
+  const bool active = block < rows * bpr;
+  const int64_t row = active ? block / bpr : 0;
+  const int64_t col = active ? (block % bpr) * kChunk + sub * 8 : 0;
+  float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (active) {
+    const float4 p0 = *reinterpret_cast<const float4*>(in + row * len + col);
+    const float4 p1 = *reinterpret_cast<const float4*>(in + row * len + col + 4);
+    v[0] = p0.x; v[1] = p0.y; v[2] = p0.z; v[3] = p0.w;
+    v[4] = p1.x; v[5] = p1.y; v[6] = p1.z; v[7] = p1.w;
+  }
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+  if (!active) return;
+  if (fp8) {
+    // cpu::quantize_fp8_blocks: s = 2^ceil(log2(max(amax, 1e-4) / 448)), e4m3(clamp(x / s)) * s.
+    const float q = fmaxf(amax, 1e-4f) / 448.0f;
+    const uint32_t u = __float_as_uint(q);
+    const uint32_t code = ((u >> 23) & 0xFFu) + ((u & 0x7FFFFFu) ? 1u : 0u);
+    const float inv_scale = __uint_as_float((254u - code) << 23);
+    const float scale = __uint_as_float(code << 23);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      float x = v[i] * inv_scale;
+      if (!isnan(x)) x = fminf(fmaxf(x, -448.0f), 448.0f);
+      const __nv_fp8_storage_t c = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+      v[i] = e4m3_to_float_dev(c) * scale;
+    }
+  }
+  uint4 o;
+  o.x = pack_bf16x2(v[0], v[1]);
+  o.y = pack_bf16x2(v[2], v[3]);
+  o.z = pack_bf16x2(v[4], v[5]);
+  o.w = pack_bf16x2(v[6], v[7]);
+  *reinterpret_cast<uint4*>(out + row * len + col) = o;
+}
+
+// ---- 5/7. grouped expert GEMMs -----------------------------------------------------------------
+//
+// A warp owns two sets of 16 weight rows (gate/up: w1 and w3 rows of the same 16 inter columns;
+// down: 32 consecutive w2 rows) and all 8*NT tokens of the tile: mma.sync m16n8k16 with the
+// weights as the A operand (rows = output features) and the tokens as B. Per 128-K chunk lane
+// (g = lane/4, t4 = lane%4) loads bytes of K range [32*t4, 32*t4 + 32) of rows g and g+8 (16 bytes
+// for FP4, 32 for FP8) and the matching block scales; the K order inside the mma is permuted
+// consistently for A and B (the sum does not depend on it), so mma step s of the chunk uses K
+// elements 32*t4 + 4s + {0..3}. The activation tile [8*NT, 128] bf16 goes through shared memory
+// (cp.async, two stages), with the 16-byte units XOR-swizzled so that the uint4 reads are free
+// of bank conflicts.
+
+struct GemmArgs {
+  const MoeDeviceExpert* experts;
+  int E;
+  const int2* tiles;
+  const int32_t* num_tiles;
+  const int32_t* group_offset;
+  const int32_t* row_token;
+  const int32_t* row_slot;
+  const float* row_weight;
+  const uint16_t* act;  // gate/up: xq [T, D] (rows via row_token); down: hq [rows, inter]
+  int64_t K;            // D or inter
+  int64_t N;            // inter or D
+  float* out;           // gate/up: h [rows, inter]; down: ybuf [slots, D] (rows via row_slot)
+  float swiglu_limit;
+  bool shared_clamp;
+  bool round_bf16;
+};
+
+__device__ __forceinline__ int swizzle_unit(int u, int r) {
+  return u ^ (((u >> 3) & 1) | ((r & 1) << 1));
+}
+
+template <int FMT>
+struct WeightRegs {
+  static constexpr int kVec = FMT == int(WeightFormat::kFp8Block) ? 4 : 2;  // uint4 per set
+  uint4 raw[2][kVec];
+  uint32_t sc[2][2];
+};
+
+template <int FMT>
+__device__ __forceinline__ void load_weights(WeightRegs<FMT>& w, const uint8_t* const (&data)[2],
+                                             const uint8_t* const (&scale)[2],
+                                             const int64_t (&row_g)[2], int64_t K, int64_t kc,
+                                             int t4) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = row_g[j] + 8 * h;
+      if constexpr (FMT == int(WeightFormat::kFp8Block)) {
+        const uint8_t* p = data[j] + row * K + kc + t4 * 32;
+        w.raw[j][2 * h] = load_stream(p);
+        w.raw[j][2 * h + 1] = load_stream(p + 16);
+      } else {
+        w.raw[j][h] = load_stream(data[j] + row * (K / 2) + kc / 2 + t4 * 16);
+        if constexpr (FMT == int(WeightFormat::kMxfp4)) {
+          w.sc[j][h] = scale[j][row * (K / 32) + kc / 32 + t4];
+        } else {
+          const uint8_t* s = scale[j] + row * (K / 16) + kc / 16 + t4 * 2;
+          w.sc[j][h] = uint32_t(s[0]) | (uint32_t(s[1]) << 8);
+        }
+      }
+    }
+    if constexpr (FMT == int(WeightFormat::kFp8Block)) {
+      w.sc[j][0] = scale[j][(row_g[j] / 128) * (K / 128) + kc / 128];
+    }
+  }
+}
+
+// A fragment of set j for mma step s (elements 4s..4s+3 of the lane's 32): a[0] row g elements
+// 4s, 4s+1; a[1] row g+8 the same; a[2], a[3] elements 4s+2, 4s+3.
+template <int FMT>
+__device__ __forceinline__ void make_a(const WeightRegs<FMT>& w, int j, int s,
+                                       uint32_t (&a)[4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if constexpr (FMT == int(WeightFormat::kFp8Block)) {
+      const float sc = e8m0_to_float_dev(w.sc[j][0]);
+      // 32 bytes = 2 uint4; elements 4s..4s+3 are bytes 4s..4s+3: word s of the pair.
+      const uint32_t v = word(w.raw[j][2 * h + (s >> 2)], s & 3);
+      const float2 lo = e4m3x2_to_float2(v);
+      const float2 hi = e4m3x2_to_float2(v >> 16);
+      a[h] = pack_bf16x2(lo.x * sc, lo.y * sc);
+      a[2 + h] = pack_bf16x2(hi.x * sc, hi.y * sc);
+    } else {
+      float sc;
+      if constexpr (FMT == int(WeightFormat::kMxfp4)) {
+        sc = e8m0_to_float_dev(w.sc[j][h]);
+      } else {
+        sc = e4m3_to_float_dev((w.sc[j][h] >> ((s >> 2) * 8)) & 0xFFu);
+      }
+      const uint32_t v = word(w.raw[j][h], s >> 1) >> ((s & 1) * 16);
+      a[h] = pack_bf16x2(e2m1_to_float_dev(v) * sc, e2m1_to_float_dev(v >> 4) * sc);
+      a[2 + h] = pack_bf16x2(e2m1_to_float_dev(v >> 8) * sc, e2m1_to_float_dev(v >> 12) * sc);
+    }
+  }
+}
+
+template <int NT, bool kFused, int KS, int FMT>
+__device__ __forceinline__ void gemm_tile(const GemmArgs& a, const MoeDeviceExpert& ex, int g,
+                                          int base, int row0, int rows, uint16_t* smem) {
+  constexpr int BT = 8 * NT;
+  constexpr int WN = 4 / KS;                   // warps along N; KS warps split K
+  constexpr int kStageElems = KS * BT * kChunk;  // one super-chunk: KS chunks of 128 K
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
+  const int warp_n = warp % WN, warp_k = warp / WN;
+  const int64_t K = a.K;
+  const uint8_t* data[2];
+  const uint8_t* scale[2];
+  int64_t row_g[2];
+  float gscale[2];
+  if constexpr (kFused) {
+    const int64_t n0 = int64_t(blockIdx.y) * (16 * WN) + 16 * warp_n;
+    data[0] = ex.data[0];
+    data[1] = ex.data[1];
+    scale[0] = ex.scale[0];
+    scale[1] = ex.scale[1];
+    gscale[0] = ex.global_scale[0];
+    gscale[1] = ex.global_scale[1];
+    row_g[0] = row_g[1] = n0 + gid;
+  } else {
+    const int64_t n0 = int64_t(blockIdx.y) * (32 * WN) + 32 * warp_n;
+    data[0] = data[1] = ex.data[2];
+    scale[0] = scale[1] = ex.scale[2];
+    gscale[0] = gscale[1] = ex.global_scale[2];
+    row_g[0] = n0 + gid;
+    row_g[1] = n0 + 16 + gid;
+  }
+
+  // Activation rows of the tile: the source row of smem row r (rows past the group's end repeat
+  // the last valid row; their results are dropped).
+  auto act_row = [&](int r) -> const uint16_t* {
+    const int gr = base + row0 + min(r, rows - 1);
+    if constexpr (kFused) return a.act + int64_t(a.row_token[gr]) * K;
+    else return a.act + int64_t(gr) * K;
+  };
+  const int64_t chunks = K / kChunk;
+  const int64_t supers = (chunks + KS - 1) / KS;
+  // Stage layout: [KS chunks][BT rows][128] bf16, 16-byte units swizzled per row.
+  auto load_act = [&](int stage, int64_t sc) {
+    uint16_t* dst = smem + stage * kStageElems;
+    for (int i = tid; i < KS * BT * 16; i += kGemmThreads) {
+      const int q = i / (BT * 16), r = (i >> 4) % BT, u = i & 15;
+      const int64_t chunk = sc * KS + q;
+      if (chunk < chunks) {
+        cp_async16(dst + (q * BT + r) * kChunk + swizzle_unit(u, r) * 8,
+                   act_row(r) + chunk * kChunk + u * 8);
+      }
+    }
+    cp_async_commit();
+  };
+
+  float acc[2][NT][4];
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[j][n][c] = 0.0f;
+
+  auto my_chunk = [&](int64_t sc) { return sc * KS + warp_k; };
+  WeightRegs<FMT> w[2];
+  if (my_chunk(0) < chunks)
+    load_weights<FMT>(w[0], data, scale, row_g, K, my_chunk(0) * kChunk, t4);
+  load_act(0, 0);
+
+  auto compute = [&](const WeightRegs<FMT>& wr, int stage) {
+    const uint16_t* src = smem + stage * kStageElems + warp_k * BT * kChunk;
+#pragma unroll
+    for (int s = 0; s < 8; s += 2) {
+      uint32_t af[2][2][4];  // [step][set]
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        make_a<FMT>(wr, j, s, af[0][j]);
+        make_a<FMT>(wr, j, s + 1, af[1][j]);
+      }
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const int r = n * 8 + gid;
+        const int u = t4 * 4 + (s >> 1);
+        const uint4 b = *reinterpret_cast<const uint4*>(src + r * kChunk + swizzle_unit(u, r) * 8);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          mma_bf16(acc[j][n], af[0][j], b.x, b.y);
+          mma_bf16(acc[j][n], af[1][j], b.z, b.w);
+        }
+      }
+    }
+  };
+
+  for (int64_t sc = 0; sc < supers; sc += 2) {
+    // Even super-chunk sc in w[0] / stage 0, odd sc+1 in w[1] / stage 1.
+    const bool has1 = sc + 1 < supers;
+    if (has1) {
+      if (my_chunk(sc + 1) < chunks)
+        load_weights<FMT>(w[1], data, scale, row_g, K, my_chunk(sc + 1) * kChunk, t4);
+      load_act(1, sc + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (my_chunk(sc) < chunks) compute(w[0], 0);
+    __syncthreads();
+    if (!has1) break;
+    const bool has2 = sc + 2 < supers;
+    if (has2) {
+      if (my_chunk(sc + 2) < chunks)
+        load_weights<FMT>(w[0], data, scale, row_g, K, my_chunk(sc + 2) * kChunk, t4);
+      load_act(0, sc + 2);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (my_chunk(sc + 1) < chunks) compute(w[1], 1);
+    __syncthreads();
+  }
+
+  if constexpr (KS > 1) {
+    // Split-K reduction through shared memory (the stages are free now), in warp_k order:
+    // deterministic.
+    float* red = reinterpret_cast<float*>(smem);
+    constexpr int kAccPerLane = 2 * NT * 4;
+    if (warp_k > 0) {
+      float* dst = red + (((warp_k - 1) * WN + warp_n) * kAccPerLane) * 32 + lane;
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) dst[((j * NT + n) * 4 + c) * 32] = acc[j][n][c];
+    }
+    __syncthreads();
+    if (warp_k > 0) return;
+#pragma unroll
+    for (int q = 1; q < KS; ++q) {
+      const float* src = red + (((q - 1) * WN + warp_n) * kAccPerLane) * 32 + lane;
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[j][n][c] += src[((j * NT + n) * 4 + c) * 32];
+    }
+  }
+
+  // Epilogue. acc[j][n][c]: weight row row_g[j] + 8*(c>>1), tile token n*8 + 2*t4 + (c&1).
+  const bool shared = g == a.E;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int r = n * 8 + 2 * t4 + (c & 1);
+      if (r >= rows) continue;
+      const int gr = base + row0 + r;
+      if constexpr (kFused) {
+        const int64_t col = row_g[0] + 8 * (c >> 1);
+        float av = acc[0][n][c] * gscale[0], bv = acc[1][n][c] * gscale[1];
+        if (a.round_bf16) {
+          av = round_bf16_dev(av);
+          bv = round_bf16_dev(bv);
+        }
+        const float limit = shared && !a.shared_clamp ? 0.0f : a.swiglu_limit;
+        if (limit > 0.0f) {
+          av = fminf(av, limit);
+          bv = fminf(fmaxf(bv, -limit), limit);
+        }
+        const float silu = av / (1.0f + expf(-av));
+        float hidden = silu * bv;
+        if (!shared) hidden = a.row_weight[gr] * hidden;
+        if (a.round_bf16) hidden = round_bf16_dev(hidden);
+        a.out[int64_t(gr) * a.N + col] = hidden;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int64_t col = row_g[j] + 8 * (c >> 1);
+          float v = acc[j][n][c] * gscale[j];
+          if (a.round_bf16) v = round_bf16_dev(v);
+          a.out[int64_t(a.row_slot[gr]) * a.N + col] = v;
+        }
+      }
+    }
+  }
+}
+
+template <int NT, bool kFused, int KS>
+__global__ void __launch_bounds__(kGemmThreads, NT == 1 ? 4 : 1)
+    expert_gemm_kernel(GemmArgs a) {
+  __shared__ __align__(16) uint16_t smem[2 * KS * 8 * NT * kChunk];
+  if (int(blockIdx.x) >= *a.num_tiles) return;
+  const int2 tile = a.tiles[blockIdx.x];
+  const int g = tile.x, row0 = tile.y;
+  const int base = a.group_offset[g];
+  const int rows = min(8 * NT, a.group_offset[g + 1] - base - row0);
+  const MoeDeviceExpert ex = a.experts[g];
+  const int fmt = kFused ? ex.format[0] : ex.format[2];
+  if (fmt == int(WeightFormat::kMxfp4)) {
+    gemm_tile<NT, kFused, KS, int(WeightFormat::kMxfp4)>(a, ex, g, base, row0, rows, smem);
+  } else if (fmt == int(WeightFormat::kNvfp4)) {
+    gemm_tile<NT, kFused, KS, int(WeightFormat::kNvfp4)>(a, ex, g, base, row0, rows, smem);
+  } else {
+    gemm_tile<NT, kFused, KS, int(WeightFormat::kFp8Block)>(a, ex, g, base, row0, rows, smem);
+  }
+}
+
+// ---- 8. combine --------------------------------------------------------------------------------
+
+__global__ void combine_kernel(const float* __restrict__ ybuf, const int32_t* __restrict__ experts,
+                               int64_t T, int64_t D, int64_t k, int64_t begin, int64_t end,
+                               bool add_shared, float* __restrict__ y) {
+  const int64_t t = blockIdx.x;
+  const int64_t d = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * 4;
+  if (d >= D) return;
+  // Slots in ascending expert order (stable), the order of cpu::moe_forward's expert loop.
+  int order[kMaxTopk];
+  int n = 0;
+  for (int i = 0; i < k; ++i) {
+    const int e = experts[t * k + i];
+    if (e < begin || e >= end) continue;
+    int p = n++;
+    while (p > 0 && experts[t * k + order[p - 1]] > e) {
+      order[p] = order[p - 1];
+      --p;
+    }
+    order[p] = i;
+  }
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int i = 0; i < n; ++i) {
+    const float4 v = *reinterpret_cast<const float4*>(ybuf + (t * k + order[i]) * D + d);
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
+  }
+  if (add_shared) {
+    const float4 v = *reinterpret_cast<const float4*>(ybuf + (T * k + t) * D + d);
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
+  }
+  *reinterpret_cast<float4*>(y + t * D + d) = acc;
+}
+
+template <int NT, int KS>
+Status launch_gemms(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64_t inter,
+                    int64_t dim, const float* h, uint16_t* hq, const int32_t* total_rows,
+                    int64_t rows_bound, bool fp8, cudaStream_t stream) {
+  constexpr int WN = 4 / KS;
+  expert_gemm_kernel<NT, true, KS>
+      <<<dim3(unsigned(tiles), unsigned(inter / (16 * WN))), kGemmThreads, 0, stream>>>(g1);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  const int64_t qblocks = rows_bound * (inter / kChunk);
+  quant_rows_kernel<<<unsigned(ceil_div(qblocks, 16)), 256, 0, stream>>>(h, inter, rows_bound,
+                                                                          total_rows, hq, fp8);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  expert_gemm_kernel<NT, false, KS>
+      <<<dim3(unsigned(tiles), unsigned(dim / (32 * WN))), kGemmThreads, 0, stream>>>(g2);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ok_status();
+}
+
+Status check_weight(const cpu::LinearWeight& w, int64_t n, int64_t k, const std::string& what) {
+  const bool fp4 = w.format == WeightFormat::kMxfp4 || w.format == WeightFormat::kNvfp4;
+  if (!fp4 && w.format != WeightFormat::kFp8Block)
+    return invalid_argument("moe: " + what + ": format must be MXFP4, NVFP4 or FP8 block");
+  if (w.out_features != n || w.in_features != k)
+    return invalid_argument("moe: " + what + ": shape [" + std::to_string(w.out_features) + ", " +
+                            std::to_string(w.in_features) + "], expected [" + std::to_string(n) +
+                            ", " + std::to_string(k) + "]");
+  if (!w.data || !w.scale) return invalid_argument("moe: " + what + ": null data or scale");
+  if (reinterpret_cast<uintptr_t>(w.data) % 16 != 0)
+    return invalid_argument("moe: " + what + ": data must be 16-byte aligned");
+  return ok_status();
+}
+
+MoeDeviceExpert to_device_expert(const cpu::ExpertWeights& e) {
+  MoeDeviceExpert d;
+  const cpu::LinearWeight* ws[3] = {&e.w1, &e.w3, &e.w2};
+  for (int i = 0; i < 3; ++i) {
+    d.data[i] = static_cast<const uint8_t*>(ws[i]->data);
+    d.scale[i] = ws[i]->scale;
+    d.global_scale[i] = ws[i]->format == WeightFormat::kNvfp4 ? ws[i]->global_scale : 1.0f;
+    d.format[i] = uint8_t(ws[i]->format);
+  }
+  return d;
+}
+
+}  // namespace
+
+// ---- MoeDeviceLayer ----------------------------------------------------------------------------
+
+MoeDeviceLayer::~MoeDeviceLayer() { release(); }
+
+void MoeDeviceLayer::release() {
+  if (experts) cudaFree(experts);
+  experts = nullptr;
+}
+
+MoeDeviceLayer::MoeDeviceLayer(MoeDeviceLayer&& o) noexcept { *this = std::move(o); }
+
+MoeDeviceLayer& MoeDeviceLayer::operator=(MoeDeviceLayer&& o) noexcept {
+  if (this != &o) {
+    release();
+    dim = o.dim;
+    inter = o.inter;
+    num_experts = o.num_experts;
+    topk = o.topk;
+    route_scale = o.route_scale;
+    renorm_epsilon = o.renorm_epsilon;
+    gate = o.gate;
+    gate_bf16 = o.gate_bf16;
+    bias = o.bias;
+    tid2eid = o.tid2eid;
+    vocab_size = o.vocab_size;
+    swiglu_limit = o.swiglu_limit;
+    shared_expert_clamp = o.shared_expert_clamp;
+    quantize_activations = o.quantize_activations;
+    round_bf16 = o.round_bf16;
+    expert_begin = o.expert_begin;
+    expert_end = o.expert_end;
+    add_shared = o.add_shared;
+    experts = o.experts;
+    o.experts = nullptr;
+  }
+  return *this;
+}
+
+Result<MoeDeviceLayer> MoeDeviceLayer::create(const cpu::MoeParams& p) {
+  MoeDeviceLayer l;
+  const cpu::RouterConfig& rc = p.router_config;
+  l.dim = p.shared.w1.in_features;
+  l.inter = p.shared.w1.out_features;
+  l.num_experts = rc.num_experts;
+  l.topk = rc.topk;
+  l.route_scale = rc.route_scale;
+  l.renorm_epsilon = rc.renorm_epsilon;
+  l.expert_begin = p.expert_begin;
+  l.expert_end = p.expert_end < 0 ? rc.num_experts : p.expert_end;
+  l.add_shared = p.add_shared;
+  l.swiglu_limit = p.swiglu_limit;
+  l.shared_expert_clamp = p.shared_expert_clamp;
+  l.quantize_activations = p.quantize_activations;
+  l.round_bf16 = p.round_bf16;
+  if (l.num_experts < 1 || l.num_experts > kMaxExperts)
+    return invalid_argument("moe: num_experts must be in [1, 512]");
+  if (l.topk < 1 || l.topk > kMaxTopk || l.topk > l.num_experts)
+    return invalid_argument("moe: topk must be in [1, min(16, num_experts)]");
+  if (l.dim <= 0 || l.dim % kDimAlign != 0) return invalid_argument("moe: dim % 128 != 0");
+  if (l.inter <= 0 || l.inter % kChunk != 0) return invalid_argument("moe: inter % 128 != 0");
+  if (l.expert_begin < 0 || l.expert_begin > l.expert_end || l.expert_end > l.num_experts)
+    return invalid_argument("moe: bad expert range");
+  const cpu::LinearWeight& gate = p.router.gate;
+  if (gate.format != WeightFormat::kF32 && gate.format != WeightFormat::kBF16)
+    return invalid_argument("moe: router gate must be fp32 or bf16");
+  if (gate.out_features != l.num_experts || gate.in_features != l.dim || !gate.data)
+    return invalid_argument("moe: router gate shape must be [num_experts, dim]");
+  l.gate = gate.data;
+  l.gate_bf16 = gate.format == WeightFormat::kBF16;
+  l.bias = p.router.bias;
+  l.tid2eid = p.router.tid2eid;
+  l.vocab_size = p.router.vocab_size;
+  if (l.tid2eid && l.vocab_size <= 0) return invalid_argument("moe: tid2eid needs vocab_size");
+
+  std::vector<MoeDeviceExpert> table(size_t(l.num_experts + 1));
+  for (int64_t e = l.expert_begin; e < l.expert_end; ++e) {
+    if (!p.experts) return invalid_argument("moe: experts is null");
+    const cpu::ExpertWeights& ew = p.experts[e];
+    const std::string name = "expert " + std::to_string(e);
+    DS_RETURN_IF_ERROR(check_weight(ew.w1, l.inter, l.dim, name + " w1"));
+    DS_RETURN_IF_ERROR(check_weight(ew.w3, l.inter, l.dim, name + " w3"));
+    DS_RETURN_IF_ERROR(check_weight(ew.w2, l.dim, l.inter, name + " w2"));
+    if (ew.w1.format != ew.w3.format)
+      return invalid_argument("moe: " + name + " w1/w3 formats differ");
+    table[size_t(e)] = to_device_expert(ew);
+  }
+  if (l.add_shared) {
+    DS_RETURN_IF_ERROR(check_weight(p.shared.w1, l.inter, l.dim, "shared w1"));
+    DS_RETURN_IF_ERROR(check_weight(p.shared.w3, l.inter, l.dim, "shared w3"));
+    DS_RETURN_IF_ERROR(check_weight(p.shared.w2, l.dim, l.inter, "shared w2"));
+    if (p.shared.w1.format != p.shared.w3.format)
+      return invalid_argument("moe: shared w1/w3 formats differ");
+    table[size_t(l.num_experts)] = to_device_expert(p.shared);
+  }
+  const size_t bytes = table.size() * sizeof(MoeDeviceExpert);
+  DS_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&l.experts), bytes));
+  DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(l.experts, table.data(), bytes, cudaMemcpyHostToDevice));
+  return Result<MoeDeviceLayer>(std::move(l));
+}
+
+// ---- MoeRunner ---------------------------------------------------------------------------------
+
+size_t MoeRunner::workspace_bytes(int64_t max_tokens, const MoeDeviceLayer& layer) {
+  return make_layout(std::max<int64_t>(max_tokens, 1), layer).total;
+}
+
+int MoeRunner::tile_tokens(int64_t T, const MoeDeviceLayer& layer) {
+  // Expected rows per routed expert; a tile as large as that (decode: 8 tokens).
+  const int64_t per_expert = ceil_div(T * layer.topk, std::max<int64_t>(layer.num_experts, 1));
+  if (per_expert <= 8) return 8;
+  if (per_expert <= 16) return 16;
+  if (per_expert <= 32) return 32;
+  return 64;
+}
+
+Status MoeRunner::route(const MoeDeviceLayer& l, const float* x, const int32_t* token_ids,
+                        int64_t T, int32_t* experts, float* weights, void* workspace,
+                        cudaStream_t stream) {
+  if (T <= 0) return ok_status();
+  if (l.tid2eid && !token_ids) return invalid_argument("moe: hash routing needs token_ids");
+  const Layout L = make_layout(T, l);
+  auto* ws = static_cast<uint8_t*>(workspace);
+  float* logits = reinterpret_cast<float*>(ws + L.logits);
+  const dim3 lg(unsigned(ceil_div(l.num_experts, 8)), unsigned(ceil_div(T, 8)));
+  const dim3 lg_small(unsigned(l.num_experts), unsigned(ceil_div(T, 8)));
+  if (T <= 64 && l.gate_bf16) {
+    router_logits_small_kernel<true>
+        <<<lg_small, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits);
+  } else if (T <= 64) {
+    router_logits_small_kernel<false>
+        <<<lg_small, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits);
+  } else if (l.gate_bf16) {
+    router_logits_kernel<true><<<lg, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits);
+  } else {
+    router_logits_kernel<false><<<lg, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits);
+  }
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  RouteArgs ra{logits,      l.bias,         l.tid2eid, token_ids, T,      l.num_experts, l.topk,
+               l.route_scale, l.renorm_epsilon, experts,   weights};
+  route_kernel<<<unsigned(ceil_div(T, 8)), 256, 0, stream>>>(ra);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ok_status();
+}
+
+Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t* token_ids,
+                          int64_t T, float* y, void* workspace, cudaStream_t stream,
+                          const MoeTuning& tuning) {
+  if (T <= 0) return ok_status();
+  if (!l.experts) return invalid_argument("moe: layer not created");
+  if (T * (l.topk + 1) >= (int64_t(1) << 31) / std::max<int64_t>(l.dim, l.inter))
+    return invalid_argument("moe: too many tokens");
+  const Layout L = make_layout(T, l);
+  auto* ws = static_cast<uint8_t*>(workspace);
+  auto* experts = reinterpret_cast<int32_t*>(ws + L.experts);
+  auto* weights = reinterpret_cast<float*>(ws + L.weights);
+  auto* group_offset = reinterpret_cast<int32_t*>(ws + L.group_offset);
+  auto* num_tiles = reinterpret_cast<int32_t*>(ws + L.num_tiles);
+  auto* tiles = reinterpret_cast<int2*>(ws + L.tiles);
+  auto* row_token = reinterpret_cast<int32_t*>(ws + L.row_token);
+  auto* row_slot = reinterpret_cast<int32_t*>(ws + L.row_slot);
+  auto* row_weight = reinterpret_cast<float*>(ws + L.row_weight);
+  auto* xq = reinterpret_cast<uint16_t*>(ws + L.xq);
+  auto* h = reinterpret_cast<float*>(ws + L.h);
+  auto* hq = reinterpret_cast<uint16_t*>(ws + L.hq);
+  auto* ybuf = reinterpret_cast<float*>(ws + L.ybuf);
+
+  DS_RETURN_IF_ERROR(route(l, x, token_ids, T, experts, weights, workspace, stream));
+
+  const int bt = tuning.tile_tokens > 0 ? tuning.tile_tokens : tile_tokens(T, l);
+  if (bt != 8 && bt != 16 && bt != 32 && bt != 64)
+    return invalid_argument("moe: tile_tokens must be 8, 16, 32 or 64");
+  PlanArgs pa{experts,      weights,   T,         l.topk,    l.num_experts, l.expert_begin,
+              l.expert_end, l.add_shared, bt,     group_offset, tiles,      num_tiles,
+              row_token,    row_slot,  row_weight};
+  plan_kernel<<<1, kPlanThreads, 0, stream>>>(pa);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+
+  const int64_t xblocks = T * (l.dim / kChunk);
+  quant_rows_kernel<<<unsigned(ceil_div(xblocks, 16)), 256, 0, stream>>>(
+      x, l.dim, T, nullptr, xq, l.quantize_activations);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+
+  GemmArgs g1{l.experts, int(l.num_experts), tiles, num_tiles, group_offset, row_token, row_slot,
+              row_weight, xq, l.dim, l.inter, h, l.swiglu_limit, l.shared_expert_clamp,
+              l.round_bf16};
+  GemmArgs g2 = g1;
+  g2.act = hq;
+  g2.K = l.inter;
+  g2.N = l.dim;
+  g2.out = ybuf;
+  const int64_t tiles_bound = max_tiles(T, l, bt);
+  const int64_t rows_bound = T * l.topk + T;
+  const int32_t* total_rows = group_offset + (l.num_experts + 1);
+  const bool fp8 = l.quantize_activations;
+  // K split: measured on H200 (bench_moe): 8-token tiles are fastest with 2 (T = 1: 129 us vs
+  // 163 us unsplit and 144 us with 4), 16-token tiles without a split.
+  int ks = tuning.k_split > 0 ? tuning.k_split : (bt == 8 ? 2 : 1);
+  if (bt >= 32 || (bt == 16 && ks > 2)) ks = 1;  // the instantiated (tile, split) pairs
+  const auto run = [&](auto nt, auto kss) {
+    return launch_gemms<decltype(nt)::value, decltype(kss)::value>(
+        g1, g2, tiles_bound, l.inter, l.dim, h, hq, total_rows, rows_bound, fp8, stream);
+  };
+  using I1 = std::integral_constant<int, 1>;
+  using I2 = std::integral_constant<int, 2>;
+  using I4 = std::integral_constant<int, 4>;
+  using I8 = std::integral_constant<int, 8>;
+  if (bt == 8) {
+    DS_RETURN_IF_ERROR(ks == 4 ? run(I1{}, I4{}) : ks == 2 ? run(I1{}, I2{}) : run(I1{}, I1{}));
+  } else if (bt == 16) {
+    DS_RETURN_IF_ERROR(ks == 2 ? run(I2{}, I2{}) : run(I2{}, I1{}));
+  } else if (bt == 32) {
+    DS_RETURN_IF_ERROR(run(I4{}, I1{}));
+  } else {
+    DS_RETURN_IF_ERROR(run(I8{}, I1{}));
+  }
+  combine_kernel<<<dim3(unsigned(T), unsigned(ceil_div(l.dim, 1024))), 256, 0, stream>>>(
+      ybuf, experts, T, l.dim, l.topk, l.expert_begin, l.expert_end, l.add_shared, y);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ok_status();
+}
+
+}  // namespace ds::cuda

@@ -1,0 +1,109 @@
+// Mixture of experts on the GPU (dsv4-model.md §8, §10; issue #8): routing (sqrt-softplus
+// scores, bias-corrected top-k or hash routing through tid2eid, renormalization, route scale),
+// token grouping by expert (device-side counts, offsets, permutation), the fused gate/up
+// projection with the clamped SwiGLU and the route weight, the down projection, the shared expert
+// and the combine back to token order. The CPU oracle is ds::cpu::moe_forward
+// (src/kernels/cpu/moe.h); the numerics follow it (see NOTES.md for the accumulation order).
+//
+// Expert weights stay in their checkpoint format (MXFP4, NVFP4 or FP8 128x128 blocks) and are
+// dequantized to bf16 in registers (exact: every FP4/FP8 weight times its block scale is a bf16
+// value; the NVFP4 global scale multiplies the fp32 accumulator), the products run on the tensor
+// cores as bf16 mma.sync (sm_80+, so sm_90/100/120) with fp32 accumulation. In reference numerics
+// the activations are FP8-simulated per 128 K-elements first (quantize then dequantize, which is
+// exact in bf16), so the GPU sees exactly the operands the CPU reference sees.
+//
+// The shared expert runs as one more group of the same grouped launches (every token, weight 1).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/status.h"
+#include "kernels/cpu/moe.h"
+
+namespace ds::cuda {
+
+// One expert's three matrices as device pointers (w1 and w3 [inter, dim], w2 [dim, inter]).
+struct MoeDeviceExpert {
+  const uint8_t* data[3] = {nullptr, nullptr, nullptr};   // w1, w3, w2
+  const uint8_t* scale[3] = {nullptr, nullptr, nullptr};  // per format (see cpu::WeightFormat)
+  float global_scale[3] = {1.0f, 1.0f, 1.0f};             // NVFP4 only
+  uint8_t format[3] = {0, 0, 0};                          // cpu::WeightFormat
+};
+
+// A MoE layer prepared once at load time. Built from a cpu::MoeParams whose pointers are device
+// addresses (LinearWeight data/scale of the gate, experts and shared expert; router bias and
+// tid2eid); the struct itself and the experts array are host memory. create() copies the per-
+// expert pointer table to a small device array (the only allocation; none per step).
+class MoeDeviceLayer {
+ public:
+  static Result<MoeDeviceLayer> create(const cpu::MoeParams& device_views);
+  MoeDeviceLayer() = default;
+  ~MoeDeviceLayer();
+  MoeDeviceLayer(MoeDeviceLayer&& other) noexcept;
+  MoeDeviceLayer& operator=(MoeDeviceLayer&& other) noexcept;
+  MoeDeviceLayer(const MoeDeviceLayer&) = delete;
+  MoeDeviceLayer& operator=(const MoeDeviceLayer&) = delete;
+
+  int64_t dim = 0;          // D
+  int64_t inter = 0;        // moe_intermediate_size (shared expert: the same)
+  int64_t num_experts = 0;  // E
+  int64_t topk = 0;
+  float route_scale = 1.5f;
+  float renorm_epsilon = 0.0f;
+  // Router: gate [E, D] fp32 or bf16 (device), bias [E] nullable, tid2eid [vocab, topk] nullable.
+  const void* gate = nullptr;
+  bool gate_bf16 = false;
+  const float* bias = nullptr;
+  const int32_t* tid2eid = nullptr;
+  int64_t vocab_size = 0;
+  float swiglu_limit = 10.0f;
+  bool shared_expert_clamp = false;
+  bool quantize_activations = true;
+  bool round_bf16 = false;
+  int64_t expert_begin = 0;
+  int64_t expert_end = 0;  // resolved (never -1)
+  bool add_shared = true;
+  // Device array [E + 1]: the routed experts, then the shared expert at index E.
+  MoeDeviceExpert* experts = nullptr;
+
+ private:
+  void release();
+};
+
+// Kernel choices, 0 = heuristic (benchmarks and tests only).
+struct MoeTuning {
+  int tile_tokens = 0;  // 8, 16, 32 or 64 rows per grouped-GEMM tile
+  int k_split = 0;      // warps of a CTA splitting K: 1, 2 or 4 (only with 8 or 16-row tiles)
+};
+
+// Runs the MoE forward. Stateless apart from the configuration: all scratch lives in the
+// caller's workspace. No allocation, no host synchronization; the launch geometry depends on T
+// and the layer's shapes only (counts, offsets and tile lists live on the device), so a forward
+// can be captured in a CUDA graph for a fixed T.
+class MoeRunner {
+ public:
+  // Bytes of workspace for up to max_tokens tokens of this layer's shapes (256-byte aligned parts).
+  static size_t workspace_bytes(int64_t max_tokens, const MoeDeviceLayer& layer);
+
+  // y = moe(x), equal to cpu::moe_forward up to fp32 accumulation order (NOTES.md).
+  //   x         [T, D] fp32, device
+  //   token_ids [T] device, needed when the layer hash-routes (else nullable)
+  //   y         [T, D] fp32, device (written, not accumulated)
+  //   workspace >= workspace_bytes(T, layer), 256-byte aligned
+  static Status forward(const MoeDeviceLayer& layer, const float* x, const int32_t* token_ids,
+                        int64_t T, float* y, void* workspace, cudaStream_t stream,
+                        const MoeTuning& tuning = {});
+
+  // The routing alone (for tests): experts [T, topk] int32, weights [T, topk] fp32, device.
+  static Status route(const MoeDeviceLayer& layer, const float* x, const int32_t* token_ids,
+                      int64_t T, int32_t* experts, float* weights, void* workspace,
+                      cudaStream_t stream);
+
+  // The tokens-per-tile of the grouped GEMMs that forward() picks for T tokens (8, 16, 32 or 64).
+  static int tile_tokens(int64_t T, const MoeDeviceLayer& layer);
+};
+
+}  // namespace ds::cuda

@@ -1,0 +1,439 @@
+// MoE on the GPU (kernels/cuda/moe) against the CPU oracle cpu::moe_forward / cpu::moe_route, at
+// the tiny shape (D 256, 8 experts, top-2, inter 128) and the Flash shape (D 4096, 256 experts,
+// top-6, inter 2048), T = 1, 16, 64, 512, 4096, uniform and skewed routing (every token to one
+// expert through a large bias), empty experts, hash routing, an expert-parallel range without the
+// shared expert, hf-style numerics, MXFP4 and NVFP4 routed experts (FP8-block shared expert).
+//
+// Weights: random fp32 quantized with the project's FP4 quantizer (cpu::quantize_fp4_blocks =
+// MXFP4, e8m0 per 32) or the NVFP4 / FP8-block recipes of model/weight_format.h (re-implemented
+// here with core/dtype.h: the kernels-only build has no model library). The Flash shape uses a
+// pool of 4 distinct expert weight sets (expert e uses set e % 4; the GPU sees 256 experts with
+// their own pointers), and for T >= 512 the oracle runs on a sample of 24 tokens only (the MoE is
+// per-token independent): the CPU reference needs ~0.2 s per Flash token.
+//
+// Tolerance: both sides multiply the same operands (the weights dequantized exactly to bf16, the
+// activations FP8-simulated per 128, which is exact in bf16) with fp32 accumulation; the sums run
+// in a different order (~1e-6 relative), and an element of the SwiGLU output h that lies next to
+// an FP8 (or bf16) rounding boundary can round one step differently (1/16 of itself, one term of
+// the inter-long w2 sum). Bound: max |gpu - cpu| <= max(1e-2, 0.3 / sqrt(inter)) * rms(cpu) +
+// 1e-5, and mean |gpu - cpu| <= 1e-3 * rms(cpu) (5x both in hf numerics, see run_case). Measured
+// on H200: MXFP4 ~1e-6 relative (max), NVFP4 up to 1.3e-2 at the tiny shape (FP8 flips of h).
+// The routing (experts) must match exactly, except for tokens whose k-th and (k+1)-th biased
+// scores are within 1e-5 (fp32 logits summed in another order may swap them); such tokens are
+// excluded from the comparison and counted.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/moe.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cuda/moe/moe.h"
+#include "kernels/cuda_test_util.h"
+
+namespace ds {
+namespace {
+
+using cpu::LinearWeight;
+using cpu::WeightFormat;
+using test::DeviceBuffer;
+
+// Deterministic uniform [-1, 1) from a counter (fast enough for ~10^8 Flash weights).
+float hash_uniform(uint64_t seed, uint64_t i) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull + 0x94D049BB133111EBull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return float(z >> 40) / float(1 << 23) - 1.0f;
+}
+
+std::vector<float> random_vec(size_t n, uint64_t seed, float scale) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = hash_uniform(seed, i) * scale;
+  return v;
+}
+
+// A quantized matrix on the host and the device.
+struct QMatrix {
+  WeightFormat format;
+  int64_t n = 0, k = 0;
+  std::vector<uint8_t> data, scale;
+  float global_scale = 1.0f;
+  std::unique_ptr<DeviceBuffer<uint8_t>> d_data, d_scale;
+  LinearWeight host() const {
+    return {format, n, k, data.data(), scale.data(), global_scale};
+  }
+  LinearWeight device() const {
+    return {format, n, k, d_data->get(), d_scale->get(), global_scale};
+  }
+};
+
+void quantize_nvfp4(const std::vector<float>& w, int64_t n, int64_t k, QMatrix& q) {
+  float amax = 0.0f;
+  for (float v : w) amax = std::max(amax, std::fabs(v));
+  q.global_scale = amax > 0.0f ? amax / (448.0f * 6.0f) : 1.0f;
+  q.data.assign(size_t(n * k / 2), 0);
+  q.scale.assign(size_t(n * k / 16), 0);
+  for (int64_t b = 0; b < n * k / 16; ++b) {
+    float bmax = 0.0f;
+    for (int i = 0; i < 16; ++i) bmax = std::max(bmax, std::fabs(w[size_t(b * 16 + i)]));
+    const uint8_t sc = float_to_e4m3(bmax / (6.0f * q.global_scale));
+    q.scale[size_t(b)] = sc;
+    const float s = e4m3_to_float(sc) * q.global_scale;
+    for (int i = 0; i < 16; ++i) {
+      const int64_t idx = b * 16 + i;
+      const uint8_t code = s > 0.0f ? float_to_e2m1(w[size_t(idx)] / s) : 0;
+      q.data[size_t(idx / 2)] |= uint8_t((idx % 2 == 0) ? code : (code << 4));
+    }
+  }
+}
+
+void quantize_fp8_block(const std::vector<float>& w, int64_t n, int64_t k, QMatrix& q) {
+  const int64_t nb = (n + 127) / 128, kb = (k + 127) / 128;
+  q.data.assign(size_t(n * k), 0);
+  q.scale.assign(size_t(nb * kb), 0);
+  for (int64_t bi = 0; bi < nb; ++bi) {
+    for (int64_t bj = 0; bj < kb; ++bj) {
+      float amax = 0.0f;
+      for (int64_t r = bi * 128; r < std::min(n, bi * 128 + 128); ++r)
+        for (int64_t c = bj * 128; c < std::min(k, bj * 128 + 128); ++c)
+          amax = std::max(amax, std::fabs(w[size_t(r * k + c)]));
+      const uint8_t sc = amax > 0.0f ? e8m0_ceil_pow2(amax / 448.0f) : uint8_t(127);
+      q.scale[size_t(bi * kb + bj)] = sc;
+      const float s = e8m0_to_float(sc);
+      for (int64_t r = bi * 128; r < std::min(n, bi * 128 + 128); ++r)
+        for (int64_t c = bj * 128; c < std::min(k, bj * 128 + 128); ++c)
+          q.data[size_t(r * k + c)] =
+              float_to_e4m3(std::clamp(w[size_t(r * k + c)] / s, -448.f, 448.f));
+    }
+  }
+}
+
+std::unique_ptr<QMatrix> make_matrix(WeightFormat format, int64_t n, int64_t k, uint64_t seed) {
+  auto q = std::make_unique<QMatrix>();
+  q->format = format;
+  q->n = n;
+  q->k = k;
+  const std::vector<float> w = random_vec(size_t(n * k), seed, 2.0f / std::sqrt(float(k)));
+  if (format == WeightFormat::kMxfp4) {
+    q->data.resize(size_t(n * k / 2));
+    q->scale.resize(size_t(n * k / 32));
+    cpu::quantize_fp4_blocks(w.data(), n * k, 32, q->data.data(), q->scale.data(), nullptr);
+  } else if (format == WeightFormat::kNvfp4) {
+    quantize_nvfp4(w, n, k, *q);
+  } else {
+    quantize_fp8_block(w, n, k, *q);
+  }
+  q->d_data = std::make_unique<DeviceBuffer<uint8_t>>(q->data.size());
+  q->d_scale = std::make_unique<DeviceBuffer<uint8_t>>(q->scale.size());
+  EXPECT_EQ(q->d_data->upload(q->data), cudaSuccess);
+  EXPECT_EQ(q->d_scale->upload(q->scale), cudaSuccess);
+  return q;
+}
+
+struct Shape {
+  int64_t dim, inter, experts, topk, pool;
+};
+constexpr Shape kTiny{256, 128, 8, 2, 8};
+constexpr Shape kFlash{4096, 2048, 256, 6, 4};
+
+// Weights of one layer shape and routed format (built once per shape/format, kept for all cases).
+struct LayerWeights {
+  Shape shape;
+  WeightFormat format;
+  std::vector<std::unique_ptr<QMatrix>> pool;  // [pool][3]: w1, w3, w2
+  std::unique_ptr<QMatrix> shared[3];
+  std::vector<float> gate;
+  std::unique_ptr<DeviceBuffer<float>> d_gate;
+  std::vector<cpu::ExpertWeights> host_experts, device_experts;
+
+  LayerWeights(Shape s, WeightFormat f) : shape(s), format(f) {
+    const uint64_t seed = 1000 + uint64_t(f) * 100 + uint64_t(s.dim);
+    for (int64_t p = 0; p < s.pool; ++p) {
+      pool.push_back(make_matrix(f, s.inter, s.dim, seed + 3 * p));
+      pool.push_back(make_matrix(f, s.inter, s.dim, seed + 3 * p + 1));
+      pool.push_back(make_matrix(f, s.dim, s.inter, seed + 3 * p + 2));
+    }
+    shared[0] = make_matrix(WeightFormat::kFp8Block, s.inter, s.dim, seed + 77);
+    shared[1] = make_matrix(WeightFormat::kFp8Block, s.inter, s.dim, seed + 78);
+    shared[2] = make_matrix(WeightFormat::kFp8Block, s.dim, s.inter, seed + 79);
+    gate = random_vec(size_t(s.experts * s.dim), seed + 99, 2.0f / std::sqrt(float(s.dim)));
+    d_gate = std::make_unique<DeviceBuffer<float>>(gate.size());
+    EXPECT_EQ(d_gate->upload(gate), cudaSuccess);
+    for (int64_t e = 0; e < s.experts; ++e) {
+      const int64_t p = e % s.pool;
+      host_experts.push_back({pool[size_t(3 * p)]->host(), pool[size_t(3 * p + 2)]->host(),
+                              pool[size_t(3 * p + 1)]->host()});
+      device_experts.push_back({pool[size_t(3 * p)]->device(), pool[size_t(3 * p + 2)]->device(),
+                                pool[size_t(3 * p + 1)]->device()});
+    }
+  }
+};
+
+LayerWeights& layer_weights(Shape s, WeightFormat f) {
+  static std::vector<std::unique_ptr<LayerWeights>> cache;
+  for (auto& l : cache)
+    if (l->shape.dim == s.dim && l->format == f) return *l;
+  cache.push_back(std::make_unique<LayerWeights>(s, f));
+  return *cache.back();
+}
+
+struct Case {
+  std::string name;
+  Shape shape;
+  WeightFormat format;
+  int64_t T;
+  bool skew = false;     // every token to expert 3 (bias)
+  bool hash = false;     // tid2eid routing
+  int64_t begin = 0, end = -1;
+  bool add_shared = true;
+  bool hf = false;       // quantize_activations off, round_bf16 on, shared clamp, eps 1e-20
+  int64_t oracle_tokens = 0;  // 0 = all
+  cuda::MoeTuning tuning;     // default: the heuristic
+};
+
+void run_case(const Case& c) {
+  const Shape s = c.shape;
+  LayerWeights& lw = layer_weights(s, c.format);
+  const int64_t T = c.T, D = s.dim, E = s.experts, K = s.topk;
+
+  std::vector<float> x = random_vec(size_t(T * D), 7 + uint64_t(T), 1.0f);
+  std::vector<float> bias = random_vec(size_t(E), 11, 0.05f);
+  if (c.skew) bias[3] = 1000.0f;
+  const int64_t vocab = 1000;
+  std::vector<int32_t> tid2eid(size_t(vocab * K)), token_ids(static_cast<size_t>(T));
+  for (int64_t v = 0; v < vocab; ++v) {
+    // k distinct experts per row.
+    for (int64_t i = 0; i < K; ++i) tid2eid[size_t(v * K + i)] = int32_t((v * 7 + i * 5) % E);
+  }
+  for (int64_t t = 0; t < T; ++t) token_ids[size_t(t)] = int32_t((t * 131 + 17) % vocab);
+
+  DeviceBuffer<float> d_x(x.size()), d_bias(bias.size()), d_y(size_t(T * D));
+  DeviceBuffer<int32_t> d_tid2eid(tid2eid.size()), d_tok(token_ids.size());
+  ASSERT_TRUE(d_x.ok() && d_y.ok());
+  DS_CUDA_ASSERT(d_x.upload(x));
+  DS_CUDA_ASSERT(d_bias.upload(bias));
+  DS_CUDA_ASSERT(d_tid2eid.upload(tid2eid));
+  DS_CUDA_ASSERT(d_tok.upload(token_ids));
+
+  cpu::MoeParams hp;
+  hp.router_config = {E, K, 1.5f, c.hf ? 1e-20f : 0.0f};
+  hp.router.gate = {WeightFormat::kF32, E, D, lw.gate.data(), nullptr, 1.0f};
+  hp.router.bias = c.hash ? nullptr : bias.data();
+  hp.router.tid2eid = c.hash ? tid2eid.data() : nullptr;
+  hp.router.vocab_size = vocab;
+  hp.experts = lw.host_experts.data();
+  hp.shared = {lw.shared[0]->host(), lw.shared[2]->host(), lw.shared[1]->host()};
+  hp.swiglu_limit = 10.0f;
+  hp.shared_expert_clamp = c.hf;
+  hp.quantize_activations = !c.hf;
+  hp.round_bf16 = c.hf;
+  hp.expert_begin = c.begin;
+  hp.expert_end = c.end;
+  hp.add_shared = c.add_shared;
+
+  cpu::MoeParams dp = hp;
+  dp.router.gate.data = lw.d_gate->get();
+  dp.router.bias = c.hash ? nullptr : d_bias.get();
+  dp.router.tid2eid = c.hash ? d_tid2eid.get() : nullptr;
+  dp.experts = lw.device_experts.data();
+  dp.shared = {lw.shared[0]->device(), lw.shared[2]->device(), lw.shared[1]->device()};
+
+  auto layer = cuda::MoeDeviceLayer::create(dp);
+  ASSERT_TRUE(layer.ok()) << layer.status().message();
+  const size_t ws_bytes = cuda::MoeRunner::workspace_bytes(T, *layer);
+  DeviceBuffer<uint8_t> ws(ws_bytes);
+  ASSERT_TRUE(ws.ok());
+  DS_CUDA_ASSERT(ws.poison());
+  DS_CUDA_ASSERT(d_y.poison());
+  const Status st = cuda::MoeRunner::forward(*layer, d_x.get(), d_tok.get(), T, d_y.get(),
+                                             ws.get(), 0, c.tuning);
+  ASSERT_TRUE(st.ok()) << st.message();
+  DS_CUDA_ASSERT(cudaDeviceSynchronize());
+  std::vector<float> y;
+  DS_CUDA_ASSERT(d_y.download(y));
+
+  // Routing on the GPU vs the CPU for every token.
+  DeviceBuffer<int32_t> d_ex(size_t(T * K));
+  DeviceBuffer<float> d_w(size_t(T * K));
+  DS_CUDA_ASSERT(d_ex.poison());
+  const Status rst =
+      cuda::MoeRunner::route(*layer, d_x.get(), d_tok.get(), T, d_ex.get(), d_w.get(), ws.get(), 0);
+  ASSERT_TRUE(rst.ok()) << rst.message();
+  DS_CUDA_ASSERT(cudaDeviceSynchronize());
+  std::vector<int32_t> g_ex;
+  std::vector<float> g_w;
+  DS_CUDA_ASSERT(d_ex.download(g_ex));
+  DS_CUDA_ASSERT(d_w.download(g_w));
+
+  // Oracle tokens: all, or an even sample.
+  std::vector<int64_t> tokens;
+  const int64_t n_oracle = c.oracle_tokens > 0 ? std::min(c.oracle_tokens, T) : T;
+  for (int64_t i = 0; i < n_oracle; ++i) tokens.push_back(i * T / n_oracle);
+  std::vector<float> xs(size_t(n_oracle * D));
+  std::vector<int32_t> ids(static_cast<size_t>(n_oracle));
+  for (int64_t i = 0; i < n_oracle; ++i) {
+    std::copy(x.begin() + tokens[size_t(i)] * D, x.begin() + (tokens[size_t(i)] + 1) * D,
+              xs.begin() + i * D);
+    ids[size_t(i)] = token_ids[size_t(tokens[size_t(i)])];
+  }
+  std::vector<int32_t> c_ex(size_t(n_oracle * K));
+  std::vector<float> c_w(size_t(n_oracle * K));
+  cpu::moe_route(hp.router_config, hp.router, xs.data(), ids.data(), n_oracle, c_ex.data(),
+                 c_w.data());
+  // Near-ties of the k-th and (k+1)-th biased scores.
+  std::vector<float> logits(size_t(n_oracle * E));
+  cpu::linear(xs.data(), n_oracle, hp.router.gate, false, logits.data());
+  std::vector<bool> tie(size_t(n_oracle), false);
+  int64_t ties = 0;
+  if (!c.hash) {
+    for (int64_t i = 0; i < n_oracle; ++i) {
+      std::vector<float> b(static_cast<size_t>(E));
+      for (int64_t e = 0; e < E; ++e)
+        b[size_t(e)] = cpu::sqrt_softplus(logits[size_t(i * E + e)]) + bias[size_t(e)];
+      std::sort(b.begin(), b.end(), std::greater<float>());
+      const float margin = b[size_t(K - 1)] - b[size_t(K)];
+      if (K < E && margin < 1e-5f * std::max(1.0f, std::fabs(b[size_t(K)]))) {
+        tie[size_t(i)] = true;
+        ++ties;
+      }
+    }
+  }
+  for (int64_t i = 0; i < n_oracle; ++i) {
+    if (tie[size_t(i)]) continue;
+    const int64_t t = tokens[size_t(i)];
+    for (int64_t j = 0; j < K; ++j) {
+      ASSERT_EQ(g_ex[size_t(t * K + j)], c_ex[size_t(i * K + j)]) << "token " << t << " slot " << j;
+      ASSERT_NEAR(g_w[size_t(t * K + j)], c_w[size_t(i * K + j)], 1e-5f) << "token " << t;
+    }
+  }
+
+  std::vector<float> ref(size_t(n_oracle * D));
+  cpu::moe_forward(hp, xs.data(), ids.data(), n_oracle, ref.data());
+  double sumsq = 0.0;
+  int64_t counted = 0;
+  for (int64_t i = 0; i < n_oracle; ++i) {
+    if (tie[size_t(i)]) continue;
+    for (int64_t d = 0; d < D; ++d) {
+      sumsq += double(ref[size_t(i * D + d)]) * ref[size_t(i * D + d)];
+    }
+    counted += D;
+  }
+  const double rms = counted ? std::sqrt(sumsq / double(counted)) : 0.0;
+  double max_err = 0.0, sum_err = 0.0;
+  int64_t worst = -1;
+  for (int64_t i = 0; i < n_oracle; ++i) {
+    if (tie[size_t(i)]) continue;
+    const int64_t t = tokens[size_t(i)];
+    for (int64_t d = 0; d < D; ++d) {
+      const double g = y[size_t(t * D + d)], r = ref[size_t(i * D + d)];
+      const double err = std::isfinite(g) ? std::fabs(g - r) : 1e30;
+      sum_err += err;
+      if (err > max_err) {
+        max_err = err;
+        worst = t * D + d;
+      }
+    }
+  }
+  const double mean_err = counted ? sum_err / double(counted) : 0.0;
+  std::printf("[%s bt%d ks%d] T=%lld oracle=%lld ties=%lld rms=%.4g max_err=%.3g (%.2e rel) "
+              "mean_err=%.3g\n",
+              c.name.c_str(), c.tuning.tile_tokens, c.tuning.k_split, (long long)T,
+              (long long)n_oracle, (long long)ties, rms, max_err,
+              rms > 0 ? max_err / rms : 0.0, mean_err);
+  EXPECT_LE(ties, std::max<int64_t>(1, n_oracle / 50)) << "too many near-ties to be a tie problem";
+  EXPECT_GT(rms, 0.0);
+  // One h element rounding one FP8 step (1/16) apart moves y by ~|h w2| / 16, i.e. ~1/(16
+  // sqrt(inter)) of rms(y) times the outlier factor of |h w2|: the max bound grows as inter shrinks
+  // (0.027 rms at inter 128, 0.01 at 2048). hf numerics: the GPU rounds the fp32 inputs of every
+  // GEMM to bf16 (the CPU keeps fp32; relative error 2^-9 per input) and each bf16 rounding of a,
+  // b, h and y can land one bf16 step apart: 5x both bounds.
+  const double tol = c.hf ? 5.0 : 1.0;
+  const double max_rel = std::max(1e-2, 0.3 / std::sqrt(double(s.inter)));
+  EXPECT_LE(max_err, tol * max_rel * rms + 1e-5) << "worst element " << worst;
+  EXPECT_LE(mean_err, tol * 1e-3 * rms + 1e-6);
+}
+
+class MoeCuda : public ::testing::Test {
+ protected:
+  void SetUp() override { DS_REQUIRE_GPU(); }
+};
+
+TEST_F(MoeCuda, TinyUniformMxfp4) {
+  for (int64_t T : {1, 16, 64, 512, 4096}) run_case({"tiny mxfp4", kTiny, WeightFormat::kMxfp4, T});
+}
+TEST_F(MoeCuda, TinyUniformNvfp4) {
+  for (int64_t T : {1, 16, 64, 512, 4096}) run_case({"tiny nvfp4", kTiny, WeightFormat::kNvfp4, T});
+}
+TEST_F(MoeCuda, TinySkewed) {
+  // Every token picks expert 3 (+ one more): one huge group, the other experts (nearly) empty.
+  for (int64_t T : {1, 64, 512}) {
+    run_case({"tiny skew mxfp4", kTiny, WeightFormat::kMxfp4, T, true});
+    run_case({"tiny skew nvfp4", kTiny, WeightFormat::kNvfp4, T, true});
+  }
+}
+TEST_F(MoeCuda, TinyHashRouting) {
+  for (int64_t T : {1, 16, 512}) {
+    run_case({"tiny hash", kTiny, WeightFormat::kMxfp4, T, false, true});
+  }
+}
+TEST_F(MoeCuda, TinyExpertRangeNoShared) {
+  // Expert parallelism: experts [2, 6) only, no shared expert; some tokens get no expert at all.
+  for (int64_t T : {1, 64}) {
+    Case c{"tiny range", kTiny, WeightFormat::kNvfp4, T};
+    c.begin = 2;
+    c.end = 6;
+    c.add_shared = false;
+    run_case(c);
+  }
+}
+TEST_F(MoeCuda, TinyHfNumerics) {
+  for (int64_t T : {16, 512}) {
+    Case c{"tiny hf", kTiny, WeightFormat::kMxfp4, T};
+    c.hf = true;
+    run_case(c);
+  }
+}
+TEST_F(MoeCuda, FlashMxfp4) {
+  for (int64_t T : {1, 16, 64}) run_case({"flash mxfp4", kFlash, WeightFormat::kMxfp4, T});
+  for (int64_t T : {512, 4096}) {
+    Case c{"flash mxfp4", kFlash, WeightFormat::kMxfp4, T};
+    c.oracle_tokens = 24;
+    run_case(c);
+  }
+}
+TEST_F(MoeCuda, FlashNvfp4) {
+  run_case({"flash nvfp4", kFlash, WeightFormat::kNvfp4, 16});
+  Case c{"flash nvfp4", kFlash, WeightFormat::kNvfp4, 4096};
+  c.oracle_tokens = 24;
+  run_case(c);
+}
+TEST_F(MoeCuda, FlashSkewedAndHash) {
+  Case skew{"flash skew", kFlash, WeightFormat::kMxfp4, 512, true};
+  skew.oracle_tokens = 24;
+  run_case(skew);
+  run_case({"flash hash", kFlash, WeightFormat::kMxfp4, 16, false, true});
+}
+
+TEST_F(MoeCuda, KernelVariants) {
+  // Every instantiated (tile rows, K split) pair of the grouped GEMMs, at both shapes.
+  const int variants[][2] = {{8, 1}, {8, 2}, {8, 4}, {16, 1}, {16, 2}, {32, 1}, {64, 1}};
+  for (const auto& v : variants) {
+    Case tiny{"tiny nvfp4 variant", kTiny, WeightFormat::kNvfp4, 64};
+    tiny.tuning = {v[0], v[1]};
+    run_case(tiny);
+    Case flash{"flash mxfp4 variant", kFlash, WeightFormat::kMxfp4, 64};
+    flash.tuning = {v[0], v[1]};
+    run_case(flash);
+  }
+}
+
+}  // namespace
+}  // namespace ds
