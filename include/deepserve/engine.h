@@ -71,7 +71,24 @@ struct EngineFaultHooks {
   // as a sticky device error would: every in-flight request ends with finish_reason error, the
   // engine turns dead (health().dead, submit answers kUnavailable).
   int64_t sticky_fault_at_step = 0;
+  // Speculative decoding: called for every draft the engine proposes, with the sequence so far
+  // (prompt + output) and the MTP draft; it may replace the draft (same or shorter length). The
+  // replaced tokens count as proposed from a point mass (for sampling requests). Tests use it to
+  // exercise acceptance on a model whose MTP layer predicts nothing.
+  std::function<void(const std::vector<int32_t>& tokens, std::vector<int32_t>* draft)>
+      spec_draft_override;
 };
+
+// Speculative decoding (docs/speculative.md), `--speculative-config`.
+struct SpeculativeConfig {
+  std::string method;                  // "" = off; "mtp" (the model's MTP layer drafts)
+  int64_t num_speculative_tokens = 0;  // k: draft tokens per step, [1, 8] (and < sliding_window)
+  bool adaptive = true;                // lower k or turn speculation off when it does not pay
+};
+// Parses {"method": "mtp", "num_speculative_tokens": k, "adaptive": true|false (optional)}.
+// Returns false with a message naming the field for bad JSON, unknown fields or bad values.
+bool parse_speculative_config(const std::string& json, SpeculativeConfig* out,
+                              std::string* error);
 
 struct EngineConfig {
   std::string model_dir;               // "" = the embedded tiny model (generated on first use)
@@ -90,6 +107,7 @@ struct EngineConfig {
   bool full_scan = false;                 // validate every weight value at load (rule 23)
   std::function<void(const LoadProgress&)> on_progress;  // called from the loading thread
   EngineFaultHooks fault;                                // test builds only, see EngineFaultHooks
+  SpeculativeConfig speculative;                         // off unless method is set
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -224,8 +242,13 @@ struct EngineMetrics {
   int64_t requests_failed_total = 0;    // finish_reason error
   int64_t requests_rejected_total = 0;  // 429/503 at admission
   int64_t engine_steps_total = 0;
+  // Speculative decoding: verify steps of one sequence with >= 1 draft token (drafts), draft
+  // tokens verified, draft tokens accepted; the k the adaptive policy chose last (0 = off).
+  // Acceptance rate = accepted / draft tokens; mean accepted length = 1 + accepted / drafts.
+  int64_t spec_num_drafts_total = 0;
   int64_t spec_draft_tokens_total = 0;
   int64_t spec_accepted_tokens_total = 0;
+  int64_t spec_num_speculative_tokens = 0;
   int64_t requests_corrupted_total = 0;  // ended by non-finite logits (GF3); also counted failed
   int64_t kv_capacity_tokens = 0;        // tokens one sequence can hold at most
   // Free/total per KV pool ("compressed_r4", "compressed_r128", "indexer_keys" in pages of 256

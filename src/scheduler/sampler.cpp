@@ -105,7 +105,7 @@ void Sampler::accept(int32_t token) {
   ++num_output_;
 }
 
-int32_t Sampler::sample(const float* logits) {
+void Sampler::adjust(const float* logits) {
   const int64_t V = vocab_;
   work_.assign(logits, logits + V);
   float* w = work_.data();
@@ -134,14 +134,23 @@ int32_t Sampler::sample(const float* logits) {
                     (n > 0 ? params_.presence_penalty : 0.0));
     }
   }
-  // 4. greedy.
-  if (greedy()) {
-    int32_t best = 0;
-    for (int64_t i = 1; i < V; ++i) {
-      if (w[i] > w[best]) best = int32_t(i);
-    }
-    return best;
+}
+
+int32_t Sampler::argmax_adjusted() const {
+  const float* w = work_.data();
+  int32_t best = 0;
+  for (int64_t i = 1; i < vocab_; ++i) {
+    if (w[i] > w[best]) best = int32_t(i);
   }
+  return best;
+}
+
+int32_t Sampler::sample(const float* logits) {
+  const int64_t V = vocab_;
+  adjust(logits);
+  float* w = work_.data();
+  // 4. greedy.
+  if (greedy()) return argmax_adjusted();
   // Softmax of w / T (unnormalized; the draw renormalizes).
   const double T = params_.temperature;
   float mx = -std::numeric_limits<float>::infinity();
@@ -222,6 +231,115 @@ int32_t Sampler::sample(const float* logits) {
     if (u < 0) return order_[size_t(i)];
   }
   return order_[size_t(keep - 1)];
+}
+
+void Sampler::distribution(const float* logits, std::vector<double>* out) {
+  const int64_t V = vocab_;
+  adjust(logits);
+  out->assign(size_t(V), 0.0);
+  if (greedy()) {
+    (*out)[size_t(argmax_adjusted())] = 1.0;
+    return;
+  }
+  // The same values and candidate set as sample(): p = exp((w - max) / T) in float, then top-k,
+  // top-p and min-p over the descending order (ties to the lower id), renormalized.
+  const float* w = work_.data();
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < V; ++i) mx = std::max(mx, w[i]);
+  const float inv_t = float(1.0 / params_.temperature);
+  std::vector<double> p(static_cast<size_t>(V));
+  for (int64_t i = 0; i < V; ++i) p[size_t(i)] = double(std::exp((w[i] - mx) * inv_t));
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), ByValueDesc{w});
+  int64_t keep = V;
+  if (params_.top_k > 0 && params_.top_k < V) keep = params_.top_k;
+  if (params_.top_p < 1.0) {
+    double kept_mass = 0;
+    for (int64_t i = 0; i < keep; ++i) kept_mass += p[size_t(order[size_t(i)])];
+    const double target = params_.top_p * kept_mass;
+    double mass = 0;
+    int64_t n = 0;
+    while (n < keep) {
+      mass += p[size_t(order[size_t(n++)])];
+      if (mass >= target) break;
+    }
+    keep = std::max<int64_t>(1, n);
+  }
+  if (params_.min_p > 0.0) {
+    const double cut = params_.min_p * p[size_t(order[0])];
+    int64_t n = 1;
+    while (n < keep && p[size_t(order[size_t(n)])] >= cut) ++n;
+    keep = n;
+  }
+  double total = 0;
+  for (int64_t i = 0; i < keep; ++i) total += p[size_t(order[size_t(i)])];
+  for (int64_t i = 0; i < keep; ++i) {
+    const int32_t id = order[size_t(i)];
+    (*out)[size_t(id)] = p[size_t(id)] / total;
+  }
+}
+
+namespace {
+
+// A draw from weights p (not necessarily normalized; the last positive one absorbs rounding).
+int32_t draw_from(const std::vector<double>& p, double u01) {
+  double total = 0;
+  for (double v : p) total += v;
+  double u = u01 * total;
+  int32_t last = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] <= 0) continue;
+    last = int32_t(i);
+    u -= p[i];
+    if (u < 0) return int32_t(i);
+  }
+  return last;
+}
+
+}  // namespace
+
+int32_t Sampler::propose(const float* logits, std::vector<double>* q) {
+  q->clear();
+  if (greedy()) {
+    adjust(logits);
+    return argmax_adjusted();
+  }
+  distribution(logits, q);
+  return draw_from(*q, rng_.uniform());
+}
+
+int32_t Sampler::verify(const float* logits, int32_t draft, const std::vector<double>& q,
+                        bool* accepted) {
+  if (greedy()) {
+    adjust(logits);
+    const int32_t best = argmax_adjusted();
+    *accepted = best == draft;
+    return best;
+  }
+  std::vector<double>& p = prob_;
+  distribution(logits, &p);
+  const double qd = q.empty() ? 1.0 : q[size_t(draft)];
+  const double pd = p[size_t(draft)];
+  if (qd > 0 && rng_.uniform() * qd < pd) {  // u < p / q, without dividing
+    *accepted = true;
+    return draft;
+  }
+  *accepted = false;
+  // Residual max(0, p - q); when it is empty (p <= q everywhere, so p == q) draw from p.
+  double mass = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const double qi = q.empty() ? (int32_t(i) == draft ? 1.0 : 0.0) : q[i];
+    const double r = std::max(0.0, p[i] - qi);
+    mass += r;
+  }
+  if (mass > 0) {
+    for (size_t i = 0; i < p.size(); ++i) {
+      const double qi = q.empty() ? (int32_t(i) == draft ? 1.0 : 0.0) : q[i];
+      p[i] = std::max(0.0, p[i] - qi);
+    }
+  }
+  return draw_from(p, rng_.uniform());
 }
 
 }  // namespace ds::sched

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -54,7 +55,28 @@ class Sampler {
   int64_t num_output() const { return num_output_; }
   bool greedy() const { return params_.temperature <= 0; }
 
+  // ---- Speculative decoding (docs/speculative.md) ----
+  // The distribution sample() draws from for raw logits [vocab] (steps 1-4, normalized; greedy:
+  // all mass on the argmax).  p [vocab]
+  void distribution(const float* logits, std::vector<double>* p);
+  // Proposes a draft token from draft logits [vocab] with this request's generator. Greedy: the
+  // argmax after steps 1-3, q left empty (a point mass); otherwise a draw from q =
+  // distribution(logits), kept in *q for verify().
+  int32_t propose(const float* logits, std::vector<double>* q);
+  // The standard speculative rejection rule for a draft token proposed from q (empty q: a point
+  // mass on `draft`) against the target's raw logits [vocab] at the same position, with p =
+  // distribution(logits): accept with probability min(1, p[draft] / q[draft]) (greedy: iff draft
+  // is the argmax); on rejection draw from max(0, p - q) renormalized. The emitted token is then
+  // distributed exactly as p. Returns the token to emit (== draft when *accepted). Does not call
+  // accept().
+  int32_t verify(const float* logits, int32_t draft, const std::vector<double>& q,
+                 bool* accepted);
+
  private:
+  // Steps 1-3 into work_ (the adjusted logits).
+  void adjust(const float* logits);
+  int32_t argmax_adjusted() const;
+
   deepserve::SamplingParams params_;
   int64_t vocab_;
   int32_t eos_;

@@ -42,6 +42,7 @@ void Scheduler::preempt(SchedSeq* victim, StepPlan* plan, int64_t* budget) {
   kv_->free(victim->id);
   victim->running = false;
   victim->num_computed = 0;
+  victim->draft.clear();
   ++victim->num_preemptions;
   ++num_preemptions_;
   victim->queued = true;
@@ -65,7 +66,8 @@ StepPlan Scheduler::schedule() {
       if (remaining <= 0) continue;
       const bool decode = remaining == 1;
       if ((phase == 0) != decode) continue;
-      const int64_t n = std::min(remaining, budget);
+      const int64_t want = decode ? 1 + int64_t(seq->draft.size()) : remaining;
+      const int64_t n = std::min(want, budget);
       bool preempted_self = false;
       while (!kv_->grow(seq->id, seq->num_computed + n)) {
         SchedSeq* victim = running_.back();
@@ -76,7 +78,7 @@ StepPlan Scheduler::schedule() {
         }
       }
       if (preempted_self) break;  // seq was the newest: nothing after it runs
-      plan.chunks.push_back({seq, seq->num_computed, n, n == remaining});
+      plan.chunks.push_back({seq, seq->num_computed, n, n >= remaining, decode ? n - 1 : 0});
       plan.num_tokens += n;
       budget -= n;
       done.push_back(seq);
@@ -101,7 +103,7 @@ StepPlan Scheduler::schedule() {
 }
 
 void Scheduler::commit(const StepPlan& plan) {
-  for (const ScheduledChunk& c : plan.chunks) c.seq->num_computed += c.count;
+  for (const ScheduledChunk& c : plan.chunks) c.seq->num_computed += c.count - c.num_draft;
 }
 
 }  // namespace ds::sched

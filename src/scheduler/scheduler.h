@@ -2,7 +2,8 @@
 // KV cache manager: it decides, once per engine step, which sequences advance by how many tokens;
 // the engine runs the forward, then calls commit(). Per step, under max_num_batched_tokens and
 // max_num_seqs:
-//   1. running sequences that decode (one token left to feed), oldest first;
+//   1. running sequences that decode (one token left to feed, plus their speculative draft),
+//      oldest first;
 //   2. running sequences still prefilling, oldest first, each by a chunk up to the budget left;
 //   3. waiting sequences, front first, admitted while a slot, the budget and the pages for their
 //      first chunk are available (no preemption on behalf of a waiting sequence).
@@ -31,6 +32,10 @@ struct SchedSeq {
   int64_t num_preemptions = 0;
   bool running = false;
   bool queued = false;  // in the waiting queue
+  // Speculative decoding: draft tokens proposed after tokens.back() (not part of tokens). A
+  // decoding sequence with a draft is scheduled as a verify chunk of 1 + draft.size() tokens
+  // (fewer when the budget is short); preemption drops the draft.
+  std::vector<int32_t> draft;
 
   int64_t remaining() const { return int64_t(tokens.size()) - num_computed; }
 };
@@ -45,6 +50,9 @@ struct ScheduledChunk {
   int64_t start = 0;     // == seq->num_computed
   int64_t count = 0;     // tokens fed this step
   bool samples = false;  // the chunk reaches the end of seq->tokens: its last row is sampled
+  // Speculative verify chunk: the last num_draft of the `count` tokens are seq->draft[0..); every
+  // row is sampled. commit() counts only count - num_draft; the engine adds the accepted ones.
+  int64_t num_draft = 0;
 };
 
 struct StepPlan {
@@ -68,7 +76,7 @@ class Scheduler {
 
   // Plans one step (may preempt, see the file comment).
   StepPlan schedule();
-  // Marks the plan's tokens as computed.
+  // Marks the plan's tokens as computed (draft tokens excluded).
   void commit(const StepPlan& plan);
 
   int64_t num_running() const { return int64_t(running_.size()); }

@@ -148,10 +148,26 @@ std::string ServerMetrics::render(const deepserve::EngineMetrics* engine,
              labels + ",pool=\"" + prometheus_label_value(p.name) + "\"", double(p.total));
     }
   }
+  counter("deepserve:spec_decode_num_drafts_total",
+          "Speculative verify steps of one sequence with at least one draft token.",
+          double(m.spec_num_drafts_total));
   counter("deepserve:spec_decode_num_draft_tokens_total", "Speculative draft tokens proposed.",
           double(m.spec_draft_tokens_total));
   counter("deepserve:spec_decode_num_accepted_tokens_total", "Speculative draft tokens accepted.",
           double(m.spec_accepted_tokens_total));
+  gauge("deepserve:spec_decode_acceptance_rate",
+        "Accepted / proposed draft tokens since start (0 before any draft).",
+        m.spec_draft_tokens_total > 0
+            ? double(m.spec_accepted_tokens_total) / double(m.spec_draft_tokens_total)
+            : 0.0);
+  gauge("deepserve:spec_decode_mean_accepted_length",
+        "Tokens emitted per verify step since start: 1 + accepted / drafts (0 before any).",
+        m.spec_num_drafts_total > 0
+            ? 1.0 + double(m.spec_accepted_tokens_total) / double(m.spec_num_drafts_total)
+            : 0.0);
+  gauge("deepserve:spec_decode_num_speculative_tokens",
+        "Draft tokens per step the adaptive policy chose last (0 = speculation off).",
+        double(m.spec_num_speculative_tokens));
 
   metric_header(&out, "deepserve:request_success_total", "counter",
                 "Finished requests by finish reason.");

@@ -125,9 +125,12 @@ int run_serve(const ServeArgs& a) {
   if (a.tensor_parallel_size != 1) {
     return fail(unimplemented("--tensor-parallel-size: only 1 is supported by this build"), 2);
   }
+  deepserve::SpeculativeConfig speculative;
   if (!a.speculative_config.empty()) {
-    return fail(unimplemented("--speculative-config: speculative decoding is not available yet"),
-                2);
+    std::string error;
+    if (!deepserve::parse_speculative_config(a.speculative_config, &speculative, &error)) {
+      return fail(invalid_argument(error), 2);
+    }
   }
   if (a.kv_cache_dtype != "auto") {
     return fail(unimplemented("--kv-cache-dtype: only \"auto\" is supported by this build"), 2);
@@ -183,6 +186,7 @@ int run_serve(const ServeArgs& a) {
   config.seed = a.seed;
   config.num_threads = a.num_threads;
   config.full_scan = a.full_scan;
+  config.speculative = speculative;
   auto printer = std::make_shared<ProgressPrinter>();
   server::HttpServer* srv = server.get();
   config.on_progress = [printer, srv](const deepserve::LoadProgress& p) {
@@ -338,7 +342,7 @@ void register_serve(CLI::App& app, CommandFn* run) {
       ->envname("DEEPSERVE_SHUTDOWN_TIMEOUT")
       ->check(CLI::Range(0.0, 86400.0))
       ->group(kServer);
-  cmd->add_option("--device", a->device, "cpu")
+  cmd->add_option("--device", a->device, "cpu (reference backend) or cuda (one GPU)")
       ->capture_default_str()
       ->envname("DEEPSERVE_DEVICE")
       ->check(CLI::IsMember({"cpu", "cuda"}))
@@ -387,7 +391,9 @@ void register_serve(CLI::App& app, CommandFn* run) {
       ->check(CLI::Range(1, 64))
       ->group(kEngine);
   cmd->add_option("--speculative-config", a->speculative_config,
-                  "speculative decoding as JSON (not available yet)")
+                  "speculative decoding as JSON, e.g. "
+                  "'{\"method\":\"mtp\",\"num_speculative_tokens\":2}' (optional \"adaptive\": "
+                  "false keeps k fixed; see docs/speculative.md)")
       ->envname("DEEPSERVE_SPECULATIVE_CONFIG")
       ->group(kEngine);
   cmd->add_option("--seed", a->seed, "default seed of requests without one")

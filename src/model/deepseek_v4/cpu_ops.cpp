@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <string>
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/indexer.h"
@@ -145,6 +146,17 @@ void CpuOps::compress(int64_t slot, const CompressorWeights& cw, cpu::Compressor
     const int64_t n =
         cpu::compressor_prefill(cw.config, cs, cw.ape, ckv.data() + s.begin * width,
                                 cscore.data() + s.begin * width, s.start, s.count, entries.data());
+    // An armed speculative checkpoint logs the rows it will replay on rollback (see ops.h).
+    SequenceCheckpoint& cp = s.state->checkpoints_[plan_->mtp ? 1 : 0];
+    if (cp.armed) {
+      LayerCheckpoint& lc = cp.layers[size_t(slot)];
+      CompressorCheckpoint& cc = indexer ? lc.indexer_compressor : lc.compressor;
+      cc.ape = cw.ape;
+      cc.log_kv.insert(cc.log_kv.end(), ckv.begin() + s.begin * width,
+                       ckv.begin() + (s.begin + s.count) * width);
+      cc.log_score.insert(cc.log_score.end(), cscore.begin() + s.begin * width,
+                          cscore.begin() + (s.begin + s.count) * width);
+    }
     const int64_t first = s.start / ratio;
     std::vector<float>& store = indexer ? st.index_keys : st.compressed;
     int64_t& stored = indexer ? st.num_index_keys : st.num_compressed;
@@ -223,6 +235,131 @@ void CpuOps::store_window(int64_t slot, const float* kv, int64_t hd) {
       std::copy(src, src + hd, st.window.data() + ((s.start + i) % st.window_slots) * hd);
     }
   }
+}
+
+namespace {
+
+// The ring rows that positions [position, position + n) may write: CSA (overlap) shifts the whole
+// ring when a window finishes, HCA writes row p % ratio only.
+std::vector<int64_t> rows_touched(const cpu::CompressorConfig& cc, int64_t position, int64_t n) {
+  std::vector<int64_t> rows;
+  if (cc.overlap() || n >= cc.ratio) {
+    for (int64_t r = 0; r < cc.state_rows(); ++r) rows.push_back(r);
+    return rows;
+  }
+  for (int64_t i = 0; i < n; ++i) rows.push_back((position + i) % cc.ratio);
+  return rows;
+}
+
+void save_rows(const cpu::CompressorConfig& cc, const cpu::CompressorState& st,
+               std::vector<int64_t> rows, CompressorCheckpoint* cp) {
+  const int64_t width = cc.width();
+  cp->rows = std::move(rows);
+  cp->kv.resize(cp->rows.size() * size_t(width));
+  cp->score.resize(cp->rows.size() * size_t(width));
+  for (size_t i = 0; i < cp->rows.size(); ++i) {
+    const size_t src = size_t(cp->rows[i] * width), dst = i * size_t(width);
+    std::copy(st.kv.begin() + src, st.kv.begin() + src + width, cp->kv.begin() + dst);
+    std::copy(st.score.begin() + src, st.score.begin() + src + width, cp->score.begin() + dst);
+  }
+  cp->log_kv.clear();
+  cp->log_score.clear();
+}
+
+// Restores the saved rows, then pushes the logged tokens of positions [p0, q) again; the entries
+// they emit were stored already and are discarded here.
+void restore_and_replay(const cpu::CompressorConfig& cc, const CompressorCheckpoint& cp,
+                        int64_t p0, int64_t q,
+                        cpu::CompressorState* st) {
+  const int64_t width = cc.width();
+  for (size_t i = 0; i < cp.rows.size(); ++i) {
+    const size_t dst = size_t(cp.rows[i] * width), src = i * size_t(width);
+    std::copy(cp.kv.begin() + src, cp.kv.begin() + src + width, st->kv.begin() + dst);
+    std::copy(cp.score.begin() + src, cp.score.begin() + src + width, st->score.begin() + dst);
+  }
+  std::vector<float> entry(size_t(cc.head_dim));
+  for (int64_t p = p0; p < q; ++p) {
+    const int64_t i = p - p0;
+    cpu::compressor_push(cc, st, cp.ape, cp.log_kv.data() + i * width,
+                         cp.log_score.data() + i * width, p, entry.data());
+  }
+}
+
+}  // namespace
+
+Status CpuOps::checkpoint(SequenceState* state, bool mtp, int64_t position, int64_t max_tokens) {
+  SequenceCheckpoint& cp = state->checkpoints_[mtp ? 1 : 0];
+  const size_t layers = StateAccess::num_layers(state, mtp);
+  cp.layers.resize(layers);
+  for (size_t l = 0; l < layers; ++l) {
+    const LayerState& st = StateAccess::layer(state, mtp, int64_t(l));
+    LayerCheckpoint& lc = cp.layers[l];
+    const int64_t hd = int64_t(st.window.size()) / std::max<int64_t>(1, st.window_slots);
+    if (max_tokens > st.window_slots) {
+      return invalid_argument("checkpoint: " + std::to_string(max_tokens) +
+                              " speculative positions exceed the window ring of " +
+                              std::to_string(st.window_slots));
+    }
+    lc.window.resize(size_t(max_tokens * hd));
+    for (int64_t i = 0; i < max_tokens; ++i) {
+      const int64_t slot = (position + i) % st.window_slots;
+      std::copy(st.window.begin() + slot * hd, st.window.begin() + (slot + 1) * hd,
+                lc.window.begin() + i * hd);
+    }
+    lc.num_compressed = st.num_compressed;
+    lc.num_index_keys = st.num_index_keys;
+    const int64_t layer = mtp ? config_.num_hidden_layers + int64_t(l) : int64_t(l);
+    const LayerKind kind = config_.layer_kind(layer);
+    cpu::CompressorConfig cc;
+    cc.ratio = config_.compress_ratios[size_t(layer)];
+    cc.rope_dim = config_.qk_rope_head_dim;
+    if (kind != LayerKind::kSwa) {
+      cc.head_dim = config_.head_dim;
+      save_rows(cc, st.compressor, rows_touched(cc, position, max_tokens), &lc.compressor);
+    }
+    if (kind == LayerKind::kCsa) {
+      cc.head_dim = config_.index_head_dim;
+      save_rows(cc, st.indexer_compressor, rows_touched(cc, position, max_tokens),
+                &lc.indexer_compressor);
+    }
+  }
+  return ok_status();
+}
+
+Status CpuOps::rollback(SequenceState* state, bool mtp, int64_t q) {
+  SequenceCheckpoint& cp = state->checkpoints_[mtp ? 1 : 0];
+  const int64_t p0 = cp.position;
+  const int64_t end = StateAccess::position(state, mtp);
+  for (size_t l = 0; l < cp.layers.size(); ++l) {
+    LayerState& st = StateAccess::layer(state, mtp, int64_t(l));
+    const LayerCheckpoint& lc = cp.layers[l];
+    const int64_t hd = int64_t(st.window.size()) / std::max<int64_t>(1, st.window_slots);
+    for (int64_t p = q; p < end; ++p) {
+      const int64_t slot = p % st.window_slots;
+      std::copy(lc.window.begin() + (p - p0) * hd, lc.window.begin() + (p - p0 + 1) * hd,
+                st.window.begin() + slot * hd);
+    }
+    const int64_t layer = mtp ? config_.num_hidden_layers + int64_t(l) : int64_t(l);
+    const LayerKind kind = config_.layer_kind(layer);
+    if (kind == LayerKind::kSwa) continue;
+    cpu::CompressorConfig cc;
+    cc.ratio = config_.compress_ratios[size_t(layer)];
+    cc.rope_dim = config_.qk_rope_head_dim;
+    cc.head_dim = config_.head_dim;
+    const int64_t logged = int64_t(lc.compressor.log_kv.size()) / cc.width();
+    if (logged < q - p0) return internal_error("rollback: the compressor log is incomplete");
+    restore_and_replay(cc, lc.compressor, p0, q, &st.compressor);
+    st.num_compressed = q / cc.ratio;
+    st.compressed.resize(size_t(st.num_compressed * cc.head_dim));
+    if (kind == LayerKind::kCsa) {
+      cc.head_dim = config_.index_head_dim;
+      restore_and_replay(cc, lc.indexer_compressor, p0, q, &st.indexer_compressor);
+      st.num_index_keys = q / cc.ratio;
+      st.index_keys.resize(size_t(st.num_index_keys * cc.head_dim));
+    }
+  }
+  cp.armed = false;  // the layers' buffers stay allocated for the next checkpoint
+  return ok_status();
 }
 
 }  // namespace ds::dsv4

@@ -61,6 +61,10 @@ class CpuOps final : public Ops {
               float* o) override;
   void store_window(int64_t layer_slot, const float* kv, int64_t head_dim) override;
 
+  // Speculative checkpoint/rollback over SequenceState's checkpoint data (see ops.h).
+  Status checkpoint(SequenceState* state, bool mtp, int64_t position, int64_t max_tokens) override;
+  Status rollback(SequenceState* state, bool mtp, int64_t to_position) override;
+
  private:
   const DeepSeekV4Config& config_;
   const StepPlan* plan_ = nullptr;

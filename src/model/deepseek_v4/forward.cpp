@@ -225,6 +225,31 @@ void Forward::attention(const LayerWeights& L, int64_t slot, int64_t N, const fl
   maybe_round(out, N * c.hidden_size);
 }
 
+MoeSite moe_site(const ModelWeights& weights, const LayerWeights& L,
+                 const ForwardOptions& options) {
+  const DeepSeekV4Config& c = weights.config();
+  const cpu::NumericsFlags& f = options.flags;
+  MoeSite mp;
+  mp.router_config.num_experts = c.n_routed_experts;
+  mp.router_config.topk = c.num_experts_per_tok;
+  mp.router_config.route_scale = float(c.routed_scaling_factor);
+  mp.router_config.renorm_epsilon = f.router_renorm_epsilon;
+  mp.router.gate = L.gate;
+  mp.router.bias = L.gate_bias;
+  mp.router.tid2eid = L.hash_routing ? L.tid2eid.data() : nullptr;
+  mp.router.vocab_size = c.vocab_size;
+  mp.experts = L.experts.data();
+  mp.shared = L.shared;
+  mp.swiglu_limit = float(c.swiglu_limit);
+  mp.shared_expert_clamp = f.shared_expert_clamp;
+  mp.quantize_activations = f.activation_quantization;
+  mp.round_bf16 = options.round_bf16;
+  mp.expert_begin = weights.shard.expert_begin;
+  mp.expert_end = weights.shard.expert_end;
+  mp.add_shared = weights.shard.shared_expert;
+  return mp;
+}
+
 void Forward::block(const LayerWeights& L, int64_t slot, int64_t N, float* x) const {
   const DeepSeekV4Config& c = config();
   const cpu::NumericsFlags& f = options_.flags;
@@ -263,25 +288,7 @@ void Forward::block(const LayerWeights& L, int64_t slot, int64_t N, float* x) co
   mhc_pre(L.hc_ffn, x_new, L.ffn_norm.data());
   {
     ComponentScope scope(ops_, Component::kMoe);
-    MoeSite mp;
-    mp.router_config.num_experts = c.n_routed_experts;
-    mp.router_config.topk = c.num_experts_per_tok;
-    mp.router_config.route_scale = float(c.routed_scaling_factor);
-    mp.router_config.renorm_epsilon = f.router_renorm_epsilon;
-    mp.router.gate = L.gate;
-    mp.router.bias = L.gate_bias;
-    mp.router.tid2eid = L.hash_routing ? L.tid2eid.data() : nullptr;
-    mp.router.vocab_size = c.vocab_size;
-    mp.experts = L.experts.data();
-    mp.shared = L.shared;
-    mp.swiglu_limit = float(c.swiglu_limit);
-    mp.shared_expert_clamp = f.shared_expert_clamp;
-    mp.quantize_activations = f.activation_quantization;
-    mp.round_bf16 = options_.round_bf16;
-    mp.expert_begin = weights_->shard.expert_begin;
-    mp.expert_end = weights_->shard.expert_end;
-    mp.add_shared = weights_->shard.shared_expert;
-    ops.moe(mp, u, branch);
+    ops.moe(moe_site(*weights_, L, options_), u, branch);
   }
   // Expert parallel: each rank's output holds its experts' (and shared-expert part's) sum.
   if (weights_->shard.moe_partial()) {
@@ -391,6 +398,21 @@ Status check_chunks(const DeepSeekV4Config& c, std::span<Chunk> batch, bool mtp,
         return invalid_argument(what + ": logit row " + std::to_string(r) + " outside the chunk");
       }
     }
+    if constexpr (requires { ch.stream_rows; }) {
+      for (int64_t r : ch.stream_rows) {
+        if (r < 0 || r >= int64_t(ids.size())) {
+          return invalid_argument(what + ": stream row " + std::to_string(r) +
+                                  " outside the chunk");
+        }
+      }
+    }
+    // A checkpointed state may not advance past what its checkpoint can undo.
+    const SequenceCheckpoint& cp = ch.state->checkpoint(mtp);
+    if (cp.armed && start + int64_t(ids.size()) > cp.position + cp.max_tokens) {
+      return failed_precondition(what + ": the speculative checkpoint at position " +
+                                 std::to_string(cp.position) + " covers " +
+                                 std::to_string(cp.max_tokens) + " positions only");
+    }
   }
   return ok_status();
 }
@@ -443,6 +465,20 @@ Status Forward::run(std::span<SequenceChunk> chunks, std::vector<ChunkOutput>* o
   std::vector<std::vector<int64_t>> rows;
   for (const SequenceChunk& ch : chunks) rows.push_back(ch.logit_rows);
   outputs_for(rows, plan, x, weights_->hc_head, weights_->norm, want_streams, outputs);
+  const int64_t width = hc * D;
+  for (size_t i = 0; i < chunks.size(); ++i) {  // speculative decoding: streams for the MTP
+    const std::vector<int64_t>& sr = chunks[i].stream_rows;
+    if (sr.empty()) continue;
+    std::vector<int64_t> plan_rows;
+    for (int64_t r : sr) plan_rows.push_back(plan.seqs[i].begin + r);
+    ArenaScope scratch(ops_);
+    ComponentScope scope(ops_, Component::kHead);
+    float* xs = scratch(int64_t(sr.size()) * width);
+    ops_->gather_rows(x, width, plan_rows, xs);
+    (*outputs)[i].row_streams.resize(sr.size() * size_t(width));
+    ops_->copy_to_host(xs, int64_t(sr.size()) * width, (*outputs)[i].row_streams.data());
+  }
+  DS_RETURN_IF_ERROR(ops_->step_status());
   for (const StepPlan::Seq& s : plan.seqs) StateAccess::position(s.state, false) += s.count;
   return ok_status();
 }
@@ -502,7 +538,45 @@ Status Forward::run_mtp(std::span<MtpChunk> chunks, std::vector<ChunkOutput>* ou
   std::vector<std::vector<int64_t>> rows;
   for (const MtpChunk& ch : chunks) rows.push_back(ch.logit_rows);
   outputs_for(rows, plan, x, M.hc_head, M.norm, want_streams, outputs);
+  DS_RETURN_IF_ERROR(ops_->step_status());
   for (const StepPlan::Seq& s : plan.seqs) StateAccess::position(s.state, true) += s.count;
+  return ok_status();
+}
+
+Status Forward::checkpoint(SequenceState* state, bool mtp, int64_t max_tokens) const {
+  const DeepSeekV4Config& c = config();
+  if (state == nullptr) return invalid_argument("checkpoint: no state");
+  if (StateAccess::num_layers(state, mtp) !=
+      size_t(mtp ? c.num_nextn_predict_layers : c.num_hidden_layers)) {
+    return invalid_argument("checkpoint: the sequence state was not made for this model");
+  }
+  if (max_tokens < 1 || max_tokens > c.sliding_window) {
+    return invalid_argument("checkpoint: max_tokens must be in [1, sliding_window = " +
+                            std::to_string(c.sliding_window) + "]");
+  }
+  SequenceCheckpoint& cp = state->checkpoints_[mtp ? 1 : 0];
+  cp.armed = false;
+  const int64_t position = StateAccess::position(state, mtp);
+  cp.position = position;
+  cp.max_tokens = max_tokens;
+  DS_RETURN_IF_ERROR(ops_->checkpoint(state, mtp, position, max_tokens));
+  cp.armed = true;
+  return ok_status();
+}
+
+Status Forward::rollback(SequenceState* state, bool mtp, int64_t to_position) const {
+  if (state == nullptr) return invalid_argument("rollback: no state");
+  SequenceCheckpoint& cp = state->checkpoints_[mtp ? 1 : 0];
+  if (!cp.armed) return failed_precondition("rollback: the state has no checkpoint");
+  const int64_t position = StateAccess::position(state, mtp);
+  if (to_position < cp.position || to_position > position) {
+    return invalid_argument("rollback: position " + std::to_string(to_position) +
+                            " is outside [checkpoint " + std::to_string(cp.position) +
+                            ", current " + std::to_string(position) + "]");
+  }
+  DS_RETURN_IF_ERROR(ops_->rollback(state, mtp, to_position));
+  StateAccess::position(state, mtp) = to_position;
+  cp.armed = false;
   return ok_status();
 }
 

@@ -43,11 +43,15 @@ struct SequenceChunk {
   SequenceState* state = nullptr;   // advanced by tokens.size() positions
   std::span<const int32_t> tokens;  // [num_tokens] at positions state->position() + i
   std::vector<int64_t> logit_rows;  // rows of `tokens` whose logits are wanted (ascending or not)
+  // Rows whose pre-head streams are wanted in ChunkOutput::row_streams, independently of
+  // logit_rows and want_streams (speculative decoding feeds them to the MTP layer).
+  std::vector<int64_t> stream_rows;
 };
 
 struct ChunkOutput {
   std::vector<float> logits;   // [logit_rows.size(), vocab_size] fp32
   std::vector<float> streams;  // [logit_rows.size(), hc_mult, hidden] pre-head streams (if asked)
+  std::vector<float> row_streams;  // [stream_rows.size(), hc_mult, hidden] (SequenceChunk)
 };
 
 // One sequence's part of an MTP batch (§9): the main model's pre-head streams of the tokens at
@@ -58,6 +62,11 @@ struct MtpChunk {
   std::span<const int32_t> next_tokens;  // [num_tokens]
   std::vector<int64_t> logit_rows;       // rows whose draft logits are wanted
 };
+
+// The MoE site of a layer as the forward passes it to Ops::moe (router, experts, numerics flags,
+// the shard's expert range); device backends build their per-layer MoE state from it.
+MoeSite moe_site(const ModelWeights& weights, const LayerWeights& layer,
+                 const ForwardOptions& options);
 
 class Forward {
  public:
@@ -70,6 +79,8 @@ class Forward {
 
   const DeepSeekV4Config& config() const { return weights_->config(); }
   const ForwardOptions& options() const { return options_; }
+  // The backend this forward runs on (to release sequences, read its step status).
+  Ops* ops() const { return ops_; }
 
   // A fresh per-sequence state for this model.
   SequenceState new_sequence() const { return SequenceState(config()); }
@@ -86,6 +97,15 @@ class Forward {
   // chaining). Advances each state's mtp_position().
   Status run_mtp(std::span<MtpChunk> batch, std::vector<ChunkOutput>* outputs,
                  bool want_streams = false) const;
+
+  // Speculative decoding (docs/speculative.md; the backend's contract is in ops.h). checkpoint()
+  // marks the state's main layers (mtp false) or MTP layers (mtp true) at their current position
+  // P0 and allows them to advance by at most max_tokens positions (1 <= max_tokens <=
+  // sliding_window; run()/run_mtp() refuse more) until rollback(to_position) with P0 <=
+  // to_position <= position, which makes that part of the state equal, bit for bit, to a state
+  // that consumed the positions < to_position only, and consumes the checkpoint.
+  Status checkpoint(SequenceState* state, bool mtp, int64_t max_tokens) const;
+  Status rollback(SequenceState* state, bool mtp, int64_t to_position) const;
 
  private:
   // x [num_tokens, hc, hidden] in the backend's memory, advanced in place.

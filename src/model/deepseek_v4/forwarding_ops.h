@@ -13,6 +13,14 @@ class ForwardingOps : public Ops {
 
   void begin_step(const StepPlan& plan) override { inner_->begin_step(plan); }
   void end_step() override { inner_->end_step(); }
+  Status step_status() const override { return inner_->step_status(); }
+  void release_sequence(const SequenceState* state) override { inner_->release_sequence(state); }
+  Status checkpoint(SequenceState* state, bool mtp, int64_t position, int64_t max_tokens) override {
+    return inner_->checkpoint(state, mtp, position, max_tokens);
+  }
+  Status rollback(SequenceState* state, bool mtp, int64_t to_position) override {
+    return inner_->rollback(state, mtp, to_position);
+  }
   void* alloc_bytes(int64_t bytes) override { return inner_->alloc_bytes(bytes); }
   size_t mark() const override { return inner_->mark(); }
   void release(size_t mark) override { inner_->release(mark); }

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/status.h"
 #include "kernels/cpu/compressor.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/mhc.h"
@@ -83,6 +84,13 @@ class Ops {
   // ---- Step lifecycle and memory ----
   virtual void begin_step(const StepPlan& plan) = 0;
   virtual void end_step() = 0;
+  // The first error of the open step (a device backend's ops cannot fail synchronously: a failed
+  // op records its error and the later ops of the step do nothing). The forward checks it before
+  // end_step and returns it instead of advancing the sequences. CpuOps never fails.
+  virtual Status step_status() const { return ok_status(); }
+  // The sequence will not be seen again (finished, aborted, freed): a backend that keeps
+  // per-sequence storage of its own gives it back. A state seen again afterwards starts fresh.
+  virtual void release_sequence(const SequenceState* state) {}
   // Uninitialized scratch of `bytes` bytes (16-byte aligned), valid until release() of an earlier
   // mark.
   virtual void* alloc_bytes(int64_t bytes) = 0;
@@ -176,6 +184,38 @@ class Ops {
                       const int32_t* selected, float* o) = 0;
   // The step's kv vectors join each sequence's window ring.  kv [num_tokens, head_dim]
   virtual void store_window(int64_t layer_slot, const float* kv, int64_t head_dim) = 0;
+
+  // ---- Speculative decoding: checkpoint and rollback (docs/speculative.md) ----
+  // Called between steps (never inside begin_step/end_step), through Forward::checkpoint and
+  // Forward::rollback, which validate the arguments and own the position counters.
+  //
+  // checkpoint(state, mtp, position, max_tokens): the state's main layers (mtp false) or MTP
+  // layers (mtp true) stand at `position` (P0). Record whatever is needed so that after forward
+  // steps that advance that part of the state by at most `max_tokens` positions in total (one
+  // verify step of 1 + k tokens, or k - 1 chained MTP draft steps), rollback(state, mtp, q) with
+  // P0 <= q <= the position reached leaves every per-layer structure bit-identical to a state
+  // that consumed positions < q only:
+  //   - window ring: the slots of positions q.. again hold what they held at the checkpoint
+  //     (max_tokens <= sliding_window, so no slot is written twice);
+  //   - compressor state rings (attention and indexer compressors): as after consuming < q. The
+  //     CPU backend saves the rows the steps may write (CSA: the whole 8-row ring, because a
+  //     finished window shifts it; HCA: the rows (P0 + i) % 128) and logs the projected kv/score
+  //     rows the steps feed it; rollback restores the rows and replays the pushes of P0..q-1;
+  //   - compressed entries and indexer keys: truncated to floor(q / ratio) (entries are
+  //     append-only, so nothing else is restored; a device backend keeps the pages and only
+  //     moves its counts back).
+  // Memory per sequence and layer (fp32 on the CPU): window min(max_tokens, W) * head_dim; per
+  // compressor the saved rows (CSA 8, HCA max_tokens) * width * 2 plus max_tokens * width * 2 of
+  // log. A new checkpoint replaces the previous one; rollback consumes it (the state must be
+  // checkpointed again before the next speculative advance). The default backend has no
+  // rollback: both return unimplemented and the engine runs without speculation.
+  virtual Status checkpoint(SequenceState* state, bool mtp, int64_t position,
+                            int64_t max_tokens) {
+    return unimplemented("this backend cannot checkpoint sequence state (speculative decoding)");
+  }
+  virtual Status rollback(SequenceState* state, bool mtp, int64_t to_position) {
+    return unimplemented("this backend cannot roll sequence state back (speculative decoding)");
+  }
 };
 
 }  // namespace ds::dsv4

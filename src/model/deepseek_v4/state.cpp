@@ -44,6 +44,8 @@ void SequenceState::reset(const DeepSeekV4Config& config) {
   for (int64_t j = 0; j < config.num_nextn_predict_layers; ++j) {
     reset_layer(config, config.num_hidden_layers + j, &mtp_layers_[size_t(j)]);
   }
+  checkpoints_[0] = SequenceCheckpoint{};
+  checkpoints_[1] = SequenceCheckpoint{};
 }
 
 uint64_t SequenceState::bytes() const {

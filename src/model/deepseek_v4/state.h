@@ -27,6 +27,26 @@ struct LayerState {
   int64_t num_index_keys = 0;
 };
 
+// Speculative decoding (Ops::checkpoint / Ops::rollback, docs/speculative.md): what the CPU backend
+// keeps per layer to undo up to `max_tokens` positions after a checkpoint at position P0.
+struct CompressorCheckpoint {
+  std::vector<int64_t> rows;             // ring rows saved (CSA: all, HCA: those P0.. will write)
+  std::vector<float> kv, score;          // [rows.size(), width] their contents at the checkpoint
+  std::vector<float> log_kv, log_score;  // [tokens since P0, width] projected rows, for replay
+  const float* ape = nullptr;            // the compressor's ape (weights), for replay
+};
+struct LayerCheckpoint {
+  std::vector<float> window;  // [min(max_tokens, window_slots), head_dim] slots of P0, P0+1, ...
+  CompressorCheckpoint compressor, indexer_compressor;
+  int64_t num_compressed = 0, num_index_keys = 0;
+};
+struct SequenceCheckpoint {
+  bool armed = false;
+  int64_t position = 0;    // P0
+  int64_t max_tokens = 0;  // positions the state may advance before a rollback
+  std::vector<LayerCheckpoint> layers;  // backend data (CpuOps); a device backend keeps its own
+};
+
 class SequenceState {
  public:
   SequenceState() = default;
@@ -43,13 +63,19 @@ class SequenceState {
   // Bytes held (KV, keys and compressor rings), for logs and tests.
   uint64_t bytes() const;
 
+  // The speculative checkpoint of the main layers (mtp false) or of the MTP layers (mtp true),
+  // see Forward::checkpoint.
+  const SequenceCheckpoint& checkpoint(bool mtp) const { return checkpoints_[mtp ? 1 : 0]; }
+
  private:
   friend class Forward;
   friend class StateAccess;
+  friend class CpuOps;  // keeps its checkpoint data in checkpoints_[].layers
   int64_t position_ = 0;
   int64_t mtp_position_ = 0;
   std::vector<LayerState> layers_;      // [num_hidden_layers]
   std::vector<LayerState> mtp_layers_;  // [num_nextn_predict_layers]
+  SequenceCheckpoint checkpoints_[2];   // [main, mtp]
 };
 
 }  // namespace ds::dsv4
