@@ -33,9 +33,11 @@
 #include "model/deepseek_v4/weights.h"
 #include "model/embedded_model.h"
 #include "model/model_stats.h"
+#include "runtime/backend.h"
 #include "runtime/kv_cache.h"
 #include "scheduler/sampler.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/speculative.h"
 #include "scheduler/stop_matcher.h"
 #include "tokenizer/chat_encoding.h"
 #include "tokenizer/default_tokenizer.h"
@@ -59,6 +61,10 @@ namespace rt = ds::runtime;
 
 constexpr size_t kMaxQueuedEvents = 64;  // past it, new output merges into the last event
 constexpr uint64_t kDefaultKvBudgetCap = uint64_t(2) << 30;  // CPU default: at most 2 GiB
+// CUDA backend without --max-model-len: each sequence's device state is sized for this context.
+constexpr int64_t kDefaultGpuContext = 32768;
+// Logits rows one step returns per running sequence (speculative verification: 1 + 8 drafts).
+constexpr int64_t kMaxLogitRowsPerSeq = 9;
 
 ApiError make_error(ErrorKind kind, std::string message, std::string param = "",
                     std::string code = "") {
@@ -170,6 +176,9 @@ struct Request {
   bool counted_in_queue = true;  // still counted in the admission queue bounds
   bool saw_tool_calls = false;
   bool nan_target = false;
+  // Speculative decoding: the distributions seq.draft was proposed from (sampling requests; empty
+  // = a point mass), and the MTP output streams of the last draft position (for chaining).
+  std::vector<std::vector<double>> draft_q;
 };
 
 std::string escape_token_bytes(std::string_view bytes) {
@@ -233,11 +242,22 @@ class EngineImpl final : public Engine {
   void emit_text(Request* r, const std::string& text, RequestEvent* ev);
   void publish_metrics();
   void fail_everything(const std::string& reason);
+  // Speculative decoding (docs/speculative.md).
+  struct SpecWork {  // one sequence's MTP work after the main step
+    Request* r = nullptr;
+    int64_t start = 0;   // main position of the first row fed to the MTP layer
+    int64_t rows = 0;    // rows of the main step's row_streams the MTP layer consumes
+    const float* streams = nullptr;
+    int64_t k = 0;       // draft tokens to propose after it (0 = none)
+  };
+  void speculate(std::vector<SpecWork>* work);
+  bool logits_usable(Request* r, float* logits);
 
   EngineConfig config_;
   ModelInfo info_;
   std::vector<std::string> summary_;
   std::unique_ptr<dsv4::ModelWeights> weights_;
+  std::unique_ptr<dsv4::Ops> backend_;  // outlives forward_
   std::unique_ptr<dsv4::Forward> forward_;
   std::unique_ptr<tok::Tokenizer> tokenizer_;
   std::unique_ptr<rt::KvCacheManager> kv_;
@@ -265,6 +285,11 @@ class EngineImpl final : public Engine {
   std::vector<Request*> order_;  // requests_ in submission order
   ds::Rng id_rng_{0};
   int64_t steps_ = 0;
+  // Speculative decoding (engine thread only).
+  bool spec_ = false;
+  std::unique_ptr<sched::SpecPolicy> spec_policy_;
+  int64_t spec_k_ = 0;                  // the k the drafts of the running sequences were made for
+  double spec_draft_seconds_ = 0;       // drafting time at the end of the last step
 
   // Metrics (guarded by metrics_mu_).
   mutable std::mutex metrics_mu_;
@@ -307,9 +332,9 @@ ds::Status EngineImpl::init(const EngineConfig& config) {
       config_.on_progress(p);
     }
   };
-  if (config_.device != "cpu") {
-    return ds::invalid_argument("device \"" + config_.device +
-                                "\" is not available in this build (only \"cpu\")");
+  if (config_.device != "cpu" && config_.device != "cuda") {
+    return ds::invalid_argument("device must be \"cpu\" or \"cuda\", got \"" + config_.device +
+                                "\"");
   }
   auto mode = ds::cpu::numerics_mode_from_name(config_.numerics);
   if (!mode) return ds::invalid_argument("numerics must be \"reference\" or \"hf\"");
@@ -354,9 +379,43 @@ ds::Status EngineImpl::init(const EngineConfig& config) {
   }
   const ds::DeepSeekV4Config& c = weights_->config();
   DS_RETURN_IF_ERROR(tok::validate_chat_tokens(*tokenizer_, size_t(c.vocab_size)));
-  forward_ = std::make_unique<dsv4::Forward>(weights_.get(), dsv4::ForwardOptions::for_mode(*mode));
+  {
+    const dsv4::ForwardOptions fo = dsv4::ForwardOptions::for_mode(*mode);
+    ds::runtime::BackendLimits limits;
+    limits.max_sequences = config_.max_num_seqs;
+    // The CUDA backend sizes each sequence's state for this context once, at start.
+    limits.max_context = config_.max_model_len > 0
+                             ? config_.max_model_len
+                             : std::min<int64_t>(c.max_position_embeddings, kDefaultGpuContext);
+    limits.max_step_tokens = config_.max_num_batched_tokens;
+    limits.max_logit_rows = std::min<int64_t>(config_.max_num_batched_tokens,
+                                              config_.max_num_seqs * kMaxLogitRowsPerSeq);
+    auto backend = ds::runtime::make_backend(config_.device, *weights_, fo, limits);
+    if (!backend.ok()) return backend.status().with_context("device " + config_.device);
+    backend_ = std::move(backend).value();
+    forward_ = std::make_unique<dsv4::Forward>(weights_.get(), fo, backend_.get());
+  }
   vocab_ = c.vocab_size;
   eos_ = int32_t(c.eos_token_id);
+  if (!config_.speculative.method.empty()) {
+    const SpeculativeConfig& sc = config_.speculative;
+    if (sc.method != "mtp") {
+      return ds::invalid_argument("speculative method \"" + sc.method +
+                                  "\" is not supported (only \"mtp\")");
+    }
+    if (sc.num_speculative_tokens < 1 || sc.num_speculative_tokens > 8 ||
+        sc.num_speculative_tokens >= c.sliding_window) {
+      return ds::invalid_argument(
+          "num_speculative_tokens must be between 1 and min(8, sliding_window - 1 = " +
+          std::to_string(c.sliding_window - 1) + ")");
+    }
+    if (c.num_nextn_predict_layers < 1 || weights_->mtp.empty()) {
+      return ds::invalid_argument("speculative method \"mtp\" needs a model with an MTP layer");
+    }
+    spec_ = true;
+    spec_policy_ =
+        std::make_unique<sched::SpecPolicy>(sc.num_speculative_tokens, sc.adaptive);
+  }
 
   progress("kv-cache");
   const rt::KvGeometry geo = rt::KvGeometry::from_config(c);
@@ -412,7 +471,14 @@ ds::Status EngineImpl::init(const EngineConfig& config) {
                      std::to_string(c.num_hidden_layers) + " layers, vocab " +
                      std::to_string(c.vocab_size) + ", " + std::to_string(info_.num_parameters) +
                      " parameters) from " + dir);
-  summary_.push_back("numerics: " + config_.numerics + ", device: cpu");
+  summary_.push_back("numerics: " + config_.numerics +
+                     ", device: " + ds::runtime::describe_backend(*backend_));
+  if (spec_) {
+    summary_.push_back("speculative decoding: mtp, " +
+                       std::to_string(config_.speculative.num_speculative_tokens) +
+                       " draft tokens" +
+                       (config_.speculative.adaptive ? " (adaptive)" : " (fixed)"));
+  }
   char line[512];
   std::snprintf(line, sizeof(line),
                 "KV cache: %.3f GiB: %lld pages of %lld tokens per pool, %lld sequence slots "
@@ -744,6 +810,7 @@ void EngineImpl::finish(Request* r, FinishReason reason, std::optional<ApiError>
     if (reason == FinishReason::kError) ++metrics_.requests_failed_total;
   }
   const uint64_t id = r->seq.id;
+  forward_->ops()->release_sequence(&r->state);  // a device backend frees the state's slot
   order_.erase(std::remove(order_.begin(), order_.end(), r), order_.end());
   requests_.erase(id);  // r is gone after this
   --active_;
@@ -833,6 +900,7 @@ void EngineImpl::publish_metrics() {
   metrics_.kv_capacity_tokens = kv_->capacity_tokens();
   metrics_.num_preemptions_total = scheduler_ ? scheduler_->num_preemptions() : 0;
   metrics_.engine_steps_total = steps_;
+  metrics_.spec_num_speculative_tokens = spec_k_;
 }
 
 void EngineImpl::loop() {
@@ -873,6 +941,7 @@ void EngineImpl::step() {
   sched::StepPlan plan = scheduler_->schedule();
   for (sched::SchedSeq* s : plan.preempted) {
     Request* r = requests_.at(s->id).get();
+    forward_->ops()->release_sequence(&r->state);
     r->state.reset(weights_->config());
   }
   if (plan.empty()) {
@@ -898,14 +967,39 @@ void EngineImpl::step() {
   }
 #endif
 
+  const Clock::time_point step_start = Clock::now();
   std::vector<dsv4::SequenceChunk> chunks(plan.chunks.size());
+  std::vector<std::vector<int32_t>> verify_tokens(plan.chunks.size());  // [last token, drafts]
   int64_t prompt_tokens = 0;
+  bool pure_decode = true;  // every chunk feeds one real token (plus drafts) and samples
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const sched::ScheduledChunk& sc = plan.chunks[i];
     Request* r = requests_.at(sc.seq->id).get();
     chunks[i].state = &r->state;
-    chunks[i].tokens = std::span<const int32_t>(sc.seq->tokens.data() + sc.start, size_t(sc.count));
-    if (sc.samples) chunks[i].logit_rows = {sc.count - 1};
+    if (sc.num_draft > 0) {
+      // Speculative verify: the last sampled token and the draft in one multi-token chunk, every
+      // row's logits; the main state is checkpointed so that the rejected rows can be undone.
+      std::vector<int32_t>& v = verify_tokens[i];
+      v.push_back(sc.seq->tokens[size_t(sc.start)]);
+      v.insert(v.end(), sc.seq->draft.begin(), sc.seq->draft.begin() + sc.num_draft);
+      chunks[i].tokens = std::span<const int32_t>(v);
+      for (int64_t j = 0; j <= sc.num_draft; ++j) chunks[i].logit_rows.push_back(j);
+      ds::Status cs = forward_->checkpoint(&r->state, false, sc.count);
+      if (!cs.ok()) {
+        spdlog::error("engine: speculative checkpoint failed: {}", cs.message());
+        fail_everything("internal error");
+        return;
+      }
+    } else {
+      chunks[i].tokens =
+          std::span<const int32_t>(sc.seq->tokens.data() + sc.start, size_t(sc.count));
+      if (sc.samples) chunks[i].logit_rows = {sc.count - 1};
+    }
+    // The MTP layer consumes every position the main model consumes (its own window ring).
+    if (spec_) {
+      for (int64_t j = 0; j < sc.count; ++j) chunks[i].stream_rows.push_back(j);
+    }
+    if (!sc.samples || sc.count - sc.num_draft != 1) pure_decode = false;
     // Prompt tokens computed for the first time count toward prompt_tokens_total (not again
     // when a preempted request recomputes them).
     const int64_t prompt_end = std::min(sc.start + sc.count, sc.seq->num_prompt);
@@ -936,31 +1030,221 @@ void EngineImpl::step() {
     return;
   }
   scheduler_->commit(plan);
+  const int64_t decode_batch = int64_t(plan.chunks.size());
+  const int64_t k_next = spec_ ? spec_policy_->choose(scheduler_->num_running()) : 0;
+  std::vector<SpecWork> work;
+  int64_t emitted = 0;
+  const std::vector<double> point_mass;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const sched::ScheduledChunk& sc = plan.chunks[i];
-    if (!sc.samples) continue;
-    Request* r = requests_.at(sc.seq->id).get();
-    float* logits = outputs[i].logits.data();
-#if DEEPSERVE_FAULT_HOOKS
-    if (r->nan_target && r->num_generated + 1 == config_.fault.nan_at_output_token) {
-      logits[vocab_ / 2] = std::nanf("");
-    }
-#endif
-    if (!sched::all_finite(logits, vocab_)) {
-      spdlog::warn("engine: request {}: non-finite logits; ending it with an error", r->sh->id);
-      {
-        std::lock_guard<std::mutex> lock(metrics_mu_);
-        ++metrics_.requests_corrupted_total;
-      }
-      finish(r, FinishReason::kError,
-             make_error(ErrorKind::kInternal, "the model produced non-finite logits"));
+    const uint64_t id = sc.seq->id;
+    Request* r = requests_.at(id).get();
+    dsv4::ChunkOutput& out = outputs[i];
+    if (!sc.samples) {
+      if (spec_) work.push_back({r, sc.start, sc.count, out.row_streams.data(), 0});
       continue;
     }
-    const int32_t token = r->sampler->sample(logits);
-    r->sampler->accept(token);
-    r->seq.tokens.push_back(token);
-    on_token(r, token, logits);
+    // Rows 0..num_draft: row j's logits judge draft j (or, after the last draft, give the bonus
+    // token). Without a draft this is plain sampling of the one row.
+    const int64_t nd = sc.num_draft;
+    int64_t accepted = 0;
+    bool alive = true;
+    for (int64_t j = 0; j <= nd; ++j) {
+      float* logits = out.logits.data() + j * vocab_;
+      if (!logits_usable(r, logits)) {
+        alive = false;
+        break;
+      }
+      bool acc = false;
+      int32_t token;
+      if (j < nd) {
+        const std::vector<double>& q =
+            size_t(j) < r->draft_q.size() ? r->draft_q[size_t(j)] : point_mass;
+        token = r->sampler->verify(logits, r->seq.draft[size_t(j)], q, &acc);
+      } else {
+        token = r->sampler->sample(logits);
+      }
+      r->sampler->accept(token);
+      r->seq.tokens.push_back(token);
+      if (acc) {
+        ++accepted;
+        ++r->seq.num_computed;  // the draft's row is in the state: it stays
+      }
+      ++emitted;
+      on_token(r, token, logits);
+      if (requests_.count(id) == 0) {
+        alive = false;
+        break;
+      }
+      if (!acc) break;
+    }
+    if (nd > 0) {
+      std::lock_guard<std::mutex> lock(metrics_mu_);
+      ++metrics_.spec_num_drafts_total;
+      metrics_.spec_draft_tokens_total += nd;
+      metrics_.spec_accepted_tokens_total += accepted;
+    }
+    if (!alive) continue;
+    r->seq.draft.clear();
+    r->draft_q.clear();
+    if (nd > 0) {
+      // Undo the rejected drafts' rows: the state keeps [last token, accepted drafts].
+      ds::Status rs = forward_->rollback(&r->state, false, sc.start + 1 + accepted);
+      if (!rs.ok()) {
+        spdlog::error("engine: speculative rollback failed: {}", rs.message());
+        finish(r, FinishReason::kError, make_error(ErrorKind::kInternal, "internal error"));
+        continue;
+      }
+    }
+    if (spec_) {
+      // A verify emits up to k + 1 tokens: never draft past max_tokens.
+      const int64_t k = std::max<int64_t>(
+          0, std::min<int64_t>(k_next, r->max_tokens - r->num_generated - 1));
+      work.push_back({r, sc.start, sc.count - nd + accepted, out.row_streams.data(), k});
+    }
   }
+  if (spec_) {
+    const double verify_s = std::chrono::duration<double>(Clock::now() - step_start).count();
+    if (pure_decode) {
+      spec_policy_->record(decode_batch, spec_k_, emitted, verify_s + spec_draft_seconds_);
+    }
+    const Clock::time_point draft_start = Clock::now();
+    speculate(&work);
+    spec_draft_seconds_ = std::chrono::duration<double>(Clock::now() - draft_start).count();
+    spec_k_ = k_next;
+  }
+}
+
+bool EngineImpl::logits_usable(Request* r, float* logits) {
+#if DEEPSERVE_FAULT_HOOKS
+  if (r->nan_target && r->num_generated + 1 == config_.fault.nan_at_output_token) {
+    logits[vocab_ / 2] = std::nanf("");
+  }
+#endif
+  if (sched::all_finite(logits, vocab_)) return true;
+  spdlog::warn("engine: request {}: non-finite logits; ending it with an error", r->sh->id);
+  {
+    std::lock_guard<std::mutex> lock(metrics_mu_);
+    ++metrics_.requests_corrupted_total;
+  }
+  finish(r, FinishReason::kError,
+         make_error(ErrorKind::kInternal, "the model produced non-finite logits"));
+  return false;
+}
+
+// After the main step: the MTP layer catches up over the positions the main model just consumed
+// (rolling back the previous step's chained draft positions first), and the sequences that
+// decode next get their drafts: the catch-up's last row proposes draft 1 (its input is the last
+// accepted position's streams and the token sampled there), each further MTP step at the next
+// position proposes one more from the previous MTP step's output streams and draft.
+void EngineImpl::speculate(std::vector<SpecWork>* work) {
+  const ds::DeepSeekV4Config& c = weights_->config();
+  const int64_t width = c.hc_mult * c.hidden_size;
+  std::vector<dsv4::MtpChunk> chunks;
+  std::vector<SpecWork*> owners;
+  for (SpecWork& w : *work) {
+    dsv4::SequenceState& st = w.r->state;
+    if (st.mtp_position() > w.start && st.checkpoint(true).armed) {
+      ds::Status rs = forward_->rollback(&st, true, w.start);
+      if (!rs.ok()) spdlog::warn("engine: MTP rollback failed: {}", rs.message());
+    }
+    if (st.mtp_position() != w.start || w.rows <= 0) continue;  // out of step: no drafts
+    dsv4::MtpChunk m;
+    m.state = &st;
+    m.streams = std::span<const float>(w.streams, size_t(w.rows * width));
+    m.next_tokens =
+        std::span<const int32_t>(w.r->seq.tokens.data() + w.start + 1, size_t(w.rows));
+    if (w.k > 0) m.logit_rows = {w.rows - 1};
+    chunks.push_back(m);
+    owners.push_back(&w);
+  }
+  if (chunks.empty()) return;
+  std::vector<dsv4::ChunkOutput> outs;
+  ds::Status st = forward_->run_mtp(chunks, &outs, /*want_streams=*/true);
+  if (!st.ok()) {
+    spdlog::error("engine: MTP forward failed: {}", st.message());
+    for (SpecWork* w : owners) {
+      finish(w->r, FinishReason::kError, make_error(ErrorKind::kInternal, "internal error"));
+    }
+    return;
+  }
+  // Draft 1, then chained drafts 2..k.
+  struct Chain {
+    Request* r;
+    int64_t k;
+    std::vector<float> streams;  // [hc, hidden] MTP output streams of the last draft position
+  };
+  std::vector<Chain> chains;
+  int64_t max_k = 0;
+  for (size_t i = 0; i < owners.size(); ++i) {
+    SpecWork* w = owners[i];
+    if (w->k <= 0) continue;
+    const float* logits = outs[i].logits.data();
+    if (!sched::all_finite(logits, vocab_)) continue;
+    std::vector<double> q;
+    w->r->seq.draft = {w->r->sampler->propose(logits, &q)};
+    w->r->draft_q = {std::move(q)};
+    chains.push_back({w->r, w->k, std::move(outs[i].streams)});
+    max_k = std::max(max_k, w->k);
+  }
+  for (int64_t j = 2; j <= max_k; ++j) {
+    std::vector<dsv4::MtpChunk> next;
+    std::vector<Chain*> who;
+    for (Chain& ch : chains) {
+      if (ch.k < j) continue;
+      if (j == 2) {
+        ds::Status cs = forward_->checkpoint(&ch.r->state, true, ch.k - 1);
+        if (!cs.ok()) {
+          ch.k = 1;
+          continue;
+        }
+      }
+      dsv4::MtpChunk m;
+      m.state = &ch.r->state;
+      m.streams = std::span<const float>(ch.streams);
+      m.next_tokens = std::span<const int32_t>(&ch.r->seq.draft.back(), 1);
+      m.logit_rows = {0};
+      next.push_back(m);
+      who.push_back(&ch);
+    }
+    if (next.empty()) break;
+    st = forward_->run_mtp(next, &outs, /*want_streams=*/true);
+    if (!st.ok()) {
+      spdlog::error("engine: MTP draft step failed: {}", st.message());
+      break;  // the drafts so far stand; the next step rolls the MTP state back
+    }
+    for (size_t i = 0; i < who.size(); ++i) {
+      Chain& ch = *who[i];
+      const float* logits = outs[i].logits.data();
+      if (!sched::all_finite(logits, vocab_)) {
+        ch.k = j - 1;
+        continue;
+      }
+      std::vector<double> q;
+      const int32_t d = ch.r->sampler->propose(logits, &q);
+      ch.r->seq.draft.push_back(d);
+      ch.r->draft_q.push_back(std::move(q));
+      ch.streams = std::move(outs[i].streams);
+    }
+  }
+#if DEEPSERVE_FAULT_HOOKS
+  if (config_.fault.spec_draft_override) {
+    for (Chain& ch : chains) {
+      std::vector<int32_t> draft = ch.r->seq.draft;
+      config_.fault.spec_draft_override(ch.r->seq.tokens, &draft);
+      draft.resize(std::min(draft.size(), ch.r->seq.draft.size()));
+      for (size_t i = 0; i < draft.size(); ++i) {
+        if (draft[i] < 0 || int64_t(draft[i]) >= vocab_) {
+          draft.resize(i);
+          break;
+        }
+        if (draft[i] != ch.r->seq.draft[i]) ch.r->draft_q[i].clear();  // a point mass
+      }
+      ch.r->draft_q.resize(draft.size());
+      ch.r->seq.draft = std::move(draft);
+    }
+  }
+#endif
 }
 
 }  // namespace

@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 
+#include "model/deepseek_v4/cpu_ops.h"
+#include "model/deepseek_v4/forwarding_ops.h"
 #include "model/synthetic.h"
 
 namespace ds::dsv4::test {
@@ -81,6 +84,39 @@ std::vector<float> run_chunked(const Forward& fwd, const std::vector<int32_t>& t
     pos += n;
   }
   return logits;
+}
+
+namespace {
+
+// The CPU backend lives in a base constructed before ForwardingOps, which points at it.
+struct CpuOpsHolder {
+  explicit CpuOpsHolder(const DeepSeekV4Config& config) : cpu_(config) {}
+  CpuOps cpu_;
+};
+
+class UlpPerturbedOps final : private CpuOpsHolder, public ForwardingOps {
+ public:
+  UlpPerturbedOps(const DeepSeekV4Config& config, uint64_t seed)
+      : CpuOpsHolder(config), ForwardingOps(&cpu_), state_(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  void linear(const float* x, int64_t rows, const cpu::LinearWeight& w, bool q,
+              float* y) override {
+    cpu_.linear(x, rows, w, q, y);
+    for (int64_t i = 0; i < rows * w.out_features; ++i) {
+      state_ ^= state_ << 13;
+      state_ ^= state_ >> 7;
+      state_ ^= state_ << 17;
+      y[i] = std::nextafter(y[i], (state_ & 1) ? INFINITY : -INFINITY);
+    }
+  }
+
+ private:
+  uint64_t state_;
+};
+
+}  // namespace
+
+std::unique_ptr<Ops> make_ulp_perturbed_cpu_ops(const DeepSeekV4Config& config, uint64_t seed) {
+  return std::make_unique<UlpPerturbedOps>(config, seed);
 }
 
 }  // namespace ds::dsv4::test

@@ -34,3 +34,14 @@ std::vector<float> run_chunked(const Forward& fwd, const std::vector<int32_t>& t
                                const std::vector<int64_t>& chunk_sizes);
 
 }  // namespace ds::dsv4::test
+
+namespace ds::dsv4::test {
+
+// A CPU backend whose linear outputs are nudged by one fp32 ulp in a random direction (a fixed
+// seed): the size of the difference a different summation order makes. Reference numerics
+// amplify such differences (FP8 requantization of every linear input, bf16 rounding points,
+// top-k routing and selection), so the logits of this backend vs the plain CPU backend measure
+// how far two correct implementations can drift apart: the baseline for comparing backends.
+std::unique_ptr<Ops> make_ulp_perturbed_cpu_ops(const DeepSeekV4Config& config, uint64_t seed);
+
+}  // namespace ds::dsv4::test

@@ -54,6 +54,16 @@ expect_contains generate_seeded "$s2" "$s1"
 out=$("$bin" generate --model "$work/tiny" --prompt-ids 5,999999 --max-tokens 4 2>&1); rc=$?
 expect_status generate_bad_id 1 $rc
 expect_contains generate_bad_id "$out" "999999 is not below vocab_size"
+# --device cuda: runs on a GPU (tests/runtime/test_cuda_ops, scripts/gpu/run_backend.sh); here,
+# without CUDA in the build or without a GPU, it is a clear error, never a crash.
+out=$("$bin" generate --model "$work/tiny" --prompt-ids 5,6,7 --max-tokens 2 --device cuda 2>&1); rc=$?
+if [ $rc -ne 0 ]; then
+  expect_status generate_cuda_unavailable 1 $rc
+  expect_contains generate_cuda_unavailable "$out" "--device cuda"
+fi
+out=$("$bin" generate --model "$work/tiny" --prompt-ids 5 --device tpu 2>&1); rc=$?
+expect_status generate_bad_device_fails 1 $(( rc != 0 ))
+expect_contains generate_bad_device "$out" "--device"
 
 # tokenize: text -> ids -> text round trip through the CLI.
 ids=$("$bin" tokenize --no-special "Hello <｜User｜> world" 2>/dev/null | tr -d '\n'); rc=$?

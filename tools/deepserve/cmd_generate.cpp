@@ -21,6 +21,7 @@
 #include "model/deepseek_v4/forward.h"
 #include "model/deepseek_v4/weights.h"
 #include "model/embedded_model.h"
+#include "runtime/backend.h"
 #include "scheduler/sampler.h"
 #include "tokenizer/default_tokenizer.h"
 
@@ -69,10 +70,11 @@ void register_generate(CLI::App& app, CommandFn* run) {
     uint64_t seed = 0;
     std::string numerics = "reference";
     bool ignore_eos = false;
+    std::string device = "cpu";
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
-      "generate", "Generate tokens with the CPU reference forward (prefill, then decode)");
+      "generate", "Generate tokens for one prompt (prefill, then decode) on the CPU or a GPU");
   cmd->add_option("--model", args->model, "checkpoint directory (default: the embedded tiny model)")
       ->envname("DEEPSERVE_MODEL");
   cmd->add_option("--prompt", args->prompt, "prompt text (encoded with the model's tokenizer)")
@@ -101,6 +103,9 @@ void register_generate(CLI::App& app, CommandFn* run) {
       ->check(CLI::IsMember({"reference", "hf"}));
   cmd->add_flag("--ignore-eos", args->ignore_eos, "keep generating after the EOS token")
       ->envname("DEEPSERVE_IGNORE_EOS");
+  cmd->add_option("--device", args->device, "cpu (reference backend, default) or cuda")
+      ->envname("DEEPSERVE_DEVICE")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->callback([args, run] {
     *run = [args]() -> int {
       if (args->prompt.empty() == args->prompt_ids.empty()) {
@@ -153,7 +158,15 @@ void register_generate(CLI::App& app, CommandFn* run) {
       }
 
       const auto mode = *cpu::numerics_mode_from_name(args->numerics);
-      dsv4::Forward forward(weights->get(), dsv4::ForwardOptions::for_mode(mode));
+      const dsv4::ForwardOptions fwd_options = dsv4::ForwardOptions::for_mode(mode);
+      runtime::BackendLimits limits;
+      limits.max_sequences = 1;
+      limits.max_context = int64_t(prompt.size()) + args->max_tokens;
+      limits.max_step_tokens = std::max<int64_t>(int64_t(prompt.size()), 1);
+      limits.max_logit_rows = 1;
+      auto backend = runtime::make_backend(args->device, **weights, fwd_options, limits);
+      if (!backend.ok()) return fail(backend.status());
+      dsv4::Forward forward(weights->get(), fwd_options, backend->get());
       dsv4::SequenceState state = forward.new_sequence();
       deepserve::SamplingParams sp;
       sp.temperature = args->sampling.temperature;
@@ -187,6 +200,7 @@ void register_generate(CLI::App& app, CommandFn* run) {
 
       std::printf("model: %s (%s numerics), loaded in %.2f s\n", dir.c_str(),
                   args->numerics.c_str(), load_s);
+      std::printf("device: %s\n", runtime::describe_backend(**backend).c_str());
       std::printf("prompt: %zu tokens\n", prompt.size());
       std::printf("generated ids:");
       for (int32_t id : generated) std::printf(" %d", id);

@@ -2,6 +2,7 @@
 // next to each component's bytes, FLOPs and floor from the roofline model (docs/profile.md). The
 // measurement and the report live in src/model/deepseek_v4/profile.h; this file parses flags and
 // loads the model.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -9,9 +10,9 @@
 
 #include "commands.h"
 #include "kernels/cpu/numerics.h"
-#include "model/deepseek_v4/cpu_ops.h"
 #include "model/deepseek_v4/profile.h"
 #include "model/embedded_model.h"
+#include "runtime/backend.h"
 
 namespace ds::cli {
 
@@ -32,9 +33,10 @@ void register_profile(CLI::App& app, CommandFn* run) {
       "Time per model component of decode steps (and a prefill), next to its roofline floor");
   cmd->add_option("--model", args->model, "checkpoint directory (default: the embedded tiny model)")
       ->envname("DEEPSERVE_MODEL");
-  cmd->add_option("--device", args->device, "backend: cpu")
+  cmd->add_option("--device", args->device,
+                  "backend: cpu (default) or cuda (component ranges synchronized: device time)")
       ->envname("DEEPSERVE_DEVICE")
-      ->check(CLI::IsMember({"cpu"}));
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--numerics", args->numerics, "reference or hf")
       ->envname("DEEPSERVE_NUMERICS")
       ->check(CLI::IsMember({"reference", "hf"}));
@@ -75,9 +77,20 @@ void register_profile(CLI::App& app, CommandFn* run) {
       auto weights = dsv4::ModelWeights::load(dir);
       if (!weights.ok()) return fail(weights.status());
       const auto mode = *cpu::numerics_mode_from_name(args->numerics);
-      dsv4::CpuOps cpu((*weights)->config());
-      auto result = dsv4::run_profile(**weights, dsv4::ForwardOptions::for_mode(mode), &cpu,
-                                      args->device, args->request);
+      const dsv4::ForwardOptions fwd_options = dsv4::ForwardOptions::for_mode(mode);
+      const dsv4::ProfileRequest& rq = args->request;
+      runtime::BackendLimits limits;
+      limits.max_sequences = std::max<int64_t>(rq.batch, 1) + 1;  // + the prefill's sequence
+      limits.max_context = rq.context + rq.warmup_steps + rq.steps + 1;
+      // The profile fills the caches in chunks of up to 512 tokens.
+      limits.max_step_tokens =
+          std::max({rq.batch, rq.prefill_tokens, std::min<int64_t>(rq.context, 512), int64_t(1)});
+      limits.max_logit_rows = std::max<int64_t>(rq.batch, 1);
+      limits.synchronous_components = true;
+      auto backend = runtime::make_backend(args->device, **weights, fwd_options, limits);
+      if (!backend.ok()) return fail(backend.status());
+      auto result = dsv4::run_profile(**weights, fwd_options, backend->get(), args->device,
+                                      args->request);
       if (!result.ok()) return fail(result.status(), 2);
       const std::string json = dsv4::profile_to_json(*result, label);
       if (!args->output.empty()) {

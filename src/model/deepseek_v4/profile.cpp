@@ -16,10 +16,11 @@ void ProfilingOps::component_begin(Component c) {
 }
 
 void ProfilingOps::component_end(Component c) {
+  // The inner backend first: a device backend that synchronizes its ranges does it there.
+  ForwardingOps::component_end(c);
   const auto end = std::chrono::steady_clock::now();
   seconds[size_t(c)] += std::chrono::duration<double>(end - begin_).count();
   ++ranges[size_t(c)];
-  ForwardingOps::component_end(c);
 }
 
 void ProfilingOps::reset() {

@@ -1,0 +1,66 @@
+// Backend selection (see backend.h).
+#include "runtime/backend.h"
+
+#include <cstdio>
+
+#include "model/deepseek_v4/cpu_ops.h"
+#if DS_HAVE_CUDA_BACKEND
+#include <cuda_runtime.h>
+
+#include "runtime/cuda/cuda_ops.h"
+#endif
+
+namespace ds::runtime {
+
+bool cuda_backend_available() {
+  return DS_HAVE_CUDA_BACKEND != 0;
+}
+
+Result<std::unique_ptr<dsv4::Ops>> make_backend(const std::string& device,
+                                                const dsv4::ModelWeights& weights,
+                                                const dsv4::ForwardOptions& options,
+                                                const BackendLimits& limits) {
+  if (device == "cpu") {
+    return std::unique_ptr<dsv4::Ops>(std::make_unique<dsv4::CpuOps>(weights.config()));
+  }
+  if (device != "cuda") {
+    return invalid_argument("unknown device \"" + device + "\" (expected cpu or cuda)");
+  }
+#if DS_HAVE_CUDA_BACKEND
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    (void)cudaGetLastError();
+    return failed_precondition("--device cuda: no CUDA GPU is visible to this process");
+  }
+  CudaOpsOptions o;
+  o.max_sequences = limits.max_sequences;
+  o.max_context = limits.max_context;
+  o.max_step_tokens = limits.max_step_tokens;
+  o.max_logit_rows = limits.max_logit_rows;
+  o.synchronous_components = limits.synchronous_components;
+  DS_ASSIGN_OR_RETURN(std::unique_ptr<CudaOps> ops, CudaOps::create(weights, options, o));
+  return std::unique_ptr<dsv4::Ops>(std::move(ops));
+#else
+  return invalid_argument(
+      "--device cuda: this deepserve was built without CUDA (configure with the cuda-release "
+      "preset on a machine with the CUDA toolkit)");
+#endif
+}
+
+std::string describe_backend(const dsv4::Ops& ops) {
+#if DS_HAVE_CUDA_BACKEND
+  if (const auto* cuda = dynamic_cast<const CudaOps*>(&ops)) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, cuda->options().device) != cudaSuccess) prop.name[0] = 0;
+    char buf[256];
+    std::snprintf(buf, sizeof(buf),
+                  "cuda (%s; weights %.2f GiB, sequence state %.2f GiB, step arena %.2f GiB)",
+                  prop.name, double(cuda->weight_bytes()) / (1 << 30),
+                  double(cuda->state_bytes()) / (1 << 30), double(cuda->arena_bytes()) / (1 << 30));
+    return buf;
+  }
+#endif
+  return "cpu";
+}
+
+}  // namespace ds::runtime

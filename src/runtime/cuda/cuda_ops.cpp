@@ -1,0 +1,1228 @@
+// CudaOps (see cuda_ops.h): each op launches the kernels of src/kernels/cuda on the backend's
+// stream. Host work per step: begin_step lays the plan's per-token arrays (positions, ids, key
+// lists of the window and HCA layers, compressor sequence records of every layer) into one host
+// blob and uploads it with one copy; ops then only launch.
+#include "runtime/cuda/cuda_ops.h"
+
+#include <nvtx3/nvToolsExt.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "kernels/cpu/kv_entry.h"
+#include "kernels/cpu/moe.h"
+#include "kernels/cuda/attention/sparse_mla_decode.h"
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/compressor/compressor.h"
+#include "kernels/cuda/elementwise/elementwise.h"
+#include "kernels/cuda/gemm/linear_fp8.h"
+#include "kernels/cuda/indexer/indexer.h"
+#include "kernels/cuda/mhc/mhc.h"
+#include "kernels/cuda/moe/moe.h"
+#include "kernels/cuda/norm/norm.h"
+#include "kernels/cuda/rope/rope.h"
+#include "model/deepseek_v4/state_access.h"
+
+namespace ds::runtime {
+
+using dsv4::StepPlan;
+
+namespace {
+
+size_t weight_data_bytes(const cpu::LinearWeight& w) {
+  const size_t nk = size_t(w.out_features) * size_t(w.in_features);
+  switch (w.format) {
+    case cpu::WeightFormat::kF32:
+      return nk * 4;
+    case cpu::WeightFormat::kBF16:
+      return nk * 2;
+    case cpu::WeightFormat::kFp8Block:
+      return nk;
+    case cpu::WeightFormat::kMxfp4:
+    case cpu::WeightFormat::kNvfp4:
+      return nk / 2;
+  }
+  return 0;
+}
+
+size_t weight_scale_bytes(const cpu::LinearWeight& w) {
+  const size_t n = size_t(w.out_features), k = size_t(w.in_features);
+  switch (w.format) {
+    case cpu::WeightFormat::kF32:
+    case cpu::WeightFormat::kBF16:
+      return 0;
+    case cpu::WeightFormat::kFp8Block:
+      return ((n + 127) / 128) * ((k + 127) / 128);
+    case cpu::WeightFormat::kMxfp4:
+      return n * (k / 32);
+    case cpu::WeightFormat::kNvfp4:
+      return n * (k / 16);
+  }
+  return 0;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// A cudaError_t as a Status (DS_CUDA_RETURN_IF_ERROR's form, usable in expressions).
+Status cuda_check(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return ok_status();
+  return cuda_status(err, what, __FILE__, __LINE__);
+}
+
+}  // namespace
+
+// One layer's per-sequence state pools (slot s owns page s of each).
+struct CudaOps::LayerStore {
+  int64_t ratio = 0;
+  bool csa = false;
+  uint8_t* window = nullptr;  // [max_sequences] pages of window_slots entries
+  int64_t window_page_bytes = 0;
+  uint8_t* compressed = nullptr;  // [max_sequences] pages of compressed_cap entries
+  int64_t compressed_cap = 0;
+  int64_t compressed_page_bytes = 0;
+  uint8_t* index_keys = nullptr;  // [max_sequences] pages of compressed_cap keys (CSA)
+  int64_t index_page_bytes = 0;
+  float* ring = nullptr;  // [max_sequences, compressor_state_floats]
+  int64_t ring_floats = 0;
+  float* index_ring = nullptr;  // CSA: [max_sequences, compressor_state_floats(4, ihd)]
+  int64_t index_ring_floats = 0;
+};
+
+// The open step's plan in device memory (pointers into the arena, valid until end_step).
+struct CudaOps::StepData {
+  int64_t num_tokens = 0;
+  int64_t num_seqs = 0;
+  int64_t max_count = 0;
+  const int64_t* positions = nullptr;     // [N]
+  const int32_t* ids = nullptr;           // [N]
+  const int32_t* query_seq = nullptr;     // [N] sequence of each token (index into the step)
+  const int32_t* slot_table = nullptr;    // [num_seqs] slot of each step sequence (page tables)
+  const int32_t* window_idx = nullptr;    // [N, sliding_window] ring slots of each query's window
+  const int32_t* window_len = nullptr;    // [N]
+  const int32_t* visible4 = nullptr;      // [N] CSA entries visible to each query
+  const int32_t* topk_len = nullptr;      // [N] = index_topk
+  const int32_t* kv_row_index = nullptr;  // [N] ring slot of each token's kv
+  const int64_t* iota = nullptr;          // [N] 0, 1, ..., N-1
+  // HCA (ratio 128) key lists: all visible entries.
+  const int32_t* hca_idx = nullptr;  // [N, hca_width]
+  const int32_t* hca_len = nullptr;  // [N]
+  int32_t hca_width = 0;
+  // Entries emitted by the compressors, per ratio: sequence and index of each emitted row.
+  struct Emitted {
+    int64_t rows = 0;
+    const int32_t* seq = nullptr;    // [rows]
+    const int32_t* index = nullptr;  // [rows]
+  };
+  Emitted emitted4, emitted128;
+  // Compressor sequence records per layer (attention ring, then indexer ring).
+  std::vector<const cuda::CompressorSeq*> comp_seqs;              // [layers]
+  std::vector<const cuda::CompressorSeq*> index_seqs;             // [layers]
+  std::vector<int64_t> entry_rows_of_seq4, entry_rows_of_seq128;  // host: first row per seq
+};
+
+CudaOps::CudaOps(const dsv4::ModelWeights& weights, const dsv4::ForwardOptions& options,
+                 const CudaOpsOptions& cuda_options)
+    : model_(weights), config_(weights.config()), fwd_(options), opt_(cuda_options) {}
+
+CudaOps::~CudaOps() {
+  for (auto& [n, g] : graphs_) {
+    if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
+  }
+  if (stream_ != nullptr) {
+    cudaStreamSynchronize(stream_);
+    gemm_.reset();
+    cudaStreamDestroy(stream_);
+  }
+}
+
+Result<std::unique_ptr<CudaOps>> CudaOps::create(const dsv4::ModelWeights& weights,
+                                                 const dsv4::ForwardOptions& options,
+                                                 const CudaOpsOptions& cuda_options) {
+  const cpu::NumericsFlags ref = cpu::numerics_flags(cpu::NumericsMode::kReference);
+  if (!options.round_bf16 || options.flags.activation_quantization != ref.activation_quantization ||
+      options.flags.fp8_kv_simulation != ref.fp8_kv_simulation ||
+      options.flags.indexer_fp4_simulation != ref.indexer_fp4_simulation) {
+    return invalid_argument(
+        "the CUDA backend runs reference numerics only (--numerics reference); hf numerics is "
+        "the CPU backend's fp32 comparison mode");
+  }
+  if (cuda_options.max_sequences < 1 || cuda_options.max_step_tokens < 1 ||
+      cuda_options.max_context < 0 || cuda_options.max_chunk < 0 ||
+      cuda_options.max_logit_rows < 0) {
+    return invalid_argument("CUDA backend: limits must be positive");
+  }
+  std::unique_ptr<CudaOps> ops(new CudaOps(weights, options, cuda_options));
+  DS_RETURN_IF_ERROR(ops->init());
+  return ops;
+}
+
+int64_t CudaOps::layer_index(int64_t slot) const {
+  return plan_ != nullptr && plan_->mtp ? config_.num_hidden_layers + slot : slot;
+}
+
+Status CudaOps::check(Status status) {
+  if (!status.ok() && error_.ok()) error_ = status;
+  return status;
+}
+
+template <typename T>
+T* CudaOps::scratch(int64_t n) {
+  void* p = arena_.alloc(size_t(std::max<int64_t>(n, 1)) * sizeof(T));
+  if (p == nullptr) {
+    (void)check(resource_exhausted("CUDA backend: the step arena (" +
+                                   std::to_string(arena_.capacity() >> 20) +
+                                   " MiB) is too small for this step; raise max_step_tokens"));
+  }
+  return static_cast<T*>(p);
+}
+
+void* CudaOps::alloc_bytes(int64_t bytes) {
+  return scratch<uint8_t>(bytes);
+}
+
+template <typename T>
+const T* CudaOps::upload(const std::vector<T>& host) {
+  T* d = scratch<T>(int64_t(host.size()));
+  if (failed() || host.empty()) return d;
+  (void)check(cuda_check(
+      cudaMemcpyAsync(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream_),
+      "cudaMemcpyAsync(plan)"));
+  return d;
+}
+
+Status CudaOps::register_weights() {
+  const DeepSeekV4Config& c = config_;
+  const int64_t D = c.hidden_size, hc = c.hc_mult, mixes = (2 + hc) * hc;
+  auto lin = [&](const cpu::LinearWeight& w) -> Status {
+    DS_RETURN_IF_ERROR(weights_.add(w.data, weight_data_bytes(w)));
+    return weights_.add(w.scale, weight_scale_bytes(w));
+  };
+  auto vec = [&](const std::vector<float>& v) { return weights_.add(v.data(), v.size() * 4); };
+  auto site = [&](const cpu::MhcSiteWeights& s) -> Status {
+    DS_RETURN_IF_ERROR(weights_.add(s.fn, size_t(mixes * hc * D) * 4));
+    DS_RETURN_IF_ERROR(weights_.add(s.base, size_t(mixes) * 4));
+    return weights_.add(s.scale, 3 * 4);
+  };
+  auto head = [&](const cpu::MhcHeadWeights& s) -> Status {
+    DS_RETURN_IF_ERROR(weights_.add(s.fn, size_t(hc * hc * D) * 4));
+    DS_RETURN_IF_ERROR(weights_.add(s.base, size_t(hc) * 4));
+    return weights_.add(s.scale, 4);
+  };
+  auto compressor = [&](const dsv4::CompressorWeights& cw) -> Status {
+    if (cw.wkv.data == nullptr) return ok_status();
+    DS_RETURN_IF_ERROR(lin(cw.wkv));
+    DS_RETURN_IF_ERROR(lin(cw.wgate));
+    DS_RETURN_IF_ERROR(weights_.add(cw.ape, size_t(cw.config.ratio * cw.config.width()) * 4));
+    return vec(cw.norm);
+  };
+  auto layer = [&](const dsv4::LayerWeights& L) -> Status {
+    DS_RETURN_IF_ERROR(site(L.hc_attn));
+    DS_RETURN_IF_ERROR(site(L.hc_ffn));
+    DS_RETURN_IF_ERROR(vec(L.attn_norm));
+    DS_RETURN_IF_ERROR(vec(L.ffn_norm));
+    DS_RETURN_IF_ERROR(weights_.add(L.attn_sink, size_t(c.num_attention_heads) * 4));
+    for (const cpu::LinearWeight* w : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.indexer_wq_b,
+                                       &L.indexer_weights_proj, &L.gate}) {
+      DS_RETURN_IF_ERROR(lin(*w));
+    }
+    DS_RETURN_IF_ERROR(vec(L.q_norm));
+    DS_RETURN_IF_ERROR(vec(L.kv_norm));
+    DS_RETURN_IF_ERROR(vec(L.inv_freq));
+    DS_RETURN_IF_ERROR(compressor(L.compressor));
+    DS_RETURN_IF_ERROR(compressor(L.indexer_compressor));
+    DS_RETURN_IF_ERROR(weights_.add(L.gate_bias, size_t(c.n_routed_experts) * 4));
+    DS_RETURN_IF_ERROR(weights_.add(L.tid2eid.data(), L.tid2eid.size() * 4));
+    for (const cpu::ExpertWeights& e : L.experts) {
+      DS_RETURN_IF_ERROR(lin(e.w1));
+      DS_RETURN_IF_ERROR(lin(e.w2));
+      DS_RETURN_IF_ERROR(lin(e.w3));
+    }
+    DS_RETURN_IF_ERROR(lin(L.shared.w1));
+    DS_RETURN_IF_ERROR(lin(L.shared.w2));
+    return lin(L.shared.w3);
+  };
+  DS_RETURN_IF_ERROR(lin(model_.embed));
+  DS_RETURN_IF_ERROR(lin(model_.head));
+  DS_RETURN_IF_ERROR(vec(model_.norm));
+  DS_RETURN_IF_ERROR(head(model_.hc_head));
+  for (const dsv4::LayerWeights& L : model_.layers) DS_RETURN_IF_ERROR(layer(L));
+  for (const dsv4::MtpWeights& M : model_.mtp) {
+    DS_RETURN_IF_ERROR(layer(M.block));
+    DS_RETURN_IF_ERROR(lin(M.e_proj));
+    DS_RETURN_IF_ERROR(lin(M.h_proj));
+    DS_RETURN_IF_ERROR(vec(M.enorm));
+    DS_RETURN_IF_ERROR(vec(M.hnorm));
+    DS_RETURN_IF_ERROR(vec(M.norm));
+    DS_RETURN_IF_ERROR(head(M.hc_head));
+  }
+  DS_RETURN_IF_ERROR(weights_.upload());
+
+  // The cuBLASLt FP8 path takes the block scales as fp32: convert every FP8 weight's grid once.
+  std::vector<const cpu::LinearWeight*> fp8;
+  auto collect = [&](const dsv4::LayerWeights& L) {
+    for (const cpu::LinearWeight* w : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.indexer_wq_b,
+                                       &L.shared.w1, &L.shared.w2, &L.shared.w3}) {
+      if (w->format == cpu::WeightFormat::kFp8Block && w->data != nullptr) fp8.push_back(w);
+    }
+  };
+  for (const dsv4::LayerWeights& L : model_.layers) collect(L);
+  for (const dsv4::MtpWeights& M : model_.mtp) {
+    collect(M.block);
+    fp8.push_back(&M.e_proj);
+    fp8.push_back(&M.h_proj);
+  }
+  // cuBLASLt's bf16 GEMM wants N a multiple of 8: pad narrower bf16 weights (the tiny model's
+  // 4-head indexer weights_proj) with zero rows once; linear() copies the N real columns out.
+  std::vector<const cpu::LinearWeight*> bf16;
+  auto collect_bf16 = [&](const dsv4::LayerWeights& L) {
+    for (const cpu::LinearWeight* w :
+         {&L.indexer_weights_proj, &L.compressor.wkv, &L.compressor.wgate,
+          &L.indexer_compressor.wkv, &L.indexer_compressor.wgate}) {
+      if (w->format == cpu::WeightFormat::kBF16 && w->data != nullptr) bf16.push_back(w);
+    }
+  };
+  for (const dsv4::LayerWeights& L : model_.layers) collect_bf16(L);
+  for (const dsv4::MtpWeights& M : model_.mtp) collect_bf16(M.block);
+  bf16.push_back(&model_.head);
+  for (const cpu::LinearWeight* w : bf16) {
+    if (w->out_features % 8 == 0 || padded_bf16_.count(w->data) != 0) continue;
+    const int64_t np = (w->out_features + 7) / 8 * 8, k = w->in_features;
+    DS_ASSIGN_OR_RETURN(void* dev, weights_.allocate_derived(size_t(np * k) * 2));
+    DS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dev, 0, size_t(np * k) * 2, stream_));
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev, weights_.find(w->data),
+                                            size_t(w->out_features * k) * 2,
+                                            cudaMemcpyDeviceToDevice, stream_));
+    padded_bf16_[w->data] = {static_cast<const uint16_t*>(dev), np};
+  }
+  for (const cpu::LinearWeight* w : fp8) {
+    if (e8m0_f32_.count(w->scale) != 0) continue;
+    const int64_t n = int64_t(weight_scale_bytes(*w));
+    DS_ASSIGN_OR_RETURN(void* f32, weights_.allocate_derived(size_t(n) * 4));
+    DS_RETURN_IF_ERROR(
+        cuda::launch_e8m0_to_f32(weights_.get(w->scale), static_cast<float*>(f32), n, stream_));
+    e8m0_f32_[w->scale] = static_cast<const float*>(f32);
+  }
+  DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return ok_status();
+}
+
+Status CudaOps::init() {
+  const DeepSeekV4Config& c = config_;
+  DS_CUDA_RETURN_IF_ERROR(cudaSetDevice(opt_.device));
+  DS_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, opt_.device));
+  DS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  if (opt_.max_context == 0 || opt_.max_context > c.max_position_embeddings) {
+    opt_.max_context = c.max_position_embeddings;
+  }
+  if (opt_.max_chunk == 0 || opt_.max_chunk > opt_.max_step_tokens) {
+    opt_.max_chunk = opt_.max_step_tokens;
+  }
+  if (opt_.max_chunk > opt_.max_context) opt_.max_chunk = opt_.max_context;
+  if (opt_.max_logit_rows == 0 || opt_.max_logit_rows > opt_.max_step_tokens) {
+    opt_.max_logit_rows = opt_.max_step_tokens;
+  }
+  if (c.hc_mult != cuda::kMhcHc) {
+    return invalid_argument("CUDA backend: hc_mult must be 4 (the mHC kernels' width)");
+  }
+  DS_RETURN_IF_ERROR(register_weights());
+  DS_RETURN_IF_ERROR(build_moe_layers());
+
+  // GEMM workspace: inputs of up to max_step_tokens * hc rows (h_proj reads every stream) and
+  // the widest input (wo_a reads heads * head_dim columns).
+  const int64_t max_rows = opt_.max_step_tokens * c.hc_mult;
+  const int64_t max_cols =
+      std::max({c.hidden_size, c.q_lora_rank, c.num_attention_heads * c.head_dim,
+                c.o_groups * c.o_lora_rank, c.moe_intermediate_size});
+  const size_t gemm_bytes = cuda::GemmRunner::workspace_bytes(max_rows, max_cols);
+  DS_ASSIGN_OR_RETURN(gemm_workspace_, DeviceBuffer::allocate(gemm_bytes, "GEMM workspace"));
+  DS_ASSIGN_OR_RETURN(
+      gemm_, cuda::GemmRunner::create(gemm_workspace_.data(), gemm_bytes, max_rows, max_cols));
+
+  // State pools.
+  const cpu::KvEntryLayout kv_layout{c.head_dim};
+  if (!kv_layout.valid()) {
+    return invalid_argument("CUDA backend: head_dim - 64 must be a positive multiple of 64");
+  }
+  window_slots_ = c.sliding_window + opt_.max_chunk - 1;
+  const int64_t S = opt_.max_sequences;
+  const int64_t num_layers = c.num_hidden_layers + c.num_nextn_predict_layers;
+  layers_.resize(static_cast<size_t>(num_layers));
+  size_t total = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = total;
+    total += (bytes + 255) / 256 * 256;
+    return at;
+  };
+  std::vector<std::array<size_t, 5>> offsets(static_cast<size_t>(num_layers));
+  for (int64_t l = 0; l < num_layers; ++l) {
+    LayerStore& ls = layers_[size_t(l)];
+    ls.ratio = c.compress_ratios[size_t(l)];
+    ls.csa = ls.ratio == 4;
+    ls.window_page_bytes = cpu::kv_page_bytes(kv_layout, window_slots_);
+    offsets[size_t(l)][0] = take(static_cast<size_t>(S * ls.window_page_bytes));
+    if (ls.ratio != 0) {
+      ls.compressed_cap = ceil_div(opt_.max_context, ls.ratio);
+      ls.compressed_page_bytes = cpu::kv_page_bytes(kv_layout, ls.compressed_cap);
+      offsets[size_t(l)][1] = take(static_cast<size_t>(S * ls.compressed_page_bytes));
+      ls.ring_floats = cuda::compressor_state_floats(ls.ratio, c.head_dim);
+      offsets[size_t(l)][3] = take(size_t(S * ls.ring_floats) * 4);
+    }
+    if (ls.csa) {
+      ls.index_page_bytes = cuda::index_key_page_bytes(ls.compressed_cap);
+      offsets[size_t(l)][2] = take(static_cast<size_t>(S * ls.index_page_bytes));
+      ls.index_ring_floats = cuda::compressor_state_floats(4, c.index_head_dim);
+      offsets[size_t(l)][4] = take(size_t(S * ls.index_ring_floats) * 4);
+    }
+  }
+  DS_ASSIGN_OR_RETURN(state_, DeviceBuffer::allocate(total, "sequence state"));
+  state_bytes_ = total;
+  uint8_t* base = state_.as<uint8_t>();
+  for (int64_t l = 0; l < num_layers; ++l) {
+    LayerStore& ls = layers_[size_t(l)];
+    ls.window = base + offsets[size_t(l)][0];
+    if (ls.ratio != 0) {
+      ls.compressed = base + offsets[size_t(l)][1];
+      ls.ring = reinterpret_cast<float*>(base + offsets[size_t(l)][3]);
+    }
+    if (ls.csa) {
+      ls.index_keys = base + offsets[size_t(l)][2];
+      ls.index_ring = reinterpret_cast<float*>(base + offsets[size_t(l)][4]);
+    }
+  }
+
+  // Step arena: activations of the largest step (generously: the forward keeps about a dozen
+  // [N, hc*D]-sized buffers and the attention scratch alive at once), the logits rows and the
+  // attention / mHC / sampling workspaces.
+  const int64_t N = opt_.max_step_tokens;
+  const int64_t per_token =
+      4 * (12 * c.hc_mult * c.hidden_size + 8 * c.num_attention_heads * c.head_dim +
+           8 * c.q_lora_rank + 4 * c.index_n_heads * c.index_head_dim +
+           8 * 2 * std::max(c.head_dim, c.index_head_dim) + 4 * c.sliding_window +
+           4 * c.index_topk + 64) +
+      2 * c.num_attention_heads * c.head_dim * 2;
+  const int64_t hca_cols = ceil_div(opt_.max_context, 128);
+  const int64_t attn_ws = int64_t(cuda::sparse_mla_workspace_bytes(
+      cuda::plan_sparse_mla_decode(int32_t(N), int32_t(c.num_attention_heads),
+                                   int32_t(c.sliding_window),
+                                   int32_t(std::max(c.index_topk, hca_cols)), num_sms_),
+      int32_t(N), int32_t(c.num_attention_heads), int32_t(c.head_dim)));
+  const int64_t arena =
+      N * per_token + N * hca_cols * 4 + opt_.max_logit_rows * c.vocab_size * 4 +
+      cuda::mhc_workspace_floats(std::max(N, opt_.max_logit_rows), c.hidden_size) * 4 + attn_ws +
+      int64_t(moe_workspace_bytes_) +
+      int64_t(cuda::indexer_workspace_bytes(cuda::plan_indexer_select(
+          int32_t(N), int32_t(ceil_div(opt_.max_context, 4)), int32_t(c.index_topk), num_sms_))) +
+      (64 << 20);
+  DS_ASSIGN_OR_RETURN(DeviceBuffer arena_buffer,
+                      DeviceBuffer::allocate(size_t(arena), "step arena"));
+  arena_ = DeviceArena(std::move(arena_buffer));
+  free_slots_.clear();
+  for (int64_t s = S - 1; s >= 0; --s) free_slots_.push_back(s);
+  DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return ok_status();
+}
+
+Status CudaOps::reset_slot(int64_t slot) {
+  // The compressor rings back to kv 0 / score -inf (§15); the KV pages need no clearing: a
+  // query reads only entries written at positions it can see.
+  std::vector<cuda::CompressorSeq> seqs;
+  for (const LayerStore& ls : layers_) {
+    if (ls.ratio == 0) continue;
+    cuda::CompressorSeq s;
+    s.state = ls.ring + slot * ls.ring_floats;
+    seqs.push_back(s);
+  }
+  std::vector<cuda::CompressorSeq> index_seqs;
+  for (const LayerStore& ls : layers_) {
+    if (!ls.csa) continue;
+    cuda::CompressorSeq s;
+    s.state = ls.index_ring + slot * ls.index_ring_floats;
+    index_seqs.push_back(s);
+  }
+  // Layers differ in ratio: reset per layer (a few small launches, only at a sequence's start).
+  const cuda::CompressorSeq* d = upload(seqs);
+  const cuda::CompressorSeq* di = upload(index_seqs);
+  if (failed()) return error_;
+  size_t k = 0, ki = 0;
+  for (const LayerStore& ls : layers_) {
+    if (ls.ratio == 0) continue;
+    cuda::launch_compressor_state_reset(d + k++, 1, ls.ratio, config_.head_dim, stream_);
+    if (ls.csa) {
+      cuda::launch_compressor_state_reset(di + ki++, 1, 4, config_.index_head_dim, stream_);
+    }
+  }
+  return cuda_check(cudaGetLastError(), "launch_compressor_state_reset");
+}
+
+void CudaOps::release_sequence(const dsv4::SequenceState* state) {
+  auto it = slot_of_.find(state);
+  if (it == slot_of_.end()) return;
+  free_slots_.push_back(it->second);
+  slot_of_.erase(it);
+}
+
+void CudaOps::begin_step(const StepPlan& plan) {
+  const DeepSeekV4Config& c = config_;
+  plan_ = &plan;
+  error_ = ok_status();
+  mode_ = Mode::kEager;
+  // Nothing lives in the arena between steps: the step's plan arrays start at its base, so a
+  // decode step of a given size finds every buffer where its captured graph expects it.
+  arena_.release(0);
+  step_ = std::make_unique<StepData>();
+  StepData& st = *step_;
+  const int64_t N = plan.num_tokens, S = int64_t(plan.seqs.size());
+  st.num_tokens = N;
+  st.num_seqs = S;
+  if (N > opt_.max_step_tokens) {
+    (void)check(
+        out_of_range("CUDA backend: a step of " + std::to_string(N) +
+                     " tokens exceeds max_step_tokens = " + std::to_string(opt_.max_step_tokens)));
+    return;
+  }
+  // Slots: a new sequence (or one starting again at position 0) gets a fresh slot state.
+  std::vector<int32_t> slots(static_cast<size_t>(S));
+  bool any_reset = false;
+  for (int64_t i = 0; i < S; ++i) {
+    const StepPlan::Seq& s = plan.seqs[size_t(i)];
+    st.max_count = std::max(st.max_count, s.count);
+    if (s.count > opt_.max_chunk) {
+      (void)check(out_of_range("CUDA backend: a chunk of " + std::to_string(s.count) +
+                               " tokens exceeds max_chunk = " + std::to_string(opt_.max_chunk)));
+      return;
+    }
+    const int64_t pos = s.start + s.count;
+    if (pos > opt_.max_context) {
+      (void)check(out_of_range("CUDA backend: position " + std::to_string(pos) +
+                               " exceeds max_context = " + std::to_string(opt_.max_context)));
+      return;
+    }
+    auto it = slot_of_.find(s.state);
+    if (it == slot_of_.end()) {
+      if (free_slots_.empty()) {
+        (void)check(resource_exhausted("CUDA backend: more than max_sequences = " +
+                                       std::to_string(opt_.max_sequences) + " live sequences"));
+        return;
+      }
+      it = slot_of_.emplace(s.state, free_slots_.back()).first;
+      free_slots_.pop_back();
+      if (!check(reset_slot(it->second)).ok()) return;
+      any_reset = true;
+    } else if (s.start == 0 && !plan.mtp) {
+      // The state was reset for a new sequence (the MTP layer's first step follows the main
+      // model's, which already reset the slot, MTP layers included).
+      if (!check(reset_slot(it->second)).ok()) return;
+      any_reset = true;
+    }
+    slots[size_t(i)] = int32_t(it->second);
+  }
+  // A decode step sizes its per-step arrays by bounds, not by contents, so that the arena layout
+  // depends on N alone and the step can be captured into a CUDA graph and replayed. Every decode
+  // step does, graphs on or off, so that both paths launch the same kernels with the same
+  // geometry (reference numerics amplify any difference in summation order).
+  const bool bounded = !plan.mtp && N > 0 && N <= opt_.max_graph_tokens && st.max_count == 1;
+  const bool graph_step = bounded && opt_.cuda_graphs && !opt_.synchronous_components && !any_reset;
+
+  // Per-token arrays.
+  const int64_t W = c.sliding_window, R = window_slots_;
+  const std::vector<int64_t>& positions = plan.positions;
+  std::vector<int32_t> window_idx(size_t(N * W), -1), window_len(static_cast<size_t>(N));
+  std::vector<int32_t> visible4(static_cast<size_t>(N)), topk_len(size_t(N), int32_t(c.index_topk));
+  std::vector<int32_t> kv_row_index(static_cast<size_t>(N));
+  std::vector<int64_t> iota(static_cast<size_t>(N));
+  int64_t hca_width = 0;
+  for (int64_t i = 0; i < N; ++i) hca_width = std::max(hca_width, (positions[size_t(i)] + 1) / 128);
+  if (bounded) hca_width = ceil_div(opt_.max_context, 128);
+  st.hca_width = int32_t(std::max<int64_t>(hca_width, 1));
+  std::vector<int32_t> hca_idx(size_t(N * st.hca_width), -1), hca_len(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t t = positions[size_t(i)];
+    const int64_t first = std::max<int64_t>(0, t - W + 1);
+    for (int64_t p = first; p <= t; ++p) window_idx[size_t(i * W + p - first)] = int32_t(p % R);
+    window_len[size_t(i)] = int32_t(t - first + 1);
+    visible4[size_t(i)] = int32_t((t + 1) / 4);
+    kv_row_index[size_t(i)] = int32_t(t % R);
+    const int64_t vis = (t + 1) / 128;
+    for (int64_t w = 0; w < vis; ++w) hca_idx[size_t(i * st.hca_width + w)] = int32_t(w);
+    hca_len[size_t(i)] = int32_t(vis);
+    iota[size_t(i)] = i;
+  }
+  // Entries each compressor emits: the windows completed by this step's tokens. A graph step
+  // reserves one row per sequence (one token completes at most one window) and marks the rows
+  // of sequences that complete none with index -1 (skipped by the pack kernels).
+  auto emitted = [&](int64_t ratio, std::vector<int64_t>* first_row) {
+    std::vector<int32_t> seq, index;
+    for (int64_t i = 0; i < S; ++i) {
+      const StepPlan::Seq& s = plan.seqs[size_t(i)];
+      first_row->push_back(int64_t(seq.size()));
+      const int64_t w0 = s.start / ratio, w1 = (s.start + s.count) / ratio;
+      for (int64_t w = w0; w < w1; ++w) {
+        seq.push_back(int32_t(i));
+        index.push_back(int32_t(w));
+      }
+      if (bounded && w1 == w0) {
+        seq.push_back(int32_t(i));
+        index.push_back(-1);
+      }
+    }
+    StepData::Emitted e;
+    e.rows = int64_t(seq.size());
+    e.seq = upload(seq);
+    e.index = upload(index);
+    return e;
+  };
+  st.positions = upload(positions);
+  st.ids = upload(plan.ids);
+  st.query_seq = upload(plan.seq_of);
+  st.slot_table = upload(slots);
+  st.window_idx = upload(window_idx);
+  st.window_len = upload(window_len);
+  st.visible4 = upload(visible4);
+  st.topk_len = upload(topk_len);
+  st.kv_row_index = upload(kv_row_index);
+  st.hca_idx = upload(hca_idx);
+  st.hca_len = upload(hca_len);
+  st.iota = upload(iota);
+  st.emitted4 = emitted(4, &st.entry_rows_of_seq4);
+  st.emitted128 = emitted(128, &st.entry_rows_of_seq128);
+
+  // Compressor records of every layer of this step's kind (main or MTP).
+  const int64_t first_layer = plan.mtp ? c.num_hidden_layers : 0;
+  const int64_t count = plan.mtp ? c.num_nextn_predict_layers : c.num_hidden_layers;
+  st.comp_seqs.assign(size_t(count), nullptr);
+  st.index_seqs.assign(size_t(count), nullptr);
+  for (int64_t l = 0; l < count; ++l) {
+    const LayerStore& ls = layers_[size_t(first_layer + l)];
+    if (ls.ratio == 0) continue;
+    const std::vector<int64_t>& first_row =
+        ls.ratio == 4 ? st.entry_rows_of_seq4 : st.entry_rows_of_seq128;
+    std::vector<cuda::CompressorSeq> recs(static_cast<size_t>(S)),
+        index_recs(static_cast<size_t>(S));
+    for (int64_t i = 0; i < S; ++i) {
+      const StepPlan::Seq& s = plan.seqs[size_t(i)];
+      cuda::CompressorSeq r;
+      r.row = s.begin;
+      r.count = s.count;
+      r.start = s.start;
+      r.entry_row = first_row[size_t(i)];
+      r.state = ls.ring + slots[size_t(i)] * ls.ring_floats;
+      recs[size_t(i)] = r;
+      if (ls.csa) {
+        r.state = ls.index_ring + slots[size_t(i)] * ls.index_ring_floats;
+        index_recs[size_t(i)] = r;
+      }
+    }
+    st.comp_seqs[size_t(l)] = upload(recs);
+    if (ls.csa) st.index_seqs[size_t(l)] = upload(index_recs);
+  }
+  if (!graph_step || failed()) return;
+
+  // First time at this batch size: eager (it also warms cuBLASLt's per-shape plans); second
+  // time: capture; afterwards: replay.
+  Graph& g = graphs_[N];
+  if (g.exec != nullptr) {
+    mode_ = Mode::kReplay;
+  } else if (g.seen++ >= 1) {
+    if (check(cuda_check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed),
+                         "cudaStreamBeginCapture"))
+            .ok()) {
+      mode_ = Mode::kCapture;
+    }
+  }
+}
+
+void CudaOps::finish_graph_step() {
+  if (mode_ == Mode::kCapture) {
+    cudaGraph_t graph = nullptr;
+    const cudaError_t err = cudaStreamEndCapture(stream_, &graph);
+    mode_ = Mode::kEager;
+    if (!check(cuda_check(err, "cudaStreamEndCapture")).ok()) return;
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t ierr = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (!check(cuda_check(ierr, "cudaGraphInstantiate")).ok()) return;
+    graphs_[step_->num_tokens].exec = exec;
+    ++graph_captures_;
+    (void)check(cuda_check(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch"));
+  } else if (mode_ == Mode::kReplay) {
+    mode_ = Mode::kEager;
+    ++graph_replays_;
+    (void)check(
+        cuda_check(cudaGraphLaunch(graphs_[step_->num_tokens].exec, stream_), "cudaGraphLaunch"));
+  }
+}
+
+void CudaOps::end_step() {
+  if (mode_ == Mode::kCapture) {  // an error cut the step short: drop the capture
+    cudaGraph_t graph = nullptr;
+    if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph != nullptr) {
+      cudaGraphDestroy(graph);
+    }
+    (void)cudaGetLastError();
+  }
+  mode_ = Mode::kEager;
+  if (!failed()) {
+    (void)check(cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(end_step)"));
+  } else {
+    cudaStreamSynchronize(stream_);  // let in-flight work finish before the arena is reused
+  }
+  plan_ = nullptr;
+  step_.reset();
+}
+
+void CudaOps::component_begin(dsv4::Component component) {
+  if (opt_.synchronous_components) cudaStreamSynchronize(stream_);
+  nvtxRangePushA(dsv4::component_name(component));
+}
+
+void CudaOps::component_end(dsv4::Component component) {
+  if (opt_.synchronous_components) cudaStreamSynchronize(stream_);
+  nvtxRangePop();
+}
+
+void CudaOps::copy_to_host(const float* src, int64_t n, float* dst) {
+  // The logits copy ends a decode step's graph: the work before it is captured or replayed.
+  finish_graph_step();
+  if (failed()) return;
+  if (check(cuda_check(cudaMemcpyAsync(dst, src, size_t(n) * 4, cudaMemcpyDeviceToHost, stream_),
+                       "cudaMemcpyAsync(to host)"))
+          .ok()) {
+    (void)check(cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(to host)"));
+  }
+}
+
+void CudaOps::copy_from_host(const float* src, int64_t n, float* dst) {
+  if (failed()) return;
+  (void)check(cuda_check(cudaMemcpyAsync(dst, src, size_t(n) * 4, cudaMemcpyHostToDevice, stream_),
+                         "cudaMemcpyAsync(from host)"));
+  // The host buffer may die right after this call: wait for the copy.
+  (void)check(cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(from host)"));
+}
+
+// ---- token-wise ops --------------------------------------------------------------------------
+
+void CudaOps::embed(const cpu::LinearWeight& table, int64_t copies, float* x) {
+  if (skip()) return;
+  if (table.format != cpu::WeightFormat::kBF16) {
+    (void)check(unimplemented("CUDA backend: the embedding must be bf16"));
+    return;
+  }
+  cuda::EmbedParams p;
+  p.table = weights_.get(static_cast<const uint16_t*>(table.data));
+  p.ids = step_->ids;
+  p.num_tokens = step_->num_tokens;
+  p.vocab = table.out_features;
+  p.dim = table.in_features;
+  p.copies = copies;
+  p.out = x;
+  cuda::launch_embed(p, stream_);
+  (void)check(cuda_check(cudaGetLastError(), "launch_embed"));
+}
+
+uint16_t* CudaOps::to_bf16(const float* x, int64_t rows, int64_t cols) {
+  uint16_t* out = scratch<uint16_t>(rows * cols);
+  if (failed()) return out;
+  cuda::F32ToBf16Params p;
+  p.x = x;
+  p.y = out;
+  p.num_rows = rows;
+  p.cols = cols;
+  p.x_stride = cols;
+  p.y_stride = cols;
+  cuda::launch_f32_to_bf16(p, stream_);
+  (void)check(cuda_check(cudaGetLastError(), "launch_f32_to_bf16"));
+  return out;
+}
+
+Status CudaOps::linear_impl(const float* x, int64_t rows, const cpu::LinearWeight& w, bool quantize,
+                            int groups, float* y) {
+  if (rows == 0) return ok_status();
+  const int64_t K = w.in_features * groups;
+  const size_t mark = arena_.mark();
+  const uint16_t* xb = to_bf16(x, rows, K);
+  if (failed()) return error_;
+  Status st;
+  if (w.format == cpu::WeightFormat::kFp8Block) {
+    cuda::Fp8LinearParams p;
+    p.w.data = weights_.get(static_cast<const uint8_t*>(w.data));
+    p.w.scale = weights_.get(w.scale);
+    auto it = e8m0_f32_.find(w.scale);
+    p.w.scale_f32 = it == e8m0_f32_.end() ? nullptr : it->second;
+    p.w.out_features = w.out_features / groups;
+    p.w.in_features = w.in_features;
+    p.w.num_groups = groups;
+    p.num_tokens = rows;
+    p.x.bf16 = xb;
+    p.x.x_row_stride = K;
+    p.quantize_activations = quantize;
+    p.y = y;
+    p.y_type = cuda::OutType::kF32;
+    p.y_row_stride = w.out_features;
+    st = gemm_->linear_fp8(p, stream_);
+  } else if (w.format == cpu::WeightFormat::kBF16 && groups == 1) {
+    cuda::Bf16LinearParams p;
+    p.w = weights_.get(static_cast<const uint16_t*>(w.data));
+    p.out_features = w.out_features;
+    p.in_features = w.in_features;
+    p.num_tokens = rows;
+    p.x = xb;
+    p.x_row_stride = K;
+    p.y = y;
+    p.y_type = cuda::OutType::kF32;
+    p.y_row_stride = w.out_features;
+    auto pad = padded_bf16_.find(w.data);
+    float* y_wide = nullptr;  // [rows, padded N] when the weight is padded
+    if (pad != padded_bf16_.end()) {
+      y_wide = scratch<float>(rows * pad->second.second);
+      if (failed()) return error_;
+      p.w = pad->second.first;
+      p.out_features = pad->second.second;
+      p.y = y_wide;
+      p.y_row_stride = pad->second.second;
+    }
+    st = gemm_->linear_bf16(p, stream_);
+    if (st.ok() && y_wide != nullptr) {
+      st = cuda_check(cudaMemcpy2DAsync(y, size_t(w.out_features) * 4, y_wide,
+                                        size_t(p.y_row_stride) * 4, size_t(w.out_features) * 4,
+                                        size_t(rows), cudaMemcpyDeviceToDevice, stream_),
+                      "cudaMemcpy2DAsync(padded linear)");
+    }
+  } else {
+    st = unimplemented("CUDA backend: no linear for this weight format");
+  }
+  arena_.release(mark);
+  return st;
+}
+
+void CudaOps::linear(const float* x, int64_t rows, const cpu::LinearWeight& w,
+                     bool quantize_activations, float* y) {
+  if (skip()) return;
+  (void)check(linear_impl(x, rows, w, quantize_activations, 1, y));
+}
+
+void CudaOps::grouped_output_projection(const float* o, int64_t groups,
+                                        const cpu::LinearWeight& wo_a, float* z) {
+  if (skip()) return;
+  // §2: wo_a never quantizes its input. wo_a is [groups * o_lora_rank, heads * hd / groups].
+  (void)check(linear_impl(o, step_->num_tokens, wo_a, false, int(groups), z));
+}
+
+void CudaOps::rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
+                       float* y) {
+  if (skip() || rows == 0) return;
+  cuda::RmsNormParams p;
+  p.x = x;
+  p.weight = weights_.get(weight);
+  p.y = y;
+  p.num_rows = rows;
+  p.dim = dim;
+  p.x_stride = dim;
+  p.y_stride = dim;
+  p.eps = eps;
+  cuda::launch_rms_norm(p, stream_);
+  (void)check(cuda_check(cudaGetLastError(), "launch_rms_norm"));
+}
+
+void CudaOps::rms_norm_heads(float* x, int64_t rows, int64_t heads, int64_t head_dim, float eps) {
+  if (skip() || rows == 0) return;
+  cuda::RmsNormHeadsParams p;
+  p.x = x;
+  p.num_tokens = rows;
+  p.num_heads = heads;
+  p.head_dim = head_dim;
+  p.token_stride = heads * head_dim;
+  p.eps = eps;
+  cuda::launch_rms_norm_heads(p, stream_);
+  (void)check(cuda_check(cudaGetLastError(), "launch_rms_norm_heads"));
+}
+
+void CudaOps::rope(float* x, int64_t heads, int64_t head_dim, int64_t rope_dim,
+                   const float* inv_freq, cpu::RopeDirection direction) {
+  if (skip() || step_->num_tokens == 0) return;
+  cuda::RopeParams p;
+  p.x = x;
+  p.inv_freq = weights_.get(inv_freq);
+  p.positions = step_->positions;
+  p.num_tokens = step_->num_tokens;
+  p.num_heads = heads;
+  p.head_dim = head_dim;
+  p.rope_dim = rope_dim;
+  p.token_stride = heads * head_dim;
+  p.inverse = direction == cpu::RopeDirection::kInverse;
+  cuda::launch_rope(p, stream_);
+  (void)check(cuda_check(cudaGetLastError(), "launch_rope"));
+}
+
+void CudaOps::round_bf16(float* x, int64_t n) {
+  if (skip() || n == 0) return;
+  cuda::launch_round_bf16(x, n, stream_);
+  (void)check(cuda_check(cudaGetLastError(), "launch_round_bf16"));
+}
+
+void CudaOps::simulate_fp8_kv(float* kv, int64_t rows, int64_t head_dim, int64_t rope_dim) {
+  if (skip() || rows == 0) return;
+  cuda::SimulateFp8KvParams p;
+  p.kv = kv;
+  p.num_rows = rows;
+  p.head_dim = head_dim;
+  p.rope_dim = rope_dim;
+  p.row_stride = head_dim;
+  cuda::launch_simulate_fp8_kv(p, stream_);
+  (void)check(cuda_check(cudaGetLastError(), "launch_simulate_fp8_kv"));
+}
+
+void CudaOps::indexer_prepare_query(float* q, int64_t heads, int64_t head_dim, int64_t rope_dim,
+                                    const float* inv_freq, bool fp4_simulation, bool round) {
+  if (skip() || step_->num_tokens == 0) return;
+  cuda::IndexerPrepareQueryParams p;
+  p.q = q;
+  p.positions = step_->positions;
+  p.inv_freq = weights_.get(inv_freq);
+  p.num_tokens = step_->num_tokens;
+  p.num_heads = heads;
+  p.head_dim = head_dim;
+  p.rope_dim = rope_dim;
+  p.token_stride = heads * head_dim;
+  p.simulate_fp4 = fp4_simulation;
+  p.round_bf16 = round;
+  cuda::launch_indexer_prepare_query(p, stream_);
+  (void)check(cuda_check(cudaGetLastError(), "launch_indexer_prepare_query"));
+}
+
+void CudaOps::indexer_scale_weights(float* w, int64_t heads, int64_t head_dim) {
+  if (skip() || step_->num_tokens == 0) return;
+  cuda::launch_indexer_scale_weights(w, step_->num_tokens, heads, head_dim, stream_);
+  (void)check(cuda_check(cudaGetLastError(), "launch_indexer_scale_weights"));
+}
+
+void CudaOps::mhc_pre(const cpu::MhcConfig& config, const cpu::MhcSiteWeights& weights,
+                      const float* x, int64_t rows, float* u, float* post, float* comb) {
+  if (skip() || rows == 0) return;
+  const size_t mark = arena_.mark();
+  cuda::MhcPreParams p;
+  p.x = x;
+  p.fn = weights_.get(weights.fn);
+  p.base = weights_.get(weights.base);
+  p.scale = weights_.get(weights.scale);
+  p.u = u;
+  p.post = post;
+  p.comb = comb;
+  p.workspace = scratch<float>(cuda::mhc_workspace_floats(rows, config.dim));
+  p.num_tokens = rows;
+  p.dim = config.dim;
+  p.sinkhorn_iters = int(config.sinkhorn_iters);
+  p.hc_eps = config.hc_eps;
+  p.norm_eps = config.norm_eps;
+  if (!failed()) {
+    cuda::launch_mhc_pre(p, stream_);
+    (void)check(cuda_check(cudaGetLastError(), "launch_mhc_pre"));
+  }
+  arena_.release(mark);
+}
+
+void CudaOps::mhc_post(const cpu::MhcConfig& config, const float* o, const float* x,
+                       const float* post, const float* comb, int64_t rows, float* x_new) {
+  if (skip() || rows == 0) return;
+  cuda::MhcPostParams p;
+  p.o = o;
+  p.x = x;
+  p.post = post;
+  p.comb = comb;
+  p.x_new = x_new;
+  p.num_tokens = rows;
+  p.dim = config.dim;
+  cuda::launch_mhc_post(p, stream_);
+  (void)check(cuda_check(cudaGetLastError(), "launch_mhc_post"));
+}
+
+void CudaOps::mhc_head(const cpu::MhcConfig& config, const cpu::MhcHeadWeights& weights,
+                       const float* x, int64_t rows, float* y) {
+  if (skip() || rows == 0) return;
+  const size_t mark = arena_.mark();
+  cuda::MhcHeadParams p;
+  p.x = x;
+  p.fn = weights_.get(weights.fn);
+  p.base = weights_.get(weights.base);
+  p.scale = weights_.get(weights.scale);
+  p.y = y;
+  p.workspace = scratch<float>(cuda::mhc_workspace_floats(rows, config.dim));
+  p.num_tokens = rows;
+  p.dim = config.dim;
+  p.hc_eps = config.hc_eps;
+  p.norm_eps = config.norm_eps;
+  if (!failed()) {
+    cuda::launch_mhc_head(p, stream_);
+    (void)check(cuda_check(cudaGetLastError(), "launch_mhc_head"));
+  }
+  arena_.release(mark);
+}
+
+void CudaOps::moe(const dsv4::MoeSite& site, const float* x, float* y) {
+  if (skip() || step_->num_tokens == 0) return;
+  auto it = moe_layers_.find(site.experts);
+  if (it == moe_layers_.end()) {
+    (void)check(internal_error("CUDA backend: MoE site of an unknown layer"));
+    return;
+  }
+  const size_t mark = arena_.mark();
+  void* ws = scratch<uint8_t>(int64_t(moe_workspace_bytes_));
+  if (!failed()) {
+    (void)check(
+        cuda::MoeRunner::forward(*it->second, x, step_->ids, step_->num_tokens, y, ws, stream_));
+  }
+  arena_.release(mark);
+}
+
+Status CudaOps::build_moe_layers() {
+  auto lin = [&](cpu::LinearWeight w) {
+    w.data = weights_.find(w.data);
+    w.scale = static_cast<const uint8_t*>(weights_.find(w.scale));
+    return w;
+  };
+  auto build = [&](const dsv4::LayerWeights& L) -> Status {
+    dsv4::MoeSite site = dsv4::moe_site(model_, L, fwd_);
+    std::vector<cpu::ExpertWeights> experts(L.experts.size());
+    for (size_t e = 0; e < experts.size(); ++e) {
+      experts[e] = {lin(L.experts[e].w1), lin(L.experts[e].w2), lin(L.experts[e].w3)};
+    }
+    dsv4::MoeSite dev = site;
+    dev.router.gate = lin(site.router.gate);
+    dev.router.bias = weights_.get(site.router.bias);
+    dev.router.tid2eid = weights_.get(site.router.tid2eid);
+    dev.experts = experts.data();
+    dev.shared = {lin(site.shared.w1), lin(site.shared.w2), lin(site.shared.w3)};
+    DS_ASSIGN_OR_RETURN(cuda::MoeDeviceLayer layer, cuda::MoeDeviceLayer::create(dev));
+    auto owned = std::make_unique<cuda::MoeDeviceLayer>(std::move(layer));
+    moe_workspace_bytes_ = std::max(moe_workspace_bytes_,
+                                    cuda::MoeRunner::workspace_bytes(opt_.max_step_tokens, *owned));
+    moe_layers_[site.experts] = std::move(owned);
+    return ok_status();
+  };
+  for (const dsv4::LayerWeights& L : model_.layers) DS_RETURN_IF_ERROR(build(L));
+  for (const dsv4::MtpWeights& M : model_.mtp) DS_RETURN_IF_ERROR(build(M.block));
+  return ok_status();
+}
+
+void CudaOps::add_broadcast(const float* e, const float* h, int64_t hc, int64_t dim, float* x) {
+  if (skip() || step_->num_tokens == 0) return;
+  cuda::AddBroadcastParams p;
+  p.e = e;
+  p.h = h;
+  p.x = x;
+  p.num_tokens = step_->num_tokens;
+  p.hc = hc;
+  p.dim = dim;
+  cuda::launch_add_broadcast(p, stream_);
+  (void)check(cuda_check(cudaGetLastError(), "launch_add_broadcast"));
+}
+
+void CudaOps::gather_rows(const float* x, int64_t width, const std::vector<int64_t>& rows,
+                          float* out) {
+  if (skip() || rows.empty()) return;
+  // Rows 0..n-1 (a decode step's logits rows) come from the step's index array: no upload, so
+  // the launch can be captured.
+  bool identity = int64_t(rows.size()) <= step_->num_tokens;
+  for (size_t r = 0; identity && r < rows.size(); ++r) identity = rows[r] == int64_t(r);
+  const int64_t* d_rows = identity ? step_->iota : upload(rows);
+  if (skip()) return;
+  cuda::GatherRowsParams p;
+  p.x = x;
+  p.rows = d_rows;
+  p.out = out;
+  p.num_rows = int64_t(rows.size());
+  p.num_x_rows = *std::max_element(rows.begin(), rows.end()) + 1;
+  p.width = width;
+  cuda::launch_gather_rows(p, stream_);
+  (void)check(cuda_check(cudaGetLastError(), "launch_gather_rows"));
+}
+
+// ---- per-sequence state ----------------------------------------------------------------------
+
+void CudaOps::compress(int64_t slot, const dsv4::CompressorWeights& cw, cpu::CompressorKind kind,
+                       const cpu::CompressorFinishParams& finish, const float* h) {
+  if (skip() || step_->num_tokens == 0) return;
+  const DeepSeekV4Config& c = config_;
+  const StepData& st = *step_;
+  const int64_t N = st.num_tokens, ratio = cw.config.ratio, width = cw.config.width();
+  const int64_t d = cw.config.head_dim;
+  const bool indexer = kind == cpu::CompressorKind::kIndexer;
+  const LayerStore& ls = layers_[size_t(layer_index(slot))];
+  const size_t mark = arena_.mark();
+  float* ckv = scratch<float>(N * width);
+  float* cscore = scratch<float>(N * width);
+  if (skip()) return;
+  if (!check(linear_impl(h, N, cw.wkv, false, 1, ckv)).ok()) return;
+  if (!check(linear_impl(h, N, cw.wgate, false, 1, cscore)).ok()) return;
+  const StepData::Emitted& em = ratio == 4 ? st.emitted4 : st.emitted128;
+  float* entries = scratch<float>(std::max<int64_t>(em.rows, 1) * d);
+  if (skip()) return;
+  cuda::CompressorParams p;
+  p.kv = ckv;
+  p.score = cscore;
+  p.ape = weights_.get(cw.ape);
+  p.seqs = indexer ? st.index_seqs[size_t(slot)] : st.comp_seqs[size_t(slot)];
+  p.num_seqs = st.num_seqs;
+  p.max_count = st.max_count;
+  p.ratio = ratio;
+  p.head_dim = d;
+  p.rope_dim = cw.config.rope_dim;
+  p.entries = entries;
+  p.finish = true;
+  p.kind = indexer ? cuda::CompressorEntryKind::kIndexer : cuda::CompressorEntryKind::kAttention;
+  p.norm_weight = weights_.get(finish.norm_weight);
+  p.inv_freq = weights_.get(finish.inv_freq);
+  p.norm_eps = finish.norm_eps;
+  p.simulate_quantization = finish.simulate_quantization;
+  p.round_bf16 = finish.round_bf16;
+  cuda::launch_compressor(p, stream_);
+  if (!check(cuda_check(cudaGetLastError(), "launch_compressor")).ok()) return;
+  if (em.rows > 0) {
+    if (indexer) {
+      cuda::IndexKeySource keys;
+      keys.pool = ls.index_keys;
+      keys.page_table = st.slot_table;
+      keys.page_table_stride = 1;
+      keys.page_size = int32_t(ls.compressed_cap);
+      keys.page_bytes = ls.index_page_bytes;
+      cuda::PackIndexKeysParams pk;
+      pk.keys = entries;
+      pk.seq = em.seq;
+      pk.index = em.index;
+      pk.num_rows = int32_t(em.rows);
+      pk.dst = keys;
+      (void)check(cuda::launch_pack_index_keys(pk, stream_));
+    } else {
+      cuda::PackKvEntriesParams pk;
+      pk.kv = entries;
+      pk.num_rows = em.rows;
+      pk.head_dim = c.head_dim;
+      pk.kv_stride = c.head_dim;
+      pk.row_seq = em.seq;
+      pk.row_index = em.index;
+      pk.pool = ls.compressed;
+      pk.page_table = st.slot_table;
+      pk.page_table_stride = 1;
+      pk.page_size = ls.compressed_cap;
+      pk.page_bytes = ls.compressed_page_bytes;
+      cuda::launch_pack_kv_entries(pk, stream_);
+      (void)check(cuda_check(cudaGetLastError(), "launch_pack_kv_entries(compressed)"));
+    }
+  }
+  arena_.release(mark);
+}
+
+void CudaOps::indexer_select(int64_t slot, const float* q_index, const float* w_index,
+                             int32_t* selected) {
+  if (skip() || step_->num_tokens == 0) return;
+  const DeepSeekV4Config& c = config_;
+  const StepData& st = *step_;
+  const LayerStore& ls = layers_[size_t(layer_index(slot))];
+  const size_t mark = arena_.mark();
+  cuda::IndexerSelectParams p;
+  p.q = q_index;
+  p.weights = w_index;
+  p.query_seq = st.query_seq;
+  p.visible = st.visible4;
+  p.num_queries = int32_t(st.num_tokens);
+  p.num_heads = int32_t(c.index_n_heads);
+  p.head_dim = int32_t(c.index_head_dim);
+  p.topk = int32_t(c.index_topk);
+  p.keys.pool = ls.index_keys;
+  p.keys.page_table = st.slot_table;
+  p.keys.page_table_stride = 1;
+  p.keys.page_size = int32_t(ls.compressed_cap);
+  p.keys.page_bytes = ls.index_page_bytes;
+  p.selected = selected;
+  p.plan = cuda::plan_indexer_select(int32_t(st.num_tokens), int32_t(ls.compressed_cap),
+                                     int32_t(c.index_topk), num_sms_);
+  const size_t ws = cuda::indexer_workspace_bytes(p.plan);
+  p.workspace = scratch<uint8_t>(int64_t(ws));
+  p.workspace_bytes = ws;
+  if (!failed()) (void)check(cuda::launch_indexer_select(p, stream_));
+  arena_.release(mark);
+}
+
+void CudaOps::attend(const dsv4::AttendParams& params, const float* q, const float* kv,
+                     const int32_t* selected, float* o) {
+  if (skip() || step_->num_tokens == 0) return;
+  const DeepSeekV4Config& c = config_;
+  const StepData& st = *step_;
+  const dsv4::LayerWeights& L = *params.layer;
+  const LayerStore& ls = layers_[size_t(layer_index(params.layer_slot))];
+  const int64_t N = st.num_tokens, H = c.num_attention_heads, hd = c.head_dim;
+  const size_t mark = arena_.mark();
+
+  // The step's kv vectors join the window rings first: the ring has room for a whole chunk on
+  // top of the window (cuda_ops.h), so no key a query of this step needs is overwritten.
+  cuda::PackKvEntriesParams pk;
+  pk.kv = kv;
+  pk.num_rows = N;
+  pk.head_dim = hd;
+  pk.kv_stride = hd;
+  pk.row_seq = st.query_seq;
+  pk.row_index = st.kv_row_index;
+  pk.pool = ls.window;
+  pk.page_table = st.slot_table;
+  pk.page_table_stride = 1;
+  pk.page_size = window_slots_;
+  pk.page_bytes = ls.window_page_bytes;
+  cuda::launch_pack_kv_entries(pk, stream_);
+  if (!check(cuda_check(cudaGetLastError(), "launch_pack_kv_entries(window)")).ok()) return;
+
+  uint16_t* qb = to_bf16(q, N * H, hd);
+  uint16_t* ob = scratch<uint16_t>(N * H * hd);
+  if (skip()) return;
+  cuda::SparseMlaParams p;
+  p.q = qb;
+  p.sink = weights_.get(L.attn_sink);
+  p.out = ob;
+  p.num_queries = int32_t(N);
+  p.num_heads = int32_t(H);
+  p.head_dim = int32_t(hd);
+  p.softmax_scale = params.softmax_scale;
+  p.query_seq = st.query_seq;
+  p.window.pool = ls.window;
+  p.window.page_table = st.slot_table;
+  p.window.page_table_stride = 1;
+  p.window.page_size = int32_t(window_slots_);
+  p.window.page_bytes = ls.window_page_bytes;
+  p.window_idx = st.window_idx;
+  p.window_len = st.window_len;
+  p.window_width = int32_t(c.sliding_window);
+  if (ls.ratio != 0) {
+    p.compressed.pool = ls.compressed;
+    p.compressed.page_table = st.slot_table;
+    p.compressed.page_table_stride = 1;
+    p.compressed.page_size = int32_t(ls.compressed_cap);
+    p.compressed.page_bytes = ls.compressed_page_bytes;
+    if (ls.csa) {
+      p.compressed_idx = selected;
+      p.compressed_len = st.topk_len;
+      p.compressed_width = int32_t(c.index_topk);
+    } else {
+      p.compressed_idx = st.hca_idx;
+      p.compressed_len = st.hca_len;
+      p.compressed_width = st.hca_width;
+    }
+  }
+  p.plan = cuda::plan_sparse_mla_decode(p.num_queries, p.num_heads, p.window_width,
+                                        p.compressed_width, num_sms_);
+  p.workspace_bytes =
+      cuda::sparse_mla_workspace_bytes(p.plan, p.num_queries, p.num_heads, p.head_dim);
+  p.workspace = scratch<float>(int64_t(p.workspace_bytes / 4 + 1));
+  if (skip()) return;
+  if (!check(cuda::launch_sparse_mla_decode(p, stream_)).ok()) return;
+  cuda::launch_bf16_to_f32(ob, N * H * hd, o, stream_);
+  (void)check(cuda_check(cudaGetLastError(), "launch_bf16_to_f32"));
+  arena_.release(mark);
+}
+
+void CudaOps::store_window(int64_t slot, const float* kv, int64_t head_dim) {
+  // Done by attend(): the ring already holds this step's kv vectors.
+}
+
+}  // namespace ds::runtime

@@ -1,0 +1,200 @@
+// CudaOps: the DeepSeek-V4 op interface (src/model/deepseek_v4/ops.h) on one CUDA GPU. The same
+// Forward that runs on CpuOps runs here; activations are fp32 device buffers from a step arena
+// allocated once, weights are device copies made at creation (found by their host address), and
+// per-sequence state lives in device memory:
+//   - window rings of FP8 KV entries (kernels/cpu/kv_entry.h layout), R = sliding_window +
+//     max_chunk - 1 slots per (layer, sequence), position p in slot p % R, so that a chunk's
+//     tokens can be written before its queries attend without overwriting a key one of them needs;
+//   - compressed KV entries in the same FP8 format, one page of ceil(max_context / ratio) entries
+//     per (layer, sequence);
+//   - indexer keys (CSA layers) in the indexer kernel's packed format, the same paging;
+//   - the compressor state rings (fp32, kernels/cuda/compressor layout).
+// Every sequence occupies one of `max_sequences` slots from its first step until
+// release_sequence() (or until a step starts it again at position 0, which resets it). The page
+// tables are therefore the identity of the slot; real paging over a shared pool (the engine's
+// KvCacheManager) is the next step (docs/cuda_backend.md).
+//
+// Numerics: reference mode only (FP8 activation quantization, FP8 KV simulation, FP4 indexer
+// simulation, bf16 rounding): the stored formats represent those values exactly, so the GPU
+// forward differs from the CPU oracle only by accumulation order. hf mode is refused at creation.
+//
+// Errors: an op that fails (a CUDA error, an arena overflow, a step larger than the limits)
+// records the first error, later ops of the step do nothing, and step_status() returns it; the
+// forward returns it instead of advancing the sequences.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/status.h"
+#include "model/deepseek_v4/forward.h"
+#include "model/deepseek_v4/ops.h"
+#include "runtime/cuda/device_memory.h"
+
+namespace ds::cuda {
+class GemmRunner;
+class MoeDeviceLayer;
+}  // namespace ds::cuda
+
+namespace ds::runtime {
+
+struct CudaOpsOptions {
+  int device = 0;
+  int64_t max_sequences = 8;      // live sequences (state slots)
+  int64_t max_context = 0;        // tokens per sequence; 0 = max_position_embeddings
+  int64_t max_step_tokens = 512;  // tokens of one forward call, all sequences together
+  int64_t max_chunk = 0;          // tokens one sequence adds in one call; 0 = max_step_tokens
+  int64_t max_logit_rows = 0;     // rows whose logits one call returns; 0 = max_step_tokens
+  // Synchronize the stream at every component boundary, so that a host-clock profiler
+  // (profile.h ProfilingOps) measures each component's device time. Turns CUDA graphs off.
+  bool synchronous_components = false;
+  // Decode steps (every sequence advancing by one token, main model) of up to
+  // max_graph_tokens sequences are captured into a CUDA graph per batch size on their second
+  // occurrence and replayed afterwards.
+  bool cuda_graphs = true;
+  int64_t max_graph_tokens = 256;
+};
+
+class CudaOps final : public dsv4::Ops {
+ public:
+  // Uploads the weights and allocates every buffer. `weights` must outlive the CudaOps.
+  static Result<std::unique_ptr<CudaOps>> create(const dsv4::ModelWeights& weights,
+                                                 const dsv4::ForwardOptions& options,
+                                                 const CudaOpsOptions& cuda_options);
+  ~CudaOps() override;
+
+  // Device bytes held: weights, state, arena and workspaces.
+  size_t weight_bytes() const { return weights_.device_bytes(); }
+  size_t state_bytes() const { return state_bytes_; }
+  size_t arena_bytes() const { return arena_.capacity(); }
+  size_t arena_high_water() const { return arena_.high_water(); }
+  const CudaOpsOptions& options() const { return opt_; }
+  cudaStream_t stream() const { return stream_; }
+  // Decode-step graphs captured and replayed so far.
+  int64_t graph_captures() const { return graph_captures_; }
+  int64_t graph_replays() const { return graph_replays_; }
+
+  // ---- Ops ----
+  void begin_step(const dsv4::StepPlan& plan) override;
+  void end_step() override;
+  Status step_status() const override { return error_; }
+  void release_sequence(const dsv4::SequenceState* state) override;
+  void* alloc_bytes(int64_t bytes) override;
+  size_t mark() const override { return arena_.mark(); }
+  void release(size_t mark) override { arena_.release(mark); }
+  void component_begin(dsv4::Component component) override;
+  void component_end(dsv4::Component component) override;
+  void copy_to_host(const float* src, int64_t n, float* dst) override;
+  void copy_from_host(const float* src, int64_t n, float* dst) override;
+
+  void embed(const cpu::LinearWeight& table, int64_t copies, float* x) override;
+  void linear(const float* x, int64_t rows, const cpu::LinearWeight& w, bool quantize_activations,
+              float* y) override;
+  void grouped_output_projection(const float* o, int64_t groups, const cpu::LinearWeight& wo_a,
+                                 float* z) override;
+  void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
+                float* y) override;
+  void rms_norm_heads(float* x, int64_t rows, int64_t heads, int64_t head_dim, float eps) override;
+  void rope(float* x, int64_t heads, int64_t head_dim, int64_t rope_dim, const float* inv_freq,
+            cpu::RopeDirection direction) override;
+  void round_bf16(float* x, int64_t n) override;
+  void simulate_fp8_kv(float* kv, int64_t rows, int64_t head_dim, int64_t rope_dim) override;
+  void indexer_prepare_query(float* q, int64_t heads, int64_t head_dim, int64_t rope_dim,
+                             const float* inv_freq, bool fp4_simulation, bool round_bf16) override;
+  void indexer_scale_weights(float* w, int64_t heads, int64_t head_dim) override;
+  void mhc_pre(const cpu::MhcConfig& config, const cpu::MhcSiteWeights& weights, const float* x,
+               int64_t rows, float* u, float* post, float* comb) override;
+  void mhc_post(const cpu::MhcConfig& config, const float* o, const float* x, const float* post,
+                const float* comb, int64_t rows, float* x_new) override;
+  void mhc_head(const cpu::MhcConfig& config, const cpu::MhcHeadWeights& weights, const float* x,
+                int64_t rows, float* y) override;
+  void moe(const dsv4::MoeSite& site, const float* x, float* y) override;
+  void add_broadcast(const float* e, const float* h, int64_t hc, int64_t dim, float* x) override;
+  void gather_rows(const float* x, int64_t width, const std::vector<int64_t>& rows,
+                   float* out) override;
+
+  void compress(int64_t layer_slot, const dsv4::CompressorWeights& weights,
+                cpu::CompressorKind kind, const cpu::CompressorFinishParams& finish,
+                const float* h) override;
+  void indexer_select(int64_t layer_slot, const float* q_index, const float* w_index,
+                      int32_t* selected) override;
+  void attend(const dsv4::AttendParams& params, const float* q, const float* kv,
+              const int32_t* selected, float* o) override;
+  void store_window(int64_t layer_slot, const float* kv, int64_t head_dim) override;
+
+ private:
+  struct LayerStore;  // one layer's state pools
+  struct StepData;    // the step's uploaded plan
+
+  CudaOps(const dsv4::ModelWeights& weights, const dsv4::ForwardOptions& options,
+          const CudaOpsOptions& cuda_options);
+  Status init();
+  Status register_weights();
+  Status build_moe_layers();
+  Status check(Status status);  // records the first error; returns it
+  bool failed() const { return !error_.ok(); }
+  // Ops launch nothing after an error, and nothing while a captured graph stands in for them.
+  bool skip() const { return failed() || mode_ == Mode::kReplay; }
+  void finish_graph_step();  // at the logits copy: end the capture / launch the graph
+  int64_t layer_index(int64_t slot) const;  // main slot or num_hidden_layers + MTP slot
+  template <typename T>
+  T* scratch(int64_t n);  // arena allocation of n T's (nullptr + error on overflow)
+  uint16_t* to_bf16(const float* x, int64_t rows, int64_t cols);  // arena bf16 copy
+  Status linear_impl(const float* x, int64_t rows, const cpu::LinearWeight& w, bool quantize,
+                     int groups, float* y);
+  template <typename T>
+  const T* upload(const std::vector<T>& host);  // arena copy of a host array (this step)
+  Status reset_slot(int64_t slot);
+
+  const dsv4::ModelWeights& model_;
+  const DeepSeekV4Config& config_;
+  dsv4::ForwardOptions fwd_;
+  CudaOpsOptions opt_;
+  cudaStream_t stream_ = nullptr;
+  int num_sms_ = 0;
+  Status error_;
+
+  WeightStore weights_;
+  std::unordered_map<const void*, const float*> e8m0_f32_;  // FP8 weight scale grids as fp32
+  // bf16 weights padded to a multiple of 8 rows: host data -> (device copy, padded rows).
+  std::unordered_map<const void*, std::pair<const uint16_t*, int64_t>> padded_bf16_;
+  // Per-layer MoE state, keyed by the layer's host expert array (MoeSite::experts).
+  std::unordered_map<const cpu::ExpertWeights*, std::unique_ptr<cuda::MoeDeviceLayer>> moe_layers_;
+  size_t moe_workspace_bytes_ = 0;
+  DeviceArena arena_;
+  DeviceBuffer gemm_workspace_;
+  std::unique_ptr<cuda::GemmRunner> gemm_;
+  DeviceBuffer state_;
+  size_t state_bytes_ = 0;
+  std::vector<LayerStore> layers_;  // [num_hidden_layers + num_nextn_predict_layers]
+  int64_t window_slots_ = 0;        // R
+
+  // Sequence slots.
+  std::unordered_map<const dsv4::SequenceState*, int64_t> slot_of_;
+  std::vector<int64_t> free_slots_;
+
+  // The open step.
+  const dsv4::StepPlan* plan_ = nullptr;
+  std::unique_ptr<StepData> step_;
+
+  // CUDA graphs of decode steps, by batch size. The arena is a bump allocator and a decode
+  // step's allocations depend only on its batch size (graph steps size every per-step array by
+  // bounds), so every replay finds its buffers at the captured addresses; begin_step refreshes
+  // their contents.
+  enum class Mode : uint8_t { kEager, kCapture, kReplay };
+  struct Graph {
+    int64_t seen = 0;
+    cudaGraphExec_t exec = nullptr;
+  };
+  Mode mode_ = Mode::kEager;
+  std::unordered_map<int64_t, Graph> graphs_;
+  int64_t graph_captures_ = 0, graph_replays_ = 0;
+};
+
+}  // namespace ds::runtime
