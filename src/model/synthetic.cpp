@@ -17,6 +17,7 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "model/checkpoint_files.h"
+#include "model/safetensors.h"
 #include "model/safetensors_writer.h"
 #include "model/tensor_spec.h"
 #include "model/weight_format.h"
@@ -339,6 +340,209 @@ Status write_synthetic_checkpoint(const DeepSeekV4Config& config, const Syntheti
     if (options.on_progress) options.on_progress({si + 1, num_shards, done, total});
   }
 
+  nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  {
+    std::ofstream f(fs::path(out_dir) / kShardIndexFileName);
+    f << index.dump(2) << "\n";
+    if (!f) return io_error(out_dir + ": cannot write " + std::string(kShardIndexFileName));
+  }
+  {
+    std::ofstream f(fs::path(out_dir) / "config.json");
+    f << to_config_json(config);
+    if (!f) return io_error(out_dir + ": cannot write config.json");
+  }
+  return ok_status();
+}
+
+namespace {
+
+// Master weights of `make-checkpoint --from` (see synthetic.h).
+class MasterWeights {
+ public:
+  explicit MasterWeights(SafetensorsFile file) : file_(std::move(file)) {}
+
+  const TensorInfo* find(const std::string& name) const { return file_.find(name); }
+
+  Result<std::vector<uint8_t>> bytes(const TensorInfo& t) const {
+    std::vector<uint8_t> out(t.nbytes);
+    DS_RETURN_IF_ERROR(file_.read(t, 0, out));
+    return out;
+  }
+
+  // The tensor `name` as fp32 values of shape [rows, cols] (F32, BF16, or F8_E4M3 with a 128x128
+  // block `.scale`).
+  Result<std::vector<float>> f32(const std::string& name, int64_t rows, int64_t cols) const {
+    const TensorInfo* t = find(name);
+    if (!t) return not_found("--from: no tensor " + name);
+    if (int64_t(t->numel) != rows * cols)
+      return invalid_argument("--from: " + name + " has " + std::to_string(t->numel) +
+                              " elements, expected " + std::to_string(rows * cols));
+    DS_ASSIGN_OR_RETURN(std::vector<uint8_t> raw, bytes(*t));
+    std::vector<float> out(size_t(rows * cols));
+    switch (t->dtype) {
+      case DType::kF32:
+        std::memcpy(out.data(), raw.data(), raw.size());
+        break;
+      case DType::kBF16:
+        for (size_t i = 0; i < out.size(); ++i) {
+          uint16_t b;
+          std::memcpy(&b, raw.data() + 2 * i, 2);
+          out[i] = bf16_to_float(b);
+        }
+        break;
+      case DType::kF8E4M3: {
+        const std::string sname = name.substr(0, name.size() - std::string(".weight").size()) +
+                                  ".scale";
+        const TensorInfo* st = find(sname);
+        if (!ends_with(name, ".weight") || !st || st->dtype != DType::kF8E8M0)
+          return invalid_argument("--from: " + name + " is F8_E4M3 without an F8_E8M0 " + sname);
+        DS_ASSIGN_OR_RETURN(std::vector<uint8_t> scales, bytes(*st));
+        const int64_t want = ((rows + 127) / 128) * ((cols + 127) / 128);
+        if (int64_t(scales.size()) != want)
+          return invalid_argument("--from: " + sname + " has the wrong size");
+        Fp8BlockWeight w{raw.data(), scales.data(), rows, cols};
+        DS_RETURN_IF_ERROR(dequantize_fp8_block(w, out.data()));
+        break;
+      }
+      default:
+        return invalid_argument("--from: " + name + " must be F32, BF16 or F8_E4M3");
+    }
+    return out;
+  }
+
+ private:
+  SafetensorsFile file_;
+};
+
+// Reads the vocab_ids tensor (empty when absent).
+Result<std::vector<int64_t>> read_vocab_ids(const MasterWeights& m, int64_t vocab) {
+  std::vector<int64_t> ids;
+  const TensorInfo* t = m.find("vocab_ids");
+  if (!t) return ids;
+  DS_ASSIGN_OR_RETURN(std::vector<uint8_t> raw, m.bytes(*t));
+  for (uint64_t i = 0; i < t->numel; ++i) {
+    int64_t v;
+    if (t->dtype == DType::kU32) {
+      uint32_t u;
+      std::memcpy(&u, raw.data() + 4 * i, 4);
+      v = u;
+    } else if (t->dtype == DType::kI64) {
+      std::memcpy(&v, raw.data() + 8 * i, 8);
+    } else {
+      return invalid_argument("--from: vocab_ids must be U32 or I64");
+    }
+    if (v < 0 || v >= vocab || (!ids.empty() && v <= ids.back()))
+      return invalid_argument("--from: vocab_ids must be ascending ids below vocab_size");
+    ids.push_back(v);
+  }
+  return ids;
+}
+
+}  // namespace
+
+Status write_checkpoint_from_weights(const DeepSeekV4Config& config,
+                                     const std::string& weights_path, const std::string& out_dir) {
+  DS_RETURN_IF_ERROR(validate_config(config, "checkpoint config"));
+  DS_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open(weights_path));
+  MasterWeights master(std::move(file));
+  DS_ASSIGN_OR_RETURN(std::vector<int64_t> vocab_ids, read_vocab_ids(master, config.vocab_size));
+
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) return io_error(out_dir + ": cannot create directory: " + ec.message());
+  if (fs::exists(fs::path(out_dir) / kShardIndexFileName) ||
+      fs::exists(fs::path(out_dir) / "config.json"))
+    return failed_precondition(out_dir + ": already holds a checkpoint; choose an empty directory");
+
+  std::vector<TensorSpec> specs = expected_tensors(config);
+  specs.erase(std::remove_if(specs.begin(), specs.end(), [](const TensorSpec& t) { return t.optional; }),
+              specs.end());
+  const std::string fname = "model-00001-of-00001.safetensors";
+  SafetensorsWriter writer;
+  DS_RETURN_IF_ERROR(writer.set_metadata("format", "pt"));
+  nlohmann::json weight_map = nlohmann::json::object();
+  uint64_t total = 0;
+  std::map<std::string, std::vector<uint8_t>> pending_scales;  // scale name -> bytes
+  for (const TensorSpec& t : specs) {
+    std::vector<uint8_t> out;
+    const TensorInfo* stored = master.find(t.name);
+    const bool stored_as_is =
+        stored && stored->dtype == t.dtype &&
+        std::equal(stored->shape.begin(), stored->shape.end(), t.shape.begin(), t.shape.end());
+    if (t.is_scale && pending_scales.count(t.name)) {
+      out = std::move(pending_scales[t.name]);
+      pending_scales.erase(t.name);
+    } else if (stored_as_is) {
+      DS_ASSIGN_OR_RETURN(out, master.bytes(*stored));
+    } else if (t.dtype == DType::kI64) {  // tid2eid
+      if (!stored || stored->dtype != DType::kU8 || stored->numel != uint64_t(t.numel()))
+        return invalid_argument("--from: " + t.name + " must be I64 or U8 " +
+                                describe(t));
+      DS_ASSIGN_OR_RETURN(std::vector<uint8_t> raw, master.bytes(*stored));
+      out.resize(raw.size() * 8);
+      for (size_t i = 0; i < raw.size(); ++i) {
+        if (raw[i] >= config.n_routed_experts)
+          return invalid_argument("--from: " + t.name + " names an expert out of range");
+        const int64_t v = raw[i];
+        std::memcpy(out.data() + 8 * i, &v, 8);
+      }
+    } else if (t.role == QuantRole::kPlain || t.role == QuantRole::kFp8Weight ||
+               t.role == QuantRole::kMxfp4Weight) {
+      const int64_t rows = t.logical.size() == 2 ? t.logical[0] : 1;
+      const int64_t cols = t.logical.empty() ? 1 : t.logical.back();
+      std::vector<float> values;
+      const bool row_subset =
+          !vocab_ids.empty() && (t.name == "embed.weight" || t.name == "head.weight");
+      if (row_subset) {
+        // n rows (others zero) or n + 1 (the last fills every id not in vocab_ids).
+        const TensorInfo* info = master.find(t.name);
+        const int64_t n = int64_t(vocab_ids.size());
+        const bool shared_row = info && !info->shape.empty() && int64_t(info->shape[0]) == n + 1;
+        DS_ASSIGN_OR_RETURN(std::vector<float> sub, master.f32(t.name, n + shared_row, cols));
+        values.assign(size_t(rows * cols), 0.0f);
+        if (shared_row) {
+          for (int64_t r = 0; r < rows; ++r)
+            std::copy(sub.end() - cols, sub.end(), values.begin() + r * cols);
+        }
+        for (size_t r = 0; r < vocab_ids.size(); ++r)
+          std::copy(sub.begin() + int64_t(r) * cols, sub.begin() + int64_t(r + 1) * cols,
+                    values.begin() + vocab_ids[r] * cols);
+      } else {
+        DS_ASSIGN_OR_RETURN(values, master.f32(t.name, rows, cols));
+      }
+      if (t.role == QuantRole::kFp8Weight) {
+        out.resize(size_t(rows * cols));
+        std::vector<uint8_t> scales(size_t(((rows + 127) / 128) * ((cols + 127) / 128)));
+        DS_RETURN_IF_ERROR(quantize_fp8_block(values.data(), rows, cols, out.data(), scales.data()));
+        pending_scales[t.pair] = std::move(scales);
+      } else if (t.role == QuantRole::kMxfp4Weight) {
+        out.resize(size_t(rows * cols / 2));
+        std::vector<uint8_t> scales(size_t(rows * cols / kMxfp4Block));
+        DS_RETURN_IF_ERROR(quantize_mxfp4(values.data(), rows, cols, out.data(), scales.data()));
+        pending_scales[t.pair] = std::move(scales);
+      } else if (t.dtype == DType::kBF16) {
+        out.resize(values.size() * 2);
+        for (size_t i = 0; i < values.size(); ++i) {
+          const uint16_t b = float_to_bf16(values[i]);
+          std::memcpy(out.data() + 2 * i, &b, 2);
+        }
+      } else if (t.dtype == DType::kF32) {
+        out.resize(values.size() * 4);
+        std::memcpy(out.data(), values.data(), out.size());
+      } else {
+        return invalid_argument("--from: cannot produce " + describe(t));
+      }
+    } else {
+      return invalid_argument("--from: no source for " + describe(t));
+    }
+    if (out.size() != t.stored_bytes())
+      return internal_error("--from: " + t.name + " produced the wrong byte size");
+    std::vector<uint64_t> shape(t.shape.begin(), t.shape.end());
+    total += out.size();
+    weight_map[t.name] = fname;
+    DS_RETURN_IF_ERROR(writer.add(t.name, t.dtype, shape, std::span<const uint8_t>(out)));
+  }
+  DS_RETURN_IF_ERROR(writer.write((fs::path(out_dir) / fname).string()));
   nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
   {
     std::ofstream f(fs::path(out_dir) / kShardIndexFileName);

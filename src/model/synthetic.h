@@ -54,4 +54,19 @@ Result<DeepSeekV4Config> synthetic_config(const SyntheticOptions& options);
 Status write_synthetic_checkpoint(const DeepSeekV4Config& config, const SyntheticOptions& options,
                                   const std::string& out_dir);
 
+// Writes a checkpoint for `config` from trained master weights (`make-checkpoint --from`, the
+// embedded model; docs/tiny_model.md). `weights_path` is one safetensors file keyed by the
+// published names. For each expected tensor, in this order of preference:
+//   - the file holds it with the stored dtype and shape: its bytes are copied (an FP8/MXFP4 weight
+//     then must come with its stored scale);
+//   - the file holds the weight as F32 or BF16 with the logical shape, or as F8_E4M3 with an
+//     F8_E8M0 128x128 block `.scale` sibling: it is converted / quantized here with the
+//     checkpoint's own quantizers (FP8 block, MXFP4, bf16 round to nearest even);
+//   - `gate.tid2eid` may be U8 instead of I64.
+// With a `vocab_ids` tensor (U32/I64 [V'] ascending token ids), `embed.weight` and `head.weight`
+// hold those V' rows and optionally one more, last row that every other id gets (without it,
+// every other row is exact zeros).
+Status write_checkpoint_from_weights(const DeepSeekV4Config& config,
+                                     const std::string& weights_path, const std::string& out_dir);
+
 }  // namespace ds
