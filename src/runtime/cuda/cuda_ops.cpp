@@ -1045,7 +1045,6 @@ void CudaOps::gather_rows(const float* x, int64_t width, const std::vector<int64
 void CudaOps::compress(int64_t slot, const dsv4::CompressorWeights& cw, cpu::CompressorKind kind,
                        const cpu::CompressorFinishParams& finish, const float* h) {
   if (skip() || step_->num_tokens == 0) return;
-  const DeepSeekV4Config& c = config_;
   const StepData& st = *step_;
   const int64_t N = st.num_tokens, ratio = cw.config.ratio, width = cw.config.width();
   const int64_t d = cw.config.head_dim;
@@ -1096,23 +1095,30 @@ void CudaOps::compress(int64_t slot, const dsv4::CompressorWeights& cw, cpu::Com
       pk.dst = keys;
       (void)check(cuda::launch_pack_index_keys(pk, stream_));
     } else {
-      cuda::PackKvEntriesParams pk;
-      pk.kv = entries;
-      pk.num_rows = em.rows;
-      pk.head_dim = c.head_dim;
-      pk.kv_stride = c.head_dim;
-      pk.row_seq = em.seq;
-      pk.row_index = em.index;
-      pk.pool = ls.compressed;
-      pk.page_table = st.slot_table;
-      pk.page_table_stride = 1;
-      pk.page_size = ls.compressed_cap;
-      pk.page_bytes = ls.compressed_page_bytes;
-      cuda::launch_pack_kv_entries(pk, stream_);
-      (void)check(cuda_check(cudaGetLastError(), "launch_pack_kv_entries(compressed)"));
+      (void)check(pack_kv(entries, em.rows, em.seq, em.index, ls.compressed, ls.compressed_cap,
+                          ls.compressed_page_bytes, "launch_pack_kv_entries(compressed)"));
     }
   }
   arena_.release(mark);
+}
+
+Status CudaOps::pack_kv(const float* rows, int64_t num_rows, const int32_t* row_seq,
+                        const int32_t* row_index, uint8_t* pool, int64_t page_size,
+                        int64_t page_bytes, const char* what) {
+  cuda::PackKvEntriesParams pk;
+  pk.kv = rows;
+  pk.num_rows = num_rows;
+  pk.head_dim = config_.head_dim;
+  pk.kv_stride = config_.head_dim;
+  pk.row_seq = row_seq;
+  pk.row_index = row_index;
+  pk.pool = pool;
+  pk.page_table = step_->slot_table;
+  pk.page_table_stride = 1;
+  pk.page_size = page_size;
+  pk.page_bytes = page_bytes;
+  cuda::launch_pack_kv_entries(pk, stream_);
+  return cuda_check(cudaGetLastError(), what);
 }
 
 void CudaOps::indexer_select(int64_t slot, const float* q_index, const float* w_index,
@@ -1158,20 +1164,11 @@ void CudaOps::attend(const dsv4::AttendParams& params, const float* q, const flo
 
   // The step's kv vectors join the window rings first: the ring has room for a whole chunk on
   // top of the window (cuda_ops.h), so no key a query of this step needs is overwritten.
-  cuda::PackKvEntriesParams pk;
-  pk.kv = kv;
-  pk.num_rows = N;
-  pk.head_dim = hd;
-  pk.kv_stride = hd;
-  pk.row_seq = st.query_seq;
-  pk.row_index = st.kv_row_index;
-  pk.pool = ls.window;
-  pk.page_table = st.slot_table;
-  pk.page_table_stride = 1;
-  pk.page_size = window_slots_;
-  pk.page_bytes = ls.window_page_bytes;
-  cuda::launch_pack_kv_entries(pk, stream_);
-  if (!check(cuda_check(cudaGetLastError(), "launch_pack_kv_entries(window)")).ok()) return;
+  if (!check(pack_kv(kv, N, st.query_seq, st.kv_row_index, ls.window, window_slots_,
+                     ls.window_page_bytes, "launch_pack_kv_entries(window)"))
+           .ok()) {
+    return;
+  }
 
   uint16_t* qb = to_bf16(q, N * H, hd);
   uint16_t* ob = scratch<uint16_t>(N * H * hd);

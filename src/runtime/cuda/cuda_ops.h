@@ -151,6 +151,12 @@ class CudaOps final : public dsv4::Ops {
   template <typename T>
   const T* upload(const std::vector<T>& host);  // arena copy of a host array (this step)
   Status reset_slot(int64_t slot);
+  // FP8 KV entries of rows [num_rows, head_dim] into `pool` (one page of page_size entries per
+  // slot, through the step's slot table): row r to entry row_index[r] of step sequence
+  // row_seq[r] (-1 skips it).
+  Status pack_kv(const float* rows, int64_t num_rows, const int32_t* row_seq,
+                 const int32_t* row_index, uint8_t* pool, int64_t page_size, int64_t page_bytes,
+                 const char* what);
 
   const dsv4::ModelWeights& model_;
   const DeepSeekV4Config& config_;
