@@ -442,6 +442,57 @@ TEST(GatherRowsCuda, Shapes) {
   check_gather(7, 20, 7, true, 171);  // odd width: one value per thread
 }
 
+// ---- copy_segments ----
+
+// Segments of random lengths (odd ones too) at random offsets, some unaligned, laid out without
+// overlap in one poisoned destination; the bytes between segments must stay poisoned.
+void check_copy_segments(int64_t count, int64_t max_len, uint64_t seed) {
+  SCOPED_TRACE("segments " + std::to_string(count) + " up to " + std::to_string(max_len));
+  Rng rng(seed);
+  const int64_t src_len = count * (max_len + 4);
+  const std::vector<float> src = test::random_normal(rng, size_t(src_len));
+  Dev<float> d_src(src);
+  std::vector<int64_t> lens(static_cast<size_t>(count)), src_at(lens.size()), dst_at(lens.size());
+  int64_t dst_len = 0, longest = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    lens[size_t(i)] = 1 + int64_t(rng.below(uint64_t(max_len)));
+    if (i == 0) lens[0] = max_len;
+    src_at[size_t(i)] = int64_t(rng.below(uint64_t(src_len - lens[size_t(i)] + 1)));
+    if (i % 3 == 0) src_at[size_t(i)] &= ~int64_t(3);  // some 16-byte aligned pairs
+    dst_len += int64_t(rng.below(3));                   // gaps (and misalignment)
+    if (i % 3 == 0) dst_len = (dst_len + 3) / 4 * 4;
+    dst_at[size_t(i)] = dst_len;
+    dst_len += lens[size_t(i)];
+    longest = std::max(longest, lens[size_t(i)]);
+  }
+  dst_len += 5;
+  Dev<float> d_dst(static_cast<size_t>(dst_len));
+  DS_CUDA_ASSERT(d_dst.buf.poison());
+  std::vector<cuda::CopySegment> segs(lens.size());
+  const float poison = std::bit_cast<float>(0xFFFFFFFFu);  // test::kPoisonByte in every byte
+  std::vector<float> want(static_cast<size_t>(dst_len), poison);
+  for (size_t i = 0; i < lens.size(); ++i) {
+    segs[i].src = d_src.get() + src_at[i];
+    segs[i].dst = d_dst.get() + dst_at[i];
+    segs[i].num_floats = lens[i];
+    std::copy_n(src.begin() + src_at[i], lens[i], want.begin() + dst_at[i]);
+  }
+  Dev<cuda::CopySegment> d_segs(segs);
+  cuda::launch_copy_segments(d_segs.get(), count, longest, nullptr);
+  DS_CUDA_ASSERT(cudaGetLastError());
+  DS_CUDA_ASSERT(cudaDeviceSynchronize());
+  EXPECT_TRUE(bits_equal(d_dst.host(), want));
+}
+
+TEST(CopySegmentsCuda, Shapes) {
+  DS_REQUIRE_GPU();
+  check_copy_segments(1, 1, 180);
+  check_copy_segments(5, 40, 181);  // tiny model: rows of 2 x 64 .. 2 x 128 floats
+  // Flash: whole CSA rings (8 x 2 x 1024 floats) and HCA row ranges, for many layers at once.
+  check_copy_segments(43, 16384, 182);
+  check_copy_segments(300, 1031, 183);
+}
+
 // ---- pack_kv_entries ----
 
 struct PackCase {

@@ -256,6 +256,23 @@ __global__ void add_broadcast_kernel(AddBroadcastParams p) {
   }
 }
 
+__global__ void copy_segments_kernel(const CopySegment* segments, int64_t num_segments) {
+  for (int64_t i = blockIdx.y; i < num_segments; i += gridDim.y) {
+    const CopySegment seg = segments[i];
+    const bool vec = ((reinterpret_cast<uintptr_t>(seg.src) | reinterpret_cast<uintptr_t>(seg.dst)) &
+                      15) == 0 && seg.num_floats % 4 == 0;
+    const int64_t step = int64_t(gridDim.x) * blockDim.x;
+    const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (vec) {
+      const float4* src = reinterpret_cast<const float4*>(seg.src);
+      float4* dst = reinterpret_cast<float4*>(seg.dst);
+      for (int64_t j = first; j < seg.num_floats / 4; j += step) dst[j] = src[j];
+    } else {
+      for (int64_t j = first; j < seg.num_floats; j += step) seg.dst[j] = seg.src[j];
+    }
+  }
+}
+
 template <int kVec>
 __global__ void gather_rows_kernel(GatherRowsParams p) {
   using V = std::conditional_t<kVec == 4, float4, float>;
@@ -395,6 +412,15 @@ void launch_add_broadcast(const AddBroadcastParams& p, cudaStream_t stream) {
     add_broadcast_kernel<4><<<grid, threads, 0, stream>>>(p);
   else
     add_broadcast_kernel<1><<<grid, threads, 0, stream>>>(p);
+}
+
+void launch_copy_segments(const CopySegment* segments, int64_t num_segments, int64_t max_floats,
+                          cudaStream_t stream) {
+  if (num_segments <= 0 || max_floats <= 0) return;
+  constexpr int kThreads = 256;
+  const int64_t blocks_x = std::min<int64_t>((max_floats + 4 * kThreads - 1) / (4 * kThreads), 64);
+  const dim3 grid(unsigned(blocks_x), unsigned(std::min<int64_t>(num_segments, 65535)));
+  copy_segments_kernel<<<grid, kThreads, 0, stream>>>(segments, num_segments);
 }
 
 void launch_gather_rows(const GatherRowsParams& p, cudaStream_t stream) {

@@ -135,6 +135,23 @@ struct GatherRowsParams {
 
 void launch_gather_rows(const GatherRowsParams& params, cudaStream_t stream);
 
+// Batched device-to-device copy: dst of segment i = src of segment i (num_floats values), for
+// every segment of one table, in one launch (the CUDA backend's speculative checkpoints save and
+// restore a few rows of every layer's compressor ring of a sequence at once; one cudaMemcpyAsync
+// per row range would cost a host call each). Segments must not overlap each other's dst, and a
+// segment's src must not overlap any dst.
+struct CopySegment {
+  const float* src = nullptr;
+  float* dst = nullptr;
+  int64_t num_floats = 0;
+};
+
+// One block row (blockIdx.y) per segment, float4 when both pointers and the count allow it.
+//   segments [num_segments] device memory; max_floats >= every segment's num_floats (sizes the
+//   grid)
+void launch_copy_segments(const CopySegment* segments, int64_t num_segments, int64_t max_floats,
+                          cudaStream_t stream);
+
 // ---- FP8 KV entries into a paged pool (§7.2, §11) ----
 
 // Packs fp32 KV rows into the FP8 entry format of src/kernels/cpu/kv_entry.h (nope e4m3 with one
