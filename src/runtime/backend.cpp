@@ -38,6 +38,7 @@ Result<std::unique_ptr<dsv4::Ops>> make_backend(const std::string& device,
   o.max_step_tokens = limits.max_step_tokens;
   o.max_logit_rows = limits.max_logit_rows;
   o.synchronous_components = limits.synchronous_components;
+  o.max_checkpoint_tokens = limits.max_checkpoint_tokens;
   DS_ASSIGN_OR_RETURN(std::unique_ptr<CudaOps> ops, CudaOps::create(weights, options, o));
   return std::unique_ptr<dsv4::Ops>(std::move(ops));
 #else

@@ -19,6 +19,7 @@ struct BackendLimits {
   int64_t max_step_tokens = 512;        // tokens of one forward call
   int64_t max_logit_rows = 0;           // 0 = max_step_tokens
   bool synchronous_components = false;  // profiling: component ranges measure device time
+  int64_t max_checkpoint_tokens = 0;    // speculative decoding: 1 + k; 0 = no speculation
 };
 
 // True when this binary was built with the CUDA backend.

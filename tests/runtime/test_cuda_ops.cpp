@@ -22,6 +22,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "forward/forward_test_util.h"
@@ -306,6 +308,166 @@ TEST_F(CudaOpsTest, GraphDecodeEqualsEagerDecode) {
   const int64_t replays = (*graph_ops)->graph_replays();
   EXPECT_EQ(batch_decode(graph_fwd), batch_decode(eager_fwd)) << "batch of 3, graph vs eager";
   EXPECT_GE((*graph_ops)->graph_replays() - replays, 15);
+}
+
+// ---- Speculative checkpoint / rollback (docs/speculative.md, docs/cuda_backend.md) ----
+
+// One forward call of `tokens` for one sequence; the logits of every row.
+std::vector<float> feed(const Forward& f, SequenceState* s, std::span<const int32_t> tokens) {
+  std::vector<int64_t> rows(tokens.size());
+  for (size_t r = 0; r < rows.size(); ++r) rows[r] = int64_t(r);
+  std::vector<SequenceChunk> batch = {{s, tokens, rows, {}}};
+  std::vector<dsv4::ChunkOutput> out;
+  const Status st = f.run(batch, &out);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  return st.ok() ? out[0].logits : std::vector<float>{};
+}
+
+// prefix n tokens; checkpoint; verify chunk tokens[n, n + k] with rows j.. replaced by
+// rejected ones (salt picks them; salt < 0: no checkpoint, no verify, the j accepted tokens as
+// one chunk instead, i.e. a state that never saw the rejected rows); rollback to n + j; `more`
+// tokens (their logits returned). `rings_before` / `rings_after` (GPU only) receive the
+// compressor rings before and after the rollback (after the accepted chunk for salt < 0).
+std::vector<float> speculate(const Forward& f, const std::vector<int32_t>& tokens, int64_t n,
+                             int64_t k, int64_t j, int salt, int64_t more,
+                             std::vector<float>* rings_before, std::vector<float>* rings_after) {
+  auto* cuda_ops = dynamic_cast<CudaOps*>(f.ops());
+  auto read_rings = [&](SequenceState* s, std::vector<float>* dst) {
+    if (dst == nullptr || cuda_ops == nullptr) return;
+    auto r = cuda_ops->read_compressor_rings(s);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    if (r.ok()) *dst = std::move(r).value();
+  };
+  SequenceState s = f.new_sequence();
+  feed(f, &s, std::span(tokens.data(), size_t(n)));
+  if (salt < 0) {
+    if (j > 0) feed(f, &s, std::span(tokens.data() + n, size_t(j)));
+    read_rings(&s, rings_after);
+  } else {
+    EXPECT_TRUE(f.checkpoint(&s, false, k + 1).ok());
+    std::vector<int32_t> verify(tokens.begin() + n, tokens.begin() + n + k + 1);
+    for (int64_t i = j; i <= k; ++i) {
+      verify[size_t(i)] = int32_t(2 + (verify[size_t(i)] + 7 + 500 * salt) % 1000);
+    }
+    feed(f, &s, verify);
+    read_rings(&s, rings_before);
+    const Status rs = f.rollback(&s, false, n + j);
+    EXPECT_TRUE(rs.ok()) << rs.to_string();
+    read_rings(&s, rings_after);
+  }
+  std::vector<float> logits = feed(f, &s, std::span(tokens.data() + n + j, size_t(more)));
+  f.ops()->release_sequence(&s);
+  return logits;
+}
+
+// max |a - b| over finite pairs / max |b|; infinity where one side is -inf and the other not.
+double ring_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size() || b.empty()) return INFINITY;
+  double diff = 0, scale = 1e-30;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isinf(a[i]) || std::isinf(b[i])) {
+      if (a[i] != b[i]) return INFINITY;
+      continue;
+    }
+    diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+    scale = std::max(scale, double(std::fabs(b[i])));
+  }
+  return diff / scale;
+}
+
+// Two sequences verify the same accepted rows followed by different rejected rows. After the
+// rollback their compressor rings must be bit-identical and they must continue with
+// bit-identical logits: the rejected rows leave no trace (the window ring and the compressed
+// entries need no restore, see cuda_ops.cpp). Before the rollback the rings differ in the cases
+// where a rejected row completed a compression window (the check can fail). Prefixes put the
+// verify chunk of 1 + 4 rows across a CSA window boundary (2, 13) and across the HCA boundary at
+// 128 (125), with every accepted count 0..5.
+//
+// The rolled-back rings also equal those of a sequence that only ever saw the accepted rows
+// (one chunk of j tokens): the same rows pushed through the same compressor kernel. The two
+// differ only where the GPU's arithmetic differs between a chunk of 5 rows and one of j rows
+// upstream of the compressors, so the bound is loose (5e-2 of the largest value); a ring that
+// misses or repeats a row differs by O(1) or by an infinite score.
+TEST_F(CudaOpsTest, SpeculativeRollbackLeavesNoTraceOfRejectedRows) {
+  CudaOpsOptions o = ops_->options();
+  o.max_checkpoint_tokens = 5;
+  auto spec_ops = CudaOps::create(tiny_model(), options_, o);
+  ASSERT_TRUE(spec_ops.ok()) << spec_ops.status().to_string();
+  const Forward gpu(&tiny_model(), options_, spec_ops->get());
+  constexpr int64_t k = 4;
+  const auto tokens = random_tokens(160, 41);
+  int64_t differed_before = 0, cases = 0, exact_vs_never = 0;
+  double worst_vs_never = 0;
+  for (int64_t n : {2, 13, 125}) {
+    for (int64_t j = 0; j <= k + 1; ++j) {
+      const std::string what = "prefix " + std::to_string(n) + ", accepted rows " +
+                               std::to_string(j);
+      std::vector<float> a_before, a_after, b_before, b_after, c_after;
+      const auto a = speculate(gpu, tokens, n, k, j, 0, 6, &a_before, &a_after);
+      const auto b = speculate(gpu, tokens, n, k, j, 1, 6, &b_before, &b_after);
+      speculate(gpu, tokens, n, k, j, -1, 6, nullptr, &c_after);
+      ASSERT_FALSE(a_after.empty()) << what;
+      EXPECT_EQ(a_after, b_after) << what << ": compressor rings after the rollback";
+      EXPECT_EQ(a, b) << what << ": logits of the continuation";
+      const double d = ring_difference(a_after, c_after);
+      EXPECT_LE(d, 5e-2) << what << ": rolled-back rings vs never-seen rings";
+      worst_vs_never = std::max(worst_vs_never, d);
+      exact_vs_never += a_after == c_after;
+      differed_before += a_before != b_before;
+      ++cases;
+    }
+  }
+  std::printf(
+      "[ metric ] rings differed before the rollback in %lld of %lld cases; rolled-back vs "
+      "never-seen rings: bit-identical in %lld, worst rel difference %.3g\n",
+      (long long)differed_before, (long long)cases, (long long)exact_vs_never, worst_vs_never);
+  EXPECT_GT(differed_before, 0);
+}
+
+// The continuation after a rollback against the CPU, which is bit-exact with a state that never
+// saw the rejected rows (ForwardSpeculative tests), within the end-to-end yardstick: 9 rollbacks
+// (prefixes 2, 13, 125; 0, 2 and 5 accepted rows), 30 continuation rows each.
+TEST_F(CudaOpsTest, SpeculativeRollbackMatchesCpu) {
+  CudaOpsOptions o = ops_->options();
+  o.max_checkpoint_tokens = 5;
+  auto spec_ops = CudaOps::create(tiny_model(), options_, o);
+  ASSERT_TRUE(spec_ops.ok()) << spec_ops.status().to_string();
+  const auto tokens = random_tokens(170, 42);
+  expect_like_cpu(options_, spec_ops->get(), "continuations after 9 rollbacks",
+                  [&](const Forward& f) {
+                    std::vector<float> all;
+                    for (int64_t n : {2, 13, 125}) {
+                      for (int64_t j : {0, 2, 5}) {
+                        const auto l = speculate(f, tokens, n, 4, j, 0, 30, nullptr, nullptr);
+                        all.insert(all.end(), l.begin(), l.end());
+                      }
+                    }
+                    return all;
+                  });
+}
+
+TEST_F(CudaOpsTest, CheckpointLimitsAreErrors) {
+  Forward plain(&tiny_model(), options_, ops_.get());  // created without max_checkpoint_tokens
+  SequenceState s = plain.new_sequence();
+  const auto tokens = random_tokens(10, 43);
+  feed(plain, &s, std::span(tokens.data(), 5));
+  const Status st = plain.checkpoint(&s, false, 2);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.to_string();
+  plain.ops()->release_sequence(&s);
+
+  CudaOpsOptions o = ops_->options();
+  o.max_checkpoint_tokens = 3;
+  auto spec_ops = CudaOps::create(tiny_model(), options_, o);
+  ASSERT_TRUE(spec_ops.ok());
+  Forward f(&tiny_model(), options_, spec_ops->get());
+  SequenceState t = f.new_sequence();
+  feed(f, &t, std::span(tokens.data(), 5));
+  EXPECT_EQ(f.checkpoint(&t, false, 4).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(f.checkpoint(&t, false, 3).ok());
+  feed(f, &t, std::span(tokens.data() + 5, 3));
+  EXPECT_TRUE(f.rollback(&t, false, 6).ok());
+  EXPECT_EQ(t.position(), 6);
+  f.ops()->release_sequence(&t);
 }
 
 TEST(CudaOpsCreate, HfNumericsIsRefused) {

@@ -89,7 +89,27 @@ struct CudaOps::LayerStore {
   int64_t ring_floats = 0;
   float* index_ring = nullptr;  // CSA: [max_sequences, compressor_state_floats(4, ihd)]
   int64_t index_ring_floats = 0;
+  // Speculative checkpoints (CudaOpsOptions::max_checkpoint_tokens = T > 0), per slot:
+  //  - snap: the ring rows the steps after a checkpoint may overwrite. CSA: the whole ring (a
+  //    completed window shifts it); HCA: the rows of positions P0 .. P0+T-1, [2][T][width].
+  //  - log: the projected kv rows then score rows the steps fed the compressor, [2][T][width],
+  //    row i = position P0 + i; rollback replays the accepted ones over the restored rows.
+  float* snap = nullptr;
+  int64_t snap_floats = 0;
+  float* log = nullptr;
+  int64_t log_floats = 0;
+  float* index_snap = nullptr;  // CSA: the indexer compressor's whole ring
+  float* index_log = nullptr;
+  int64_t index_log_floats = 0;
 };
+
+namespace {
+
+// Columns of a compressor ring row: [kv | score] halves hold `width` values per row, 2d for the
+// overlapping CSA compressor, d for HCA (kernels/cuda/compressor/compressor.h).
+int64_t ring_width(int64_t ratio, int64_t d) { return (ratio == 4 ? 2 : 1) * d; }
+
+}  // namespace
 
 // The open step's plan in device memory (pointers into the arena, valid until end_step).
 struct CudaOps::StepData {
@@ -121,6 +141,11 @@ struct CudaOps::StepData {
   std::vector<const cuda::CompressorSeq*> comp_seqs;              // [layers]
   std::vector<const cuda::CompressorSeq*> index_seqs;             // [layers]
   std::vector<int64_t> entry_rows_of_seq4, entry_rows_of_seq128;  // host: first row per seq
+  // Speculative logging: per step sequence, the log row of its first token (position - P0 of
+  // its slot's armed checkpoint of this part) or -1.
+  std::vector<int64_t> log_row;
+  bool any_log = false;
+  std::vector<int32_t> slots;  // host copy of slot_table
 };
 
 CudaOps::CudaOps(const dsv4::ModelWeights& weights, const dsv4::ForwardOptions& options,
@@ -357,7 +382,8 @@ Status CudaOps::init() {
     total += (bytes + 255) / 256 * 256;
     return at;
   };
-  std::vector<std::array<size_t, 5>> offsets(static_cast<size_t>(num_layers));
+  const int64_t T = opt_.max_checkpoint_tokens;
+  std::vector<std::array<size_t, 9>> offsets(static_cast<size_t>(num_layers));
   for (int64_t l = 0; l < num_layers; ++l) {
     LayerStore& ls = layers_[size_t(l)];
     ls.ratio = c.compress_ratios[size_t(l)];
@@ -370,12 +396,24 @@ Status CudaOps::init() {
       offsets[size_t(l)][1] = take(static_cast<size_t>(S * ls.compressed_page_bytes));
       ls.ring_floats = cuda::compressor_state_floats(ls.ratio, c.head_dim);
       offsets[size_t(l)][3] = take(size_t(S * ls.ring_floats) * 4);
+      if (T > 0) {
+        const int64_t width = ring_width(ls.ratio, c.head_dim);
+        ls.snap_floats = ls.csa ? ls.ring_floats : 2 * T * width;
+        ls.log_floats = 2 * T * width;
+        offsets[size_t(l)][5] = take(size_t(S * ls.snap_floats) * 4);
+        offsets[size_t(l)][6] = take(size_t(S * ls.log_floats) * 4);
+      }
     }
     if (ls.csa) {
       ls.index_page_bytes = cuda::index_key_page_bytes(ls.compressed_cap);
       offsets[size_t(l)][2] = take(static_cast<size_t>(S * ls.index_page_bytes));
       ls.index_ring_floats = cuda::compressor_state_floats(4, c.index_head_dim);
       offsets[size_t(l)][4] = take(size_t(S * ls.index_ring_floats) * 4);
+      if (T > 0) {
+        ls.index_log_floats = 2 * T * ring_width(4, c.index_head_dim);
+        offsets[size_t(l)][7] = take(size_t(S * ls.index_ring_floats) * 4);
+        offsets[size_t(l)][8] = take(size_t(S * ls.index_log_floats) * 4);
+      }
     }
   }
   DS_ASSIGN_OR_RETURN(state_, DeviceBuffer::allocate(total, "sequence state"));
@@ -384,15 +422,25 @@ Status CudaOps::init() {
   for (int64_t l = 0; l < num_layers; ++l) {
     LayerStore& ls = layers_[size_t(l)];
     ls.window = base + offsets[size_t(l)][0];
+    auto floats = [&](int k) { return reinterpret_cast<float*>(base + offsets[size_t(l)][k]); };
     if (ls.ratio != 0) {
       ls.compressed = base + offsets[size_t(l)][1];
-      ls.ring = reinterpret_cast<float*>(base + offsets[size_t(l)][3]);
+      ls.ring = floats(3);
+      if (T > 0) {
+        ls.snap = floats(5);
+        ls.log = floats(6);
+      }
     }
     if (ls.csa) {
       ls.index_keys = base + offsets[size_t(l)][2];
-      ls.index_ring = reinterpret_cast<float*>(base + offsets[size_t(l)][4]);
+      ls.index_ring = floats(4);
+      if (T > 0) {
+        ls.index_snap = floats(7);
+        ls.index_log = floats(8);
+      }
     }
   }
+  checkpoints_.assign(size_t(S), {});
 
   // Step arena: activations of the largest step (generously: the forward keeps about a dozen
   // [N, hc*D]-sized buffers and the attention scratch alive at once), the logits rows and the
@@ -461,8 +509,210 @@ Status CudaOps::reset_slot(int64_t slot) {
 void CudaOps::release_sequence(const dsv4::SequenceState* state) {
   auto it = slot_of_.find(state);
   if (it == slot_of_.end()) return;
+  checkpoints_[size_t(it->second)] = {};
   free_slots_.push_back(it->second);
   slot_of_.erase(it);
+}
+
+// ---- Speculative checkpoint / rollback (ops.h contract, docs/cuda_backend.md) ----
+//
+// What a rollback from position `end` to q (P0 <= q <= end <= P0 + T) must undo, per layer:
+//  - the window ring: nothing. The steps wrote the slots of positions P0..end-1, which held
+//    positions up to end-1-R (R = sliding_window + max_chunk - 1); with end - q <= T <= max_chunk
+//    those are older than the window of any query at q or later, and the slots of rejected
+//    positions are rewritten before any query can see them (the window is indexed by position).
+//  - compressed KV entries and indexer keys: nothing. Entries emitted by rejected positions lie
+//    at indices >= q / ratio, which no query at q or later can see before they are emitted again.
+//  - the compressor rings: restored from the checkpoint's copy, then the logged rows of positions
+//    P0..q-1 are pushed again through the same compressor kernel, so the ring is the one the
+//    accepted positions alone produce.
+
+std::pair<int64_t, int64_t> CudaOps::part_layers(bool mtp) const {
+  return mtp ? std::pair<int64_t, int64_t>{config_.num_hidden_layers,
+                                           config_.num_hidden_layers +
+                                               config_.num_nextn_predict_layers}
+             : std::pair<int64_t, int64_t>{0, config_.num_hidden_layers};
+}
+
+const dsv4::LayerWeights& CudaOps::layer_weights(int64_t layer) const {
+  return layer < config_.num_hidden_layers
+             ? model_.layers[size_t(layer)]
+             : model_.mtp[size_t(layer - config_.num_hidden_layers)].block;
+}
+
+Status CudaOps::copy_segments(const std::vector<cuda::CopySegment>& segments) {
+  if (segments.empty()) return ok_status();
+  const size_t mark = arena_.mark();
+  auto* table = static_cast<cuda::CopySegment*>(
+      arena_.alloc(segments.size() * sizeof(cuda::CopySegment)));
+  if (table == nullptr) return resource_exhausted("CUDA backend: the step arena is full");
+  int64_t longest = 0;
+  for (const cuda::CopySegment& seg : segments) longest = std::max(longest, seg.num_floats);
+  Status st = cuda_check(cudaMemcpyAsync(table, segments.data(),
+                                         segments.size() * sizeof(cuda::CopySegment),
+                                         cudaMemcpyHostToDevice, stream_),
+                         "cudaMemcpyAsync(copy segments)");
+  if (st.ok()) {
+    cuda::launch_copy_segments(table, int64_t(segments.size()), longest, stream_);
+    st = cuda_check(cudaGetLastError(), "launch_copy_segments");
+  }
+  arena_.release(mark);  // later users of the bytes are ordered after the copy on the stream
+  return st;
+}
+
+std::vector<cuda::CopySegment> CudaOps::checkpoint_segments(int64_t slot, bool mtp,
+                                                            int64_t position, int64_t max_tokens,
+                                                            bool restore) const {
+  std::vector<cuda::CopySegment> segs;
+  auto add = [&](float* live, float* saved, int64_t n) {
+    segs.push_back(restore ? cuda::CopySegment{saved, live, n} : cuda::CopySegment{live, saved, n});
+  };
+  const int64_t T = opt_.max_checkpoint_tokens;
+  const auto [first, last] = part_layers(mtp);
+  for (int64_t l = first; l < last; ++l) {
+    const LayerStore& ls = layers_[size_t(l)];
+    if (ls.ratio == 0) continue;
+    float* ring = ls.ring + slot * ls.ring_floats;
+    float* snap = ls.snap + slot * ls.snap_floats;
+    if (ls.csa) {
+      add(ring, snap, ls.ring_floats);
+      add(ls.index_ring + slot * ls.index_ring_floats,
+          ls.index_snap + slot * ls.index_ring_floats, ls.index_ring_floats);
+      continue;
+    }
+    // HCA: row t % ratio holds position t of the open window; kv rows, then score rows.
+    const int64_t width = ring_width(ls.ratio, config_.head_dim);
+    for (int64_t i = 0; i < max_tokens; ++i) {
+      const int64_t row = (position + i) % ls.ratio;
+      for (int64_t half = 0; half < 2; ++half) {
+        add(ring + (half * ls.ratio + row) * width, snap + (half * T + i) * width, width);
+      }
+    }
+  }
+  return segs;
+}
+
+Result<std::vector<float>> CudaOps::read_compressor_rings(const dsv4::SequenceState* state) {
+  const auto it = slot_of_.find(state);
+  if (it == slot_of_.end()) return not_found("CUDA backend: the sequence has no state");
+  const int64_t slot = it->second;
+  std::vector<float> out;
+  auto append = [&](const float* ring, int64_t n) -> Status {
+    const size_t at = out.size();
+    out.resize(at + size_t(n));
+    return cuda_check(cudaMemcpyAsync(out.data() + at, ring + slot * n, size_t(n) * 4,
+                                      cudaMemcpyDeviceToHost, stream_),
+                      "cudaMemcpyAsync(read rings)");
+  };
+  DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  for (const LayerStore& ls : layers_) {
+    if (ls.ratio != 0) {
+      DS_RETURN_IF_ERROR(append(ls.ring, ls.ring_floats));
+      DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    }
+    if (ls.csa) {
+      DS_RETURN_IF_ERROR(append(ls.index_ring, ls.index_ring_floats));
+      DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    }
+  }
+  return out;
+}
+
+Status CudaOps::checkpoint(dsv4::SequenceState* state, bool mtp, int64_t position,
+                           int64_t max_tokens) {
+  if (opt_.max_checkpoint_tokens <= 0) {
+    return failed_precondition(
+        "CUDA backend: created without max_checkpoint_tokens, so it cannot checkpoint for "
+        "speculative decoding");
+  }
+  if (max_tokens < 1 || max_tokens > opt_.max_checkpoint_tokens || max_tokens > opt_.max_chunk) {
+    return invalid_argument("CUDA backend: a checkpoint of " + std::to_string(max_tokens) +
+                            " positions (limits: max_checkpoint_tokens " +
+                            std::to_string(opt_.max_checkpoint_tokens) + ", max_chunk " +
+                            std::to_string(opt_.max_chunk) + ")");
+  }
+  const auto it = slot_of_.find(state);
+  if (it == slot_of_.end()) {
+    return failed_precondition("CUDA backend: checkpoint of a sequence that has no state yet");
+  }
+  const int64_t slot = it->second;
+  SlotCheckpoint& cp = checkpoints_[size_t(slot)][mtp ? 1 : 0];
+  cp = {};
+  DS_RETURN_IF_ERROR(copy_segments(checkpoint_segments(slot, mtp, position, max_tokens, false)));
+  cp.armed = true;
+  cp.position = position;
+  cp.max_tokens = max_tokens;
+  return ok_status();
+}
+
+Status CudaOps::rollback(dsv4::SequenceState* state, bool mtp, int64_t q) {
+  const auto it = slot_of_.find(state);
+  if (it == slot_of_.end()) {
+    return failed_precondition("CUDA backend: rollback of a sequence that has no state");
+  }
+  const int64_t slot = it->second;
+  SlotCheckpoint& cp = checkpoints_[size_t(slot)][mtp ? 1 : 0];
+  if (!cp.armed) return failed_precondition("CUDA backend: rollback without a checkpoint");
+  const int64_t p0 = cp.position, n = q - p0;
+  if (n < 0 || n > cp.max_tokens) {
+    return invalid_argument("CUDA backend: rollback to " + std::to_string(q) +
+                            " outside the checkpoint's range");
+  }
+  cp.armed = false;
+  DS_RETURN_IF_ERROR(copy_segments(checkpoint_segments(slot, mtp, p0, cp.max_tokens, true)));
+  if (n == 0) return ok_status();
+  // Replay the accepted positions' rows through the compressors (pooled entries are discarded:
+  // the steps already stored them).
+  const int64_t T = opt_.max_checkpoint_tokens;
+  const auto [first, last] = part_layers(mtp);
+  const size_t mark = arena_.mark();
+  Status st = ok_status();
+  for (int64_t l = first; l < last && st.ok(); ++l) {
+    const LayerStore& ls = layers_[size_t(l)];
+    if (ls.ratio == 0) continue;
+    const dsv4::LayerWeights& lw = layer_weights(l);
+    for (int pass = 0; pass < (ls.csa ? 2 : 1) && st.ok(); ++pass) {
+      const bool indexer = pass == 1;
+      const dsv4::CompressorWeights& cw = indexer ? lw.indexer_compressor : lw.compressor;
+      const int64_t d = cw.config.head_dim, width = cw.config.width();
+      const float* log = indexer ? ls.index_log + slot * ls.index_log_floats
+                                 : ls.log + slot * ls.log_floats;
+      cuda::CompressorSeq seq;
+      seq.row = 0;
+      seq.count = n;
+      seq.start = p0;
+      seq.entry_row = 0;
+      seq.state = indexer ? ls.index_ring + slot * ls.index_ring_floats
+                          : ls.ring + slot * ls.ring_floats;
+      auto* d_seq = static_cast<cuda::CompressorSeq*>(arena_.alloc(sizeof(seq)));
+      auto* entries = static_cast<float*>(arena_.alloc(size_t((n / ls.ratio + 1) * d) * 4));
+      if (d_seq == nullptr || entries == nullptr) {
+        st = resource_exhausted("CUDA backend: the step arena is full");
+        break;
+      }
+      st = cuda_check(cudaMemcpyAsync(d_seq, &seq, sizeof(seq), cudaMemcpyHostToDevice, stream_),
+                      "cudaMemcpyAsync(rollback)");
+      if (!st.ok()) break;
+      cuda::CompressorParams p;
+      p.kv = log;
+      p.score = log + T * width;
+      p.ape = weights_.get(cw.ape);
+      p.seqs = d_seq;
+      p.num_seqs = 1;
+      p.max_count = n;
+      p.ratio = ls.ratio;
+      p.head_dim = d;
+      p.rope_dim = cw.config.rope_dim;
+      p.entries = entries;
+      p.finish = false;
+      cuda::launch_compressor(p, stream_);
+      st = cuda_check(cudaGetLastError(), "launch_compressor(rollback)");
+    }
+  }
+  // The host copy of d_seq must outlive the async copy from pageable memory: cudaMemcpyAsync
+  // from pageable memory returns after staging it, so the stack value may go.
+  arena_.release(mark);
+  return st;
 }
 
 void CudaOps::begin_step(const StepPlan& plan) {
@@ -510,22 +760,39 @@ void CudaOps::begin_step(const StepPlan& plan) {
       }
       it = slot_of_.emplace(s.state, free_slots_.back()).first;
       free_slots_.pop_back();
+      checkpoints_[size_t(it->second)] = {};
       if (!check(reset_slot(it->second)).ok()) return;
       any_reset = true;
     } else if (s.start == 0 && !plan.mtp) {
       // The state was reset for a new sequence (the MTP layer's first step follows the main
       // model's, which already reset the slot, MTP layers included).
+      checkpoints_[size_t(it->second)] = {};
       if (!check(reset_slot(it->second)).ok()) return;
       any_reset = true;
     }
     slots[size_t(i)] = int32_t(it->second);
+    // An armed checkpoint of this part: the compressors log this sequence's rows.
+    const SlotCheckpoint& cp = checkpoints_[size_t(it->second)][plan.mtp ? 1 : 0];
+    int64_t log_row = -1;
+    if (cp.armed && s.count > 0) {
+      log_row = s.start - cp.position;
+      if (log_row < 0 || log_row + s.count > cp.max_tokens) {
+        (void)check(internal_error("CUDA backend: a step goes past its sequence's checkpoint"));
+        return;
+      }
+      st.any_log = true;
+    }
+    st.log_row.push_back(log_row);
   }
   // A decode step sizes its per-step arrays by bounds, not by contents, so that the arena layout
   // depends on N alone and the step can be captured into a CUDA graph and replayed. Every decode
   // step does, graphs on or off, so that both paths launch the same kernels with the same
   // geometry (reference numerics amplify any difference in summation order).
   const bool bounded = !plan.mtp && N > 0 && N <= opt_.max_graph_tokens && st.max_count == 1;
-  const bool graph_step = bounded && opt_.cuda_graphs && !opt_.synchronous_components && !any_reset;
+  // Steps that log for a speculative checkpoint run eagerly (a graph would replay the copies of
+  // the step it captured).
+  const bool graph_step = bounded && opt_.cuda_graphs && !opt_.synchronous_components &&
+                          !any_reset && !st.any_log;
 
   // Per-token arrays.
   const int64_t W = c.sliding_window, R = window_slots_;
@@ -579,6 +846,7 @@ void CudaOps::begin_step(const StepPlan& plan) {
   st.ids = upload(plan.ids);
   st.query_seq = upload(plan.seq_of);
   st.slot_table = upload(slots);
+  st.slots = slots;
   st.window_idx = upload(window_idx);
   st.window_len = upload(window_len);
   st.visible4 = upload(visible4);
@@ -1056,6 +1324,22 @@ void CudaOps::compress(int64_t slot, const dsv4::CompressorWeights& cw, cpu::Com
   if (skip()) return;
   if (!check(linear_impl(h, N, cw.wkv, false, 1, ckv)).ok()) return;
   if (!check(linear_impl(h, N, cw.wgate, false, 1, cscore)).ok()) return;
+  if (st.any_log) {
+    // Speculative checkpoint: keep this step's projected rows of the logging sequences.
+    float* log = indexer ? ls.index_log : ls.log;
+    const int64_t log_floats = indexer ? ls.index_log_floats : ls.log_floats;
+    const int64_t T = opt_.max_checkpoint_tokens;
+    std::vector<cuda::CopySegment> segs;
+    for (int64_t i = 0; i < st.num_seqs; ++i) {
+      const int64_t row = st.log_row[size_t(i)];
+      if (row < 0) continue;
+      const StepPlan::Seq& s = plan_->seqs[size_t(i)];
+      float* dst = log + int64_t(st.slots[size_t(i)]) * log_floats;
+      segs.push_back({ckv + s.begin * width, dst + row * width, s.count * width});
+      segs.push_back({cscore + s.begin * width, dst + (T + row) * width, s.count * width});
+    }
+    if (!check(copy_segments(segs)).ok()) return;
+  }
   const StepData::Emitted& em = ratio == 4 ? st.emitted4 : st.emitted128;
   float* entries = scratch<float>(std::max<int64_t>(em.rows, 1) * d);
   if (skip()) return;

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/cuda/elementwise/elementwise.h"
 #include "model/deepseek_v4/forward.h"
 #include "model/deepseek_v4/ops.h"
 #include "runtime/cuda/device_memory.h"
@@ -59,6 +60,11 @@ struct CudaOpsOptions {
   // occurrence and replayed afterwards.
   bool cuda_graphs = true;
   int64_t max_graph_tokens = 256;
+  // Speculative decoding (docs/speculative.md): the most positions one checkpoint may cover
+  // (the engine's 1 + num_speculative_tokens); 0 = checkpoint() and rollback() are refused. Each
+  // slot then holds a copy of the compressor ring rows a checkpoint may lose and a log of the
+  // projected rows fed to each compressor since the checkpoint (docs/cuda_backend.md).
+  int64_t max_checkpoint_tokens = 0;
 };
 
 class CudaOps final : public dsv4::Ops {
@@ -79,12 +85,18 @@ class CudaOps final : public dsv4::Ops {
   // Decode-step graphs captured and replayed so far.
   int64_t graph_captures() const { return graph_captures_; }
   int64_t graph_replays() const { return graph_replays_; }
+  // Tests and debugging: every compressor ring of a sequence's slot (each layer's attention
+  // ring, then its indexer ring, main layers then MTP), copied to the host after a stream sync.
+  Result<std::vector<float>> read_compressor_rings(const dsv4::SequenceState* state);
 
   // ---- Ops ----
   void begin_step(const dsv4::StepPlan& plan) override;
   void end_step() override;
   Status step_status() const override { return error_; }
   void release_sequence(const dsv4::SequenceState* state) override;
+  Status checkpoint(dsv4::SequenceState* state, bool mtp, int64_t position,
+                    int64_t max_tokens) override;
+  Status rollback(dsv4::SequenceState* state, bool mtp, int64_t to_position) override;
   void* alloc_bytes(int64_t bytes) override;
   size_t mark() const override { return arena_.mark(); }
   void release(size_t mark) override { arena_.release(mark); }
@@ -151,6 +163,14 @@ class CudaOps final : public dsv4::Ops {
   template <typename T>
   const T* upload(const std::vector<T>& host);  // arena copy of a host array (this step)
   Status reset_slot(int64_t slot);
+  // The layers of one part of the model: main (false) or MTP (true).
+  std::pair<int64_t, int64_t> part_layers(bool mtp) const;
+  const dsv4::LayerWeights& layer_weights(int64_t layer) const;
+  // One launch of cuda::launch_copy_segments over a host table (arena copy, stream ordered).
+  Status copy_segments(const std::vector<cuda::CopySegment>& segments);
+  // Checkpoint save (restore = false) or restore of slot `slot`'s compressor rows, `mtp` part.
+  std::vector<cuda::CopySegment> checkpoint_segments(int64_t slot, bool mtp, int64_t position,
+                                                     int64_t max_tokens, bool restore) const;
   // FP8 KV entries of rows [num_rows, head_dim] into `pool` (one page of page_size entries per
   // slot, through the step's slot table): row r to entry row_index[r] of step sequence
   // row_seq[r] (-1 skips it).
@@ -184,6 +204,13 @@ class CudaOps final : public dsv4::Ops {
   // Sequence slots.
   std::unordered_map<const dsv4::SequenceState*, int64_t> slot_of_;
   std::vector<int64_t> free_slots_;
+  // Speculative checkpoints by slot and part (main, MTP).
+  struct SlotCheckpoint {
+    bool armed = false;
+    int64_t position = 0;    // P0
+    int64_t max_tokens = 0;  // the steps may advance the part to P0 + max_tokens
+  };
+  std::vector<std::array<SlotCheckpoint, 2>> checkpoints_;  // [max_sequences]
 
   // The open step.
   const dsv4::StepPlan* plan_ = nullptr;
