@@ -390,6 +390,11 @@ ds::Status EngineImpl::init(const EngineConfig& config) {
     limits.max_step_tokens = config_.max_num_batched_tokens;
     limits.max_logit_rows = std::min<int64_t>(config_.max_num_batched_tokens,
                                               config_.max_num_seqs * kMaxLogitRowsPerSeq);
+    // A verify step covers 1 + k positions (k is validated below, at most 8).
+    if (!config_.speculative.method.empty()) {
+      limits.max_checkpoint_tokens =
+          1 + std::clamp<int64_t>(config_.speculative.num_speculative_tokens, 1, 8);
+    }
     auto backend = ds::runtime::make_backend(config_.device, *weights_, fo, limits);
     if (!backend.ok()) return backend.status().with_context("device " + config_.device);
     backend_ = std::move(backend).value();

@@ -1,8 +1,8 @@
 // Speculative decoding through the public Engine API on the embedded tiny model
 // (docs/speculative.md): greedy outputs with speculation are identical to greedy outputs without
 // it for many prompts and lengths, alone and in mixed batches (verify chunks, plain decodes and
-// prefill chunks in one step), with the model's own MTP drafts (random weights: acceptance near
-// zero) and with an oracle draft (the test hook replaces drafts by the known greedy continuation,
+// prefill chunks in one step), with the model's own MTP drafts (the trained embedded model's MTP
+// layer: about 60% accepted) and with an oracle draft (the test hook replaces drafts by the known greedy continuation,
 // corrupted at some positions) so that every accepted length 0..k and the rollbacks are
 // exercised. Sampling requests run with speculation; metrics count drafts and acceptances; bad
 // --speculative-config values are refused with a clear message.
@@ -204,7 +204,8 @@ TEST_F(SpeculativeEngine, SamplingRequestsRunWithSpeculation) {
 }
 
 // The measurement behind the adaptive policy's defaults (docs/speculative.md): output tokens/s
-// of greedy decoding at k = 0..3, batch 1 and 8, with the MTP's own drafts (random weights:
+// of greedy decoding at k = 0..3, batch 1 and 8, with the MTP's own drafts (measured in session 2
+// with random weights:
 // nothing accepted, so this is the pure verify + draft overhead) and with oracle drafts (about
 // 3 in 4 accepted). Run by hand: --gtest_also_run_disabled_tests --gtest_filter=*Measure*.
 TEST_F(SpeculativeEngine, DISABLED_MeasureTokensPerSecond) {
