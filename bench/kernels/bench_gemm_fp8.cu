@@ -1,10 +1,12 @@
 // Benchmark of the FP8 block-scaled linears (kernels/cuda/gemm) at DeepSeek-V4-Flash shapes.
 // Ceilings measured in the same run: the device-to-device copy bandwidth (bench_util) and the
 // cuBLASLt FP8 rate (an 8192^3 e4m3 GEMM with per-tensor scales, bf16 output).
-//  - decode (M = 1, 16, 64): the small-M kernel on pre-quantized activations, timed inside a CUDA
-//    graph that runs one launch per weight copy, the copies together larger than 2x L2 (each
+//  - decode (M = 1, 2, 4, 8, 16, 64): the small-M kernels on pre-quantized activations, timed
+//  inside
+//    a CUDA graph that runs one launch per weight copy, the copies together larger than 2x L2 (each
 //    launch reads its weight from HBM); time = graph time / copies. Every (row_warps, k_split)
-//    configuration is timed and the heuristic's choice is reported next to the best one. Also
+//    layout of both kernels (kMma, kStream) is timed and the heuristic's choice (kernel and
+//    layout, as GemmRunner runs it) is reported next to the best of each. Also
 //    the full linear (quantization + GEMM) and the hf-numerics (bf16 activation) variant.
 //    floor = (weight + scale + activation + output bytes) / copy bandwidth.
 //  - prefill (M = 4096, 8192) on the five attention projections: the cuBLASLt block-scaled GEMM
@@ -227,7 +229,10 @@ std::string shape_str(const Shape& s, int64_t m) {
 
 int main(int argc, char** argv) {
   std::string out = argc > 1 ? argv[1] : "bench/results/gemm_fp8.json";
+  // argv[2]: "quick" (heuristic layouts only, no extra shapes, prefill M = 4096 only) or
+  // "decode" (all decode shapes and layouts, no prefill).
   const bool quick = argc > 2 && std::string(argv[2]) == "quick";
+  const bool decode_only = argc > 2 && std::string(argv[2]) == "decode";
   cudaStream_t stream;
   DS_BENCH_CHECK(cudaStreamCreate(&stream));
   bench::DeviceInfo dev = bench::device_info();
@@ -270,6 +275,37 @@ int main(int argc, char** argv) {
   std::unique_ptr<cuda::GemmRunner> runner = std::move(runner_r).value();
 
   std::vector<Rec> recs;
+  // Rewritten after every decode shape so that a run cut short still leaves its records.
+  auto write_json = [&]() {
+    std::ostringstream js;
+    int cublas_ver = 0;
+    cublas_ver = int(cublasLtGetVersion());
+    js << "{\n  \"benchmark\": \"gemm_fp8\",\n  \"gpu\": \"" << dev.name
+       << "\",\n  \"sm_count\": " << dev.sm_count
+       << ",\n  \"driver_version\": " << dev.driver_version
+       << ",\n  \"cublaslt_version\": " << cublas_ver << ",\n  \"commit\": \""
+       << bench::env_or("DS_COMMIT", "unknown") << "\",\n  \"date\": \"" << bench::iso_date()
+       << "\",\n  \"ceilings\": {\"copy_gbps\": " << copy_gbps
+       << ", \"fp8_tflops_cublaslt_8192\": " << fp8_tflops
+       << ", \"fp8_tflops_datasheet\": " << kFp8DatasheetTflops << "},\n  \"records\": [\n";
+    for (size_t i = 0; i < recs.size(); ++i) {
+      const Rec& r = recs[i];
+      js << "    {\"kernel\": \"" << r.kernel << "\", \"shape\": \"" << r.shape
+         << "\", \"mode\": \"" << r.mode << "\", \"config\": \"" << r.config
+         << "\", \"time_us\": " << r.time_us << ", \"bytes\": " << r.bytes
+         << ", \"flops\": " << r.flops << ", \"floor_us\": " << r.floor_us
+         << ", \"ratio_to_floor\": " << r.ratio << ", \"achieved_gbps\": " << r.gbps
+         << ", \"achieved_tflops\": " << r.tflops << ", \"hbm_fraction\": " << r.hbm_fraction
+         << ", \"fp8_rate_fraction\": " << r.fp8_rate_fraction
+         << ", \"fraction_of_same_shape_tensor_scaled\": " << r.same_shape_fraction
+         << ", \"fraction_of_datasheet_fp8\": " << r.tflops / kFp8DatasheetTflops
+         << ", \"error_metric\": \"max(|y-ref| - bf16 half-ulp)/sum|x w|, first tokens\", "
+            "\"max_error\": "
+         << r.err << "}" << (i + 1 < recs.size() ? "," : "") << "\n";
+    }
+    js << "  ]\n}\n";
+    std::ofstream(out) << js.str();
+  };
   const Shape attn[] = {{"wq_a", 1024, 4096, 1},
                         {"wq_b", 32768, 1024, 1},
                         {"wkv", 512, 4096, 1},
@@ -289,7 +325,7 @@ int main(int argc, char** argv) {
     // At least 20 launches per graph (amortizes the graph launch) and > 2x L2 of weights.
     const int copies = int(std::max<size_t>(20, (rotate_bytes + wbytes - 1) / wbytes));
     Weights w(s, copies, 11 + s.n + s.k);
-    for (int64_t m : {1, 16, 64}) {
+    for (int64_t m : {1, 2, 4, 8, 16, 64}) {
       const int64_t gk = s.k * s.groups, gn = s.n * s.groups;
       std::vector<uint16_t> hx(size_t(m * gk));
       Rng rng(uint64_t(m * 977 + s.n));
@@ -306,7 +342,8 @@ int main(int argc, char** argv) {
       cuda::QuantFp8Params qp{x, codes, xs, m, gk, gk};
       cuda::launch_quantize_fp8_blocks(qp, stream);
       DS_BENCH_CHECK(cudaStreamSynchronize(stream));
-      auto params = [&](int c, int rw, int ks, bool fp8, bool pdl = true, int max_ctas = 0) {
+      auto params = [&](int c, int rw, int ks, bool fp8, bool pdl = true,
+                        cuda::SmallMKernel kern = cuda::SmallMKernel::kAuto) {
         cuda::Fp8SmallMParams p;
         p.w = w.view(c);
         p.num_tokens = m;
@@ -320,10 +357,10 @@ int main(int argc, char** argv) {
         p.y = y;
         p.y_type = cuda::OutType::kBF16;
         p.y_row_stride = gn;
+        p.kernel = kern;
         p.row_warps = rw;
         p.k_split = ks;
         p.pdl = pdl;
-        p.max_ctas = max_ctas;
         return p;
       };
       const double bytes = double(wbytes) + double(w.scale_count) + double(m * gk) +
@@ -347,43 +384,63 @@ int main(int argc, char** argv) {
         r.err = err;
         return r;
       };
-      // Sweep the configurations (with programmatic dependent launch, as the engine runs them).
-      const auto [hrw, hks] = cuda::fp8_small_m_config(params(0, 0, 0, true), dev.sm_count);
-      auto time_cfg = [&](int rw, int ks, bool fp8, bool pdl, int max_ctas = 0) {
+      // The heuristic's plan (what GemmRunner::linear_fp8 runs on pre-quantized input).
+      const cuda::Fp8SmallMPlan plan = cuda::fp8_small_m_plan(params(0, 0, 0, true), dev.sm_count);
+      const bool plan_stream = plan.kernel == cuda::SmallMKernel::kStream;
+      auto time_cfg = [&](cuda::SmallMKernel kern, int rw, int ks, bool fp8, bool pdl) {
         return bench::time_us(
                    [&](cudaStream_t st) {
                      for (int c = 0; c < copies; ++c)
-                       ST_CHECK(cuda::launch_fp8_linear_small_m(
-                           params(c, rw, ks, fp8, pdl, max_ctas), st));
+                       ST_CHECK(
+                           cuda::launch_fp8_linear_small_m(params(c, rw, ks, fp8, pdl, kern), st));
                    },
                    stream, 20, 3, true) /
                copies;
       };
-      double best = 1e30, heur = 0;
-      int brw = 0, bks = 0;
+      // Sweep both kernels' layouts (with programmatic dependent launch, as the engine runs them).
+      struct Best {
+        double us = 1e30;
+        int rw = 0, ks = 0;
+      };
+      Best best_mma, best_stream;
+      const auto [mrw, mks] = cuda::fp8_small_m_config(params(0, 0, 0, true), dev.sm_count);
       for (int rw : {1, 2, 4, 8})
         for (int ks : {1, 2, 4, 8}) {
           if (s.k / 128 < ks) continue;
-          if (quick && !(rw == hrw && ks == hks)) continue;
-          const double us = time_cfg(rw, ks, true, true);
-          if (us < best) best = us, brw = rw, bks = ks;
-          if (rw == hrw && ks == hks) heur = us;
+          if (quick && !(rw == mrw && ks == mks)) continue;
+          const double us = time_cfg(cuda::SmallMKernel::kMma, rw, ks, true, true);
+          if (us < best_mma.us) best_mma = {us, rw, ks};
         }
-      const double heur_nopdl = time_cfg(hrw, hks, true, false);
-      // PDL without the one-CTA-per-SM grid (one CTA per work item, as without PDL).
-      const double heur_pdl_full = time_cfg(hrw, hks, true, true, 1 << 30);
-      // Correctness of the heuristic configuration.
-      DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
-      ST_CHECK(cuda::launch_fp8_linear_small_m(params(0, 0, 0, true), stream));
-      DS_BENCH_CHECK(cudaStreamSynchronize(stream));
-      const double err = check_error(w, hx, m, y, true, 4);
-      char cfg[64];
-      std::snprintf(cfg, sizeof cfg, "rw=%d ks=%d copies=%d", hrw, hks, copies);
+      for (int rw : {1, 2, 4})
+        for (int ks : {1, 2, 4, 8}) {
+          if (s.k / 128 < ks) continue;
+          if (quick && plan_stream && !(rw == plan.row_warps && ks == plan.k_split)) continue;
+          const double us = time_cfg(cuda::SmallMKernel::kStream, rw, ks, true, true);
+          if (us < best_stream.us) best_stream = {us, rw, ks};
+        }
+      const double heur = time_cfg(plan.kernel, plan.row_warps, plan.k_split, true, true);
+      const double heur_nopdl = time_cfg(plan.kernel, plan.row_warps, plan.k_split, true, false);
+      // Correctness of the heuristic configuration and of both best layouts.
+      auto check = [&](cuda::SmallMKernel kern, int rw, int ks) {
+        DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
+        ST_CHECK(cuda::launch_fp8_linear_small_m(params(0, rw, ks, true, false, kern), stream));
+        DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+        return check_error(w, hx, m, y, true, 4);
+      };
+      const double err = check(plan.kernel, plan.row_warps, plan.k_split);
+      const char* pk = plan_stream ? "stream" : "mma";
+      char cfg[96];
+      std::snprintf(cfg, sizeof cfg, "%s rw=%d ks=%d copies=%d", pk, plan.row_warps, plan.k_split,
+                    copies);
       recs.push_back(make("fp8_small_m heur", cfg, heur_nopdl, err, 0));
-      recs.push_back(make("fp8_small_m heur+pdl fullgrid", cfg, heur_pdl_full, err, 0));
       recs.push_back(make("fp8_small_m heur+pdl", cfg, heur, err, 0));
-      std::snprintf(cfg, sizeof cfg, "rw=%d ks=%d copies=%d", brw, bks, copies);
-      recs.push_back(make("fp8_small_m best+pdl", cfg, best, err, 0));
+      std::snprintf(cfg, sizeof cfg, "mma rw=%d ks=%d copies=%d", best_mma.rw, best_mma.ks, copies);
+      recs.push_back(make("fp8_mma best+pdl", cfg, best_mma.us,
+                          check(cuda::SmallMKernel::kMma, best_mma.rw, best_mma.ks), 0));
+      std::snprintf(cfg, sizeof cfg, "stream rw=%d ks=%d copies=%d", best_stream.rw, best_stream.ks,
+                    copies);
+      recs.push_back(make("fp8_stream best+pdl", cfg, best_stream.us,
+                          check(cuda::SmallMKernel::kStream, best_stream.rw, best_stream.ks), 0));
       // Full linear: quantization + GEMM (reference numerics from bf16 input).
       {
         const double us = bench::time_us(
@@ -431,20 +488,25 @@ int main(int argc, char** argv) {
         const double e = check_error(w, hx, m, y, false, 4);
         recs.push_back(make("fp8_small_m bf16-act+pdl", "heuristic", us, e, double(m * gk)));
       }
+      const double floor_us = bytes / (copy_gbps * 1e3);
       std::printf(
-          "%-30s best rw=%d ks=%d %.2f us (%.0f%%), heur rw=%d ks=%d %.2f us (%.0f%%), no pdl "
-          "%.2f, pdl fullgrid %.2f\n",
-          shape_str(s, m).c_str(), brw, bks, best, 100 * bytes / (best * 1e3) / copy_gbps, hrw, hks,
-          heur, 100 * bytes / (heur * 1e3) / copy_gbps, heur_nopdl, heur_pdl_full);
+          "%-30s floor %.2f | mma best rw=%d ks=%d %.2f us (%.0f%%) | stream best rw=%d ks=%d "
+          "%.2f us (%.0f%%) | heur %s rw=%d ks=%d %.2f us (%.0f%%), no pdl %.2f\n",
+          shape_str(s, m).c_str(), floor_us, best_mma.rw, best_mma.ks, best_mma.us,
+          100 * floor_us / best_mma.us, best_stream.rw, best_stream.ks, best_stream.us,
+          100 * floor_us / best_stream.us, pk, plan.row_warps, plan.k_split, heur,
+          100 * floor_us / heur, heur_nopdl);
       DS_BENCH_CHECK(cudaFree(x));
       DS_BENCH_CHECK(cudaFree(codes));
       DS_BENCH_CHECK(cudaFree(xs));
       DS_BENCH_CHECK(cudaFree(y));
     }
+    write_json();
   }
 
   // ---------------- prefill ----------------
   for (const Shape& s : attn) {
+    if (decode_only) break;
     Weights w(s, 2, 101 + s.n + s.k);
     for (int64_t m : {int64_t(4096), int64_t(8192)}) {
       if (quick && m == 8192) continue;
@@ -546,33 +608,8 @@ int main(int argc, char** argv) {
   }
 
   // ---------------- JSON + table ----------------
-  std::ostringstream js;
-  int cublas_ver = 0;
-  cublas_ver = int(cublasLtGetVersion());
-  js << "{\n  \"benchmark\": \"gemm_fp8\",\n  \"gpu\": \"" << dev.name
-     << "\",\n  \"sm_count\": " << dev.sm_count << ",\n  \"driver_version\": " << dev.driver_version
-     << ",\n  \"cublaslt_version\": " << cublas_ver << ",\n  \"commit\": \""
-     << bench::env_or("DS_COMMIT", "unknown") << "\",\n  \"date\": \"" << bench::iso_date()
-     << "\",\n  \"ceilings\": {\"copy_gbps\": " << copy_gbps
-     << ", \"fp8_tflops_cublaslt_8192\": " << fp8_tflops
-     << ", \"fp8_tflops_datasheet\": " << kFp8DatasheetTflops << "},\n  \"records\": [\n";
-  for (size_t i = 0; i < recs.size(); ++i) {
-    const Rec& r = recs[i];
-    js << "    {\"kernel\": \"" << r.kernel << "\", \"shape\": \"" << r.shape << "\", \"mode\": \""
-       << r.mode << "\", \"config\": \"" << r.config << "\", \"time_us\": " << r.time_us
-       << ", \"bytes\": " << r.bytes << ", \"flops\": " << r.flops
-       << ", \"floor_us\": " << r.floor_us << ", \"ratio_to_floor\": " << r.ratio
-       << ", \"achieved_gbps\": " << r.gbps << ", \"achieved_tflops\": " << r.tflops
-       << ", \"hbm_fraction\": " << r.hbm_fraction
-       << ", \"fp8_rate_fraction\": " << r.fp8_rate_fraction
-       << ", \"fraction_of_same_shape_tensor_scaled\": " << r.same_shape_fraction
-       << ", \"fraction_of_datasheet_fp8\": " << r.tflops / kFp8DatasheetTflops
-       << ", \"error_metric\": \"max(|y-ref| - bf16 half-ulp)/sum|x w|, first tokens\", "
-          "\"max_error\": "
-       << r.err << "}" << (i + 1 < recs.size() ? "," : "") << "\n";
-  }
-  js << "  ]\n}\n";
-  std::ofstream(out) << js.str();
+  write_json();
+  const int cublas_ver = int(cublasLtGetVersion());
   std::printf("\ngemm_fp8 on %s (%d SMs), copy %.0f GB/s, cuBLASLt FP8 %.0f TFLOP/s, cublasLt %d\n",
               dev.name.c_str(), dev.sm_count, copy_gbps, fp8_tflops, cublas_ver);
   std::printf("%-27s %-34s %-5s %9s %9s %6s %7s %6s %7s %6s %6s %8s\n", "kernel", "shape", "mode",

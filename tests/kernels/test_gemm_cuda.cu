@@ -1,6 +1,6 @@
 // FP8 block-scaled and BF16 linears on the GPU (kernels/cuda/gemm) against the CPU oracle
 // ds::cpu::linear, on fresh random inputs, at tiny shapes and at every DeepSeek-V4-Flash dense
-// linear shape for M in {1, 16, 64, 512, 4096}, in both numerics (with and without FP8
+// linear shape for M in {1, 2, 3, 4, 8, 16, 64, 512, 4096}, in both numerics (with and without FP8
 // activation quantization), with outputs poisoned before each run.
 //
 // Tolerances (per output element, S = sum_k |x_k * w_k| over the exact operands the GPU sees):
@@ -158,6 +158,7 @@ struct DeviceWeight {
 struct SmallMConfig {
   int row_warps = 0, k_split = 0, max_ctas = 0;
   int pdl = -1;  // -1: on for odd M
+  cuda::SmallMKernel kernel = cuda::SmallMKernel::kAuto;
 };
 
 class GemmCudaTest : public ::testing::Test {
@@ -237,6 +238,11 @@ class GemmCudaTest : public ::testing::Test {
       p.y = dy.get();
       p.y_type = out;
       p.y_row_stride = gn;
+      p.kernel = cfg.kernel;
+      p.row_warps = cfg.row_warps;
+      p.k_split = cfg.k_split;
+      p.max_ctas = cfg.max_ctas;
+      p.pdl = cfg.pdl < 0 ? m % 2 == 1 : cfg.pdl != 0;
       (void)(st = cuda::launch_fp8_linear_small_m(p, nullptr));
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     } else {
@@ -356,6 +362,7 @@ TEST_F(GemmCudaTest, SmallMConfigurations) {
       for (int ks : {1, 2, 4, 8}) {
         if (s.k / 128 < ks) continue;
         SmallMConfig c;
+        c.kernel = cuda::SmallMKernel::kMma;
         c.row_warps = rw;
         c.k_split = ks;
         c.max_ctas = (rw + ks) % 3 == 0 ? 0 : 3 * ks;
@@ -363,6 +370,54 @@ TEST_F(GemmCudaTest, SmallMConfigurations) {
         const int64_t m = (rw + ks) % 2 ? 16 : 37;
         run_fp8_case(s, m, (rw + ks) % 4 != 1, cuda::OutType::kF32, ++seed, true, Path::kSmallM, c);
       }
+}
+
+TEST_F(GemmCudaTest, StreamKernelDecodeShapes) {
+  // The kStream kernel (what M <= 16 with FP8 activations runs) at every Flash and tiny shape, at
+  // the decode batch sizes, fp32 output (tolerance kTol = 1e-4 * S, see the top of the file).
+  uint64_t seed = 600;
+  SmallMConfig c;
+  c.kernel = cuda::SmallMKernel::kStream;
+  for (const LinearShape& s : kFlashShapes)
+    for (int64_t m : {1, 2, 3, 4, 8, 16}) {
+      const double worst =
+          run_fp8_case(s, m, true, cuda::OutType::kF32, ++seed, true, Path::kSmallM, c);
+      std::printf("stream %-12s M=%-3lld worst |err|/S = %.3g\n", s.name, (long long)m, worst);
+    }
+  for (const LinearShape& s : kTinyShapes)
+    for (int64_t m : {1, 2, 5, 8, 13, 16})
+      run_fp8_case(s, m, true, cuda::OutType::kF32, ++seed, true, Path::kSmallM, c);
+}
+
+TEST_F(GemmCudaTest, StreamKernelConfigurations) {
+  // Every (row_warps, k_split) layout of kStream, with and without programmatic dependent launch,
+  // bf16 and fp32 output, and M > 16 (16-token chunks re-reading the weights).
+  uint64_t seed = 700;
+  const LinearShape shapes[] = {kFlashShapes[0], kFlashShapes[3], kFlashShapes[4], kTinyShapes[1],
+                                kTinyShapes[5]};
+  for (const LinearShape& s : shapes)
+    for (int rw : {1, 2, 4})
+      for (int ks : {1, 2, 4, 8}) {
+        if (s.k / 128 < ks) continue;
+        SmallMConfig c;
+        c.kernel = cuda::SmallMKernel::kStream;
+        c.row_warps = rw;
+        c.k_split = ks;
+        c.pdl = (rw + ks) % 2;
+        const int64_t m = (rw * 3 + ks) % 4 == 0 ? 37 : (rw * 3 + ks) % 4 == 1 ? 1 : 6 + rw + ks;
+        run_fp8_case(s, m, true, ks % 2 ? cuda::OutType::kBF16 : cuda::OutType::kF32, ++seed, true,
+                     Path::kSmallM, c);
+      }
+}
+
+TEST_F(GemmCudaTest, DecodeBatchSizesThroughRunner) {
+  // GemmRunner::linear_fp8 at the decode batch sizes (kStream for FP8 activations, kMma for bf16;
+  // M = 1, 16, 64 are in FlashShapesDecode).
+  uint64_t seed = 800;
+  for (int i : {0, 1, 2, 3, 4})
+    for (int64_t m : {2, 4, 8})
+      for (bool q : {true, false})
+        run_fp8_case(kFlashShapes[i], m, q, cuda::OutType::kBF16, ++seed);
 }
 
 TEST_F(GemmCudaTest, FlashShapesDecode) {
@@ -489,6 +544,10 @@ TEST_F(GemmCudaTest, RejectsBadShapes) {
   sp.y = y.get();
   sp.y_row_stride = 128;
   sp.row_warps = 3;
+  (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  sp.row_warps = 0;
+  sp.kernel = cuda::SmallMKernel::kStream;  // needs FP8 activations
   (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
 }

@@ -339,6 +339,230 @@ cudaError_t dispatch_nt(int nt, int rw, const SmallMArgs& a, dim3 grid, cudaStre
   }
 }
 
+// ---- kStream: 4-warp CTAs, everything a block needs prefetched in one register ring ----------
+//
+// Same per-block arithmetic as fp8_small_m_kernel (FP8 mma.sync on the raw codes, block partials x
+// weight scale x activation scale into fp32 sums), with three differences (NOTES.md, v4):
+//  - the 16-byte weight loads of a warp cover whole 32-byte sectors: lane (g, t4) reads bytes
+//    [16*t4, 16*t4 + 16) and [64 + 16*t4, 80 + 16*t4) of rows g and g+8 of each 128-K block, so
+//    one warp instruction reads 64 contiguous bytes of 8 rows;
+//  - the weight scale of a block is loaded with its weights (R = 4 blocks ahead) and its
+//    activation fragments and scales 2 blocks ahead (L2 hits), so no load sits on the critical
+//    path;
+//  - small CTAs (4 warps, <= 128 registers for NT = 1) and one work item each: several CTAs per
+//    SM, the block scheduler balances the SMs, and under programmatic dependent launch the next
+//    kernel's CTAs become resident early and request their weights while this one drains.
+
+constexpr int kStreamWarps = 4;
+constexpr int kStreamThreads = kStreamWarps * 32;
+
+template <int NT>
+struct StreamTraits {
+  static constexpr int kRing = 4;   // weight blocks in flight per warp (a multiple of kXRing)
+  static constexpr int kXRing = 2;  // activation blocks in flight (L2 hits: a shorter distance)
+  static constexpr int kMinBlocks = NT == 1 ? 4 : 2;  // <= 128 / <= 255 registers
+};
+
+template <int NT, int RW>
+__global__ void __launch_bounds__(kStreamThreads, StreamTraits<NT>::kMinBlocks)
+    fp8_stream_kernel(SmallMArgs a) {
+  constexpr int KW = kStreamWarps / RW;
+  constexpr int kRows = 16 * RW;
+  constexpr int kCols = 8 * NT;
+  constexpr int kPad = kCols + 1;
+  constexpr int R = StreamTraits<NT>::kRing;
+  constexpr int XR = StreamTraits<NT>::kXRing;
+  static_assert(R % XR == 0, "the activation slot of ring slot u must be u % XR");
+  __shared__ float red[KW][kRows][kPad];
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int rw = warp % RW, kw = warp / RW;
+  const int ks = a.k_split;
+  const int srank = int(blockIdx.x % unsigned(ks));
+  const int64_t item = blockIdx.x / unsigned(ks);
+  const int64_t tile = item % a.tiles;
+  const int64_t group = (item / a.tiles) % a.groups;
+  const int64_t tok0 = item / (a.tiles * a.groups) * kCols;
+  const int64_t row0 = tile * kRows + rw * 16;  // within the group
+  const int64_t xcol0 = group * a.k;            // the group's first input column
+
+  const int kblocks = int(a.k / 128);
+  const int parts = ks * KW;
+  const int part = srank * KW + kw;
+  const int kb_begin = kblocks * part / parts, kb_end = kblocks * (part + 1) / parts;
+  const bool has_rows = row0 < a.n;  // N % 16 == 0: a warp has all 16 rows or none
+  const int64_t grow = group * a.n + row0;
+  const uint8_t* w0 = a.w + (grow + g) * a.k + t4 * 16;
+  const uint8_t* w1 = w0 + 8 * a.k;
+  const uint8_t* wsrow = a.w_scale + (grow / 128) * a.w_scale_stride;
+  // This lane's activation rows (B operand: token 8j + g) and scale rows (tokens 8j + 2*t4 + c).
+  const uint8_t* xrow[NT];
+  const uint8_t* xsrow[NT];
+  bool xok[NT], xsok[NT][2];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int64_t tb = tok0 + j * 8 + g, ts = tok0 + j * 8 + t4 * 2;
+    xok[j] = tb < a.m;
+    xsok[j][0] = ts < a.m;
+    xsok[j][1] = ts + 1 < a.m;
+    xrow[j] = a.x_codes + (xok[j] ? tb : 0) * a.x_stride + xcol0 + t4 * 16;
+    xsrow[j] = a.x_scales + (xsok[j][0] ? ts : 0) * a.x_scale_stride + xcol0 / 128;
+  }
+
+  uint4 wr[R][4];        // weights: row g (+0, +64), row g+8 (+0, +64)
+  uint32_t wsr[R];       // weight scale byte
+  uint4 xr[XR][NT][2];   // activation codes of token tok0 + 8j + g (+0, +64)
+  uint32_t xsr[XR][NT];  // activation scale bytes of tokens tok0 + 8j + 2*t4 (+1) (bits 0-7, 8-15)
+  auto load_w = [&](uint4(&v)[4], uint32_t& s, int kb) {
+    const int off = kb * 128;
+    v[0] = load_stream(w0 + off);
+    v[1] = load_stream(w0 + off + 64);
+    v[2] = load_stream(w1 + off);
+    v[3] = load_stream(w1 + off + 64);
+    s = __ldg(wsrow + kb);
+  };
+  auto load_x = [&](uint4(&v)[NT][2], uint32_t(&s)[NT], int kb) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      v[j][0] = v[j][1] = make_uint4(0, 0, 0, 0);
+      if (xok[j]) {
+        v[j][0] = __ldg(reinterpret_cast<const uint4*>(xrow[j] + kb * 128));
+        v[j][1] = __ldg(reinterpret_cast<const uint4*>(xrow[j] + kb * 128 + 64));
+      }
+      uint32_t sv = 0;  // missing tokens: code 0 (2^-127) times a zero partial
+      if (xsok[j][0]) sv = __ldg(xsrow[j] + kb);
+      if (xsok[j][1]) sv |= uint32_t(__ldg(xsrow[j] + a.x_scale_stride + kb)) << 8;
+      s[j] = sv;
+    }
+  };
+
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+
+  // Weights and their scales do not depend on the previous kernel: requested before waiting.
+  if (has_rows) {
+#pragma unroll
+    for (int u = 0; u < R; ++u)
+      if (kb_begin + u < kb_end) load_w(wr[u], wsr[u], kb_begin + u);
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (a.pdl) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+  }
+#endif
+  if (has_rows) {
+#pragma unroll
+    for (int u = 0; u < XR; ++u)
+      if (kb_begin + u < kb_end) load_x(xr[u], xsr[u], kb_begin + u);
+    for (int kb = kb_begin; kb < kb_end; kb += R) {
+#pragma unroll
+      for (int u = 0; u < R; ++u) {
+        if (kb + u < kb_end) {
+          const int xu = u % XR;  // (kb - kb_begin) % R == 0 and R % XR == 0
+          const float ws = e8m0_to_float_dev(wsr[u]);
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            float blk[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {  // mma q: chunk h = q / 2, words i0, i0 + 1
+              const int h = q >> 1, i0 = (q & 1) * 2;
+              const uint32_t af[4] = {word(wr[u][h], i0), word(wr[u][2 + h], i0),
+                                      word(wr[u][h], i0 + 1), word(wr[u][2 + h], i0 + 1)};
+              mma_fp8(blk, af, word(xr[xu][j][h], i0), word(xr[xu][j][h], i0 + 1));
+            }
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const float s = ws * e8m0_to_float_dev((xsr[xu][j] >> (8 * c)) & 0xFFu);
+              acc[j][c] = fmaf(blk[c], s, acc[j][c]);
+              acc[j][2 + c] = fmaf(blk[2 + c], s, acc[j][2 + c]);
+            }
+          }
+          if (kb + u + R < kb_end) load_w(wr[u], wsr[u], kb + u + R);
+          if (kb + u + XR < kb_end) load_x(xr[xu], xsr[xu], kb + u + XR);
+        }
+      }
+    }
+  }
+
+  // Partials of this warp: rows rw*16 + g (+8), columns j*8 + t4*2 (+1).
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    red[kw][rw * 16 + g][j * 8 + t4 * 2] = acc[j][0];
+    red[kw][rw * 16 + g][j * 8 + t4 * 2 + 1] = acc[j][1];
+    red[kw][rw * 16 + g + 8][j * 8 + t4 * 2] = acc[j][2];
+    red[kw][rw * 16 + g + 8][j * 8 + t4 * 2 + 1] = acc[j][3];
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  if (ks > 1)
+    cluster.sync();
+  else
+    __syncthreads();
+  // Each CTA of the cluster sums a slice of the tile's outputs over all K partials in a fixed
+  // order (deterministic) and writes it; consecutive threads write consecutive output features.
+  constexpr int kElems = kRows * kCols;
+  const int e_begin = kElems * srank / ks, e_end = kElems * (srank + 1) / ks;
+  for (int e = e_begin + int(threadIdx.x); e < e_end; e += kStreamThreads) {
+    const int col = e / kRows, row = e % kRows;
+    float sum = 0.f;
+    for (int s = 0; s < ks; ++s) {
+      const float* base = ks > 1 ? cluster.map_shared_rank(&red[0][0][0], s) : &red[0][0][0];
+#pragma unroll
+      for (int w = 0; w < KW; ++w) sum += base[(w * kRows + row) * kPad + col];
+    }
+    const int64_t tok = tok0 + col, r = tile * kRows + row;
+    if (tok < a.m && r < a.n) {
+      const int64_t idx = tok * a.y_stride + group * a.n + r;
+      if (a.y_f32)
+        static_cast<float*>(a.y)[idx] = sum;
+      else
+        static_cast<__nv_bfloat16*>(a.y)[idx] = __float2bfloat16_rn(sum);
+    }
+  }
+  // The CTAs of a cluster read each other's shared memory: none may exit before all have read.
+  if (ks > 1) cluster.sync();
+}
+
+template <int NT, int RW>
+cudaError_t launch_stream(const SmallMArgs& a, dim3 grid, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kStreamThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (a.k_split > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = unsigned(a.k_split);
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (a.pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  return cudaLaunchKernelEx(&cfg, fp8_stream_kernel<NT, RW>, a);
+}
+
+template <int NT>
+cudaError_t dispatch_stream_rw(int rw, const SmallMArgs& a, dim3 grid, cudaStream_t stream) {
+  switch (rw) {
+    case 1:
+      return launch_stream<NT, 1>(a, grid, stream);
+    case 2:
+      return launch_stream<NT, 2>(a, grid, stream);
+    default:
+      return launch_stream<NT, 4>(a, grid, stream);
+  }
+}
+
 int n_tiles_for(int64_t m) {
   const int64_t mm = std::min<int64_t>(m, kSmallMMaxTokens);
   return mm <= 8 ? 1 : mm <= 16 ? 2 : mm <= 32 ? 4 : 8;
@@ -454,6 +678,57 @@ std::pair<int, int> fp8_small_m_config(const Fp8SmallMParams& p, int num_sms) {
   return {rw, ks};
 }
 
+Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms) {
+  Fp8SmallMPlan plan;
+  const bool fp8_act = p.x_codes != nullptr;
+  plan.kernel = p.kernel;
+  if (plan.kernel == SmallMKernel::kAuto)
+    plan.kernel = fp8_act && p.num_tokens <= kSmallMMaxTokens && p.max_ctas == 0
+                      ? SmallMKernel::kStream
+                      : SmallMKernel::kMma;
+  if (plan.kernel == SmallMKernel::kMma) {
+    const auto [rw, ks] = fp8_small_m_config(p, num_sms);
+    plan.row_warps = rw;
+    plan.k_split = ks;
+    return plan;
+  }
+  // kStream, from the H200 sweep of run gemm4-1 (NOTES.md, v4): NT = 1 (<= 8 tokens per chunk,
+  // 4 CTAs/SM resident) is best with ~3 CTAs per SM, NT = 2 (200 registers, 2 CTAs/SM) with ~2:
+  // the largest row_warps reaching that many CTAs, then clusters along K while below it. Every
+  // warp keeps >= 4 K blocks (the ring depth; 2 warps' worth only cost 30-50% at shared_w1/w2),
+  // except that NT = 1 accepts 2 while the grid has fewer CTAs than SMs (wq_a, wkv).
+  const bool nt1 = p.num_tokens <= 8;
+  const int64_t chunk = nt1 ? 8 : kStreamMaxTokens;
+  const int64_t mchunks = (p.num_tokens + chunk - 1) / chunk;
+  const int64_t kblocks = p.w.in_features / kFp8GemmBlock;
+  const int64_t tiles16 = p.w.out_features / 16 * p.w.num_groups * mchunks;
+  const int64_t target = nt1 ? 3 * int64_t(num_sms) : int64_t(num_sms) * 19 / 10;
+  int rw = p.row_warps;
+  if (!rw) {
+    rw = 1;
+    for (int cand : {4, 2})
+      if (tiles16 / cand >= target) {
+        rw = cand;
+        break;
+      }
+  }
+  const int kw = kStreamWarps / rw;
+  const int64_t ctas = (tiles16 + rw - 1) / rw;
+  int ks = p.k_split;
+  if (!ks) {
+    ks = 1;
+    while (ks < 8 && ctas * ks < target) {
+      const int64_t per_warp = kblocks / (int64_t(kw) * 2 * ks);  // after doubling
+      const bool ok = per_warp >= 4 || (nt1 && per_warp >= 2 && ctas * ks < num_sms);
+      if (!ok) break;
+      ks *= 2;
+    }
+  }
+  plan.row_warps = rw;
+  plan.k_split = ks;
+  return plan;
+}
+
 Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) {
   if (Status s = check_weight(p.w); !s.ok()) return s;
   if (p.num_tokens < 0) return invalid_argument("fp8 linear: negative token count");
@@ -466,12 +741,17 @@ Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) 
     return invalid_argument("fp8 linear: bf16 row stride must be >= G*K and a multiple of 8");
   if (!p.y || p.y_row_stride < p.w.out_features * p.w.num_groups)
     return invalid_argument("fp8 linear: output missing or row stride < G*N");
-  auto [rw, ks] = fp8_small_m_config(p, device_sms());
-  if (p.row_warps) rw = p.row_warps;
-  if (p.k_split) ks = p.k_split;
-  if ((rw != 1 && rw != 2 && rw != 4 && rw != 8) || (ks != 1 && ks != 2 && ks != 4 && ks != 8))
-    return invalid_argument("fp8 linear: row_warps and k_split must be 1, 2, 4 or 8");
-  const int nt = n_tiles_for(p.num_tokens);
+  const Fp8SmallMPlan plan = fp8_small_m_plan(p, device_sms());
+  const bool stream_kernel = plan.kernel == SmallMKernel::kStream;
+  if (stream_kernel && !fp8_act)
+    return invalid_argument("fp8 linear: the stream kernel needs FP8-quantized activations");
+  const int rw = plan.row_warps, ks = plan.k_split;
+  if ((rw != 1 && rw != 2 && rw != 4 && (rw != 8 || stream_kernel)) ||
+      (ks != 1 && ks != 2 && ks != 4 && ks != 8))
+    return invalid_argument(
+        "fp8 linear: row_warps must be 1, 2, 4 (or 8, kMma) and k_split 1, 2, 4 or 8");
+  // Tokens per work item: 8 * nt (kStream: up to 16 per chunk; kMma: up to 64).
+  const int nt = stream_kernel ? (p.num_tokens <= 8 ? 1 : 2) : n_tiles_for(p.num_tokens);
   SmallMArgs a{};
   a.w = p.w.data;
   a.w_scale = p.w.scale;
@@ -496,13 +776,19 @@ Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) 
   a.items = tiles * p.w.num_groups * mchunks;
   // Clusters in the grid: one per work item unless the caller caps it (a grid of about one CTA per
   // SM, which would leave room for the next kernel's CTAs under PDL, measured slower: NOTES.md).
+  // kStream: always one CTA per work item.
   int64_t clusters = a.items;
-  if (p.max_ctas > 0) clusters = std::max<int64_t>(1, p.max_ctas / ks);
+  if (p.max_ctas > 0 && !stream_kernel) clusters = std::max<int64_t>(1, p.max_ctas / ks);
   clusters = std::min(clusters, a.items);
   if (clusters * ks > 0x7FFFFFFF) return invalid_argument("fp8 linear: shape too large");
   const dim3 grid(unsigned(clusters * ks), 1, 1);
-  const cudaError_t err = fp8_act ? dispatch_nt<true>(nt, rw, a, grid, stream)
-                                  : dispatch_nt<false>(nt, rw, a, grid, stream);
+  cudaError_t err;
+  if (stream_kernel)
+    err = nt == 1 ? dispatch_stream_rw<1>(rw, a, grid, stream)
+                  : dispatch_stream_rw<2>(rw, a, grid, stream);
+  else
+    err = fp8_act ? dispatch_nt<true>(nt, rw, a, grid, stream)
+                  : dispatch_nt<false>(nt, rw, a, grid, stream);
   DS_CUDA_RETURN_IF_ERROR(err);
   return ok_status();
 }

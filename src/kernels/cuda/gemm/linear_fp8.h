@@ -3,10 +3,10 @@
 // projections) and BF16 weights (compressor wkv/wgate, indexer weights_proj, gate, head).
 //
 // FP8 paths:
-//  - small M (<= 64 tokens, decode): launch_fp8_linear_small_m, our own bandwidth-bound kernel. It
-//    reads each weight byte and its block scale once, runs the products on the tensor cores
-//    (FP8 mma.sync when the activations are FP8-quantized, BF16 mma.sync on in-register
-//    dequantized weights otherwise), applies the scales per 128-K block in fp32 and reduces split-K
+//  - small M (<= 64 tokens, decode): launch_fp8_linear_small_m, our own bandwidth-bound
+//    kernels. They read each weight byte and its block scale once, run the products on the tensor
+//    cores (FP8 mma.sync when the activations are FP8-quantized, BF16 mma.sync on in-register
+//    dequantized weights otherwise), apply the scales per 128-K block in fp32 and reduce split-K
 //    partials inside a thread-block cluster (deterministic, one launch, graph-capturable).
 //  - large M (prefill): cuBLASLt FP8 GEMM with 1x128 activation / 128x128 weight block scaling
 //    (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F / BLK128x128_32F, cuBLAS >= 12.9, sm_90).
@@ -56,7 +56,18 @@ struct Fp8Activations {
   const uint8_t* scales = nullptr;  // [M, G*K/128] e8m0, or nullptr
 };
 
-// ---- small M: our own kernel ------------------------------------------------------------------
+// ---- small M: our own kernels ------------------------------------------------------------------
+
+// Which small-M kernel runs (NOTES.md):
+//  - kMma: 8-warp CTAs, one work item per CTA (or a capped grid looping over items), any M (in
+//    chunks of up to 64 tokens), both numerics.
+//  - kStream: 4-warp CTAs, one item each, x fragments and scales prefetched in the same register
+//    ring as the weights, sector-contiguous weight loads. FP8 activations, M <= 16 per chunk
+//    (larger M runs 16-token chunks, re-reading the weights). max_ctas does not apply.
+//  - kAuto: kStream for FP8 activations with M <= kSmallMMaxTokens and no max_ctas, else kMma
+//    (kStream in 16-token chunks still beats kMma's single pass at M = 64: NOTES.md).
+enum class SmallMKernel : uint8_t { kAuto, kMma, kStream };
+inline constexpr int64_t kStreamMaxTokens = 16;  // kStream: tokens per work item (chunk)
 
 struct Fp8SmallMParams {
   Fp8WeightView w;
@@ -69,8 +80,9 @@ struct Fp8SmallMParams {
   void* y = nullptr;                  // [M, y_row_stride], G*N columns written
   OutType y_type = OutType::kBF16;
   int64_t y_row_stride = 0;  // elements, >= G*N
-  // Tuning, 0 = heuristic: warps per CTA along rows (1, 2, 4, 8; the other 8/rw warps split K) and
-  // CTAs per cluster along K (1, 2, 4, 8).
+  // Tuning, 0 = heuristic: warps per CTA along rows (kMma: 1, 2, 4, 8 of 8 warps; kStream: 1, 2, 4
+  // of 4 warps; the other warps of the CTA split K) and CTAs per cluster along K (1, 2, 4, 8).
+  SmallMKernel kernel = SmallMKernel::kAuto;
   int row_warps = 0;
   int k_split = 0;
   // Programmatic dependent launch: the kernel starts streaming its weights before the previous
@@ -80,8 +92,17 @@ struct Fp8SmallMParams {
   int max_ctas = 0;
 };
 
-// The configuration launch_fp8_linear_small_m would choose (row_warps, k_split).
+// The kMma configuration launch_fp8_linear_small_m would choose (row_warps, k_split).
 std::pair<int, int> fp8_small_m_config(const Fp8SmallMParams& p, int num_sms);
+
+// The kernel and layout launch_fp8_linear_small_m would run for p (p.kernel, p.row_warps and
+// p.k_split override the heuristic where set).
+struct Fp8SmallMPlan {
+  SmallMKernel kernel = SmallMKernel::kMma;
+  int row_warps = 1;
+  int k_split = 1;
+};
+Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms);
 
 // No allocation, no host synchronization, graph-capturable.
 Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream);
