@@ -34,9 +34,10 @@ TEST(Profile, DecodeAndPrefillComponentsCoverTheStep) {
     ASSERT_EQ(p->components.size(), size_t(kNumComponents));
     EXPECT_GT(p->step_s, 0);
     // The ranges are inside the measured call, and the call is almost all ranges (the rest is
-    // validation and the plan, a few percent at most even on a loaded machine).
+    // validation and the plan layout, a few percent at most even on a loaded machine; issue #10
+    // asks for 5% on the GPU, where the step overhead range covers the host work).
     EXPECT_LE(p->covered_s, p->step_s * 1.0001);
-    EXPECT_GE(p->covered_s, p->step_s * 0.80);
+    EXPECT_GE(p->covered_s, p->step_s * 0.90);
     for (const ComponentProfile& cp : p->components) {
       // No MTP layer runs, and a single rank has no collectives.
       if (cp.component == Component::kMtpInput || cp.component == Component::kCollective) {
@@ -45,6 +46,11 @@ TEST(Profile, DecodeAndPrefillComponentsCoverTheStep) {
       }
       EXPECT_GT(cp.ranges, 0) << component_name(cp.component);
       EXPECT_GT(cp.seconds, 0) << component_name(cp.component);
+      if (cp.component == Component::kStep) {  // host work: no roofline bytes, no floor
+        EXPECT_EQ(cp.bytes, 0);
+        EXPECT_EQ(cp.floor_s, 0);
+        continue;
+      }
       if (cp.component != Component::kAttention) {
         EXPECT_GT(cp.bytes, 0) << component_name(cp.component);
       }

@@ -48,8 +48,16 @@ class ArenaScope {
 // The plan's step is open between begin_step and end_step, whatever path leaves the scope.
 class StepScope {
  public:
-  StepScope(Ops* ops, const StepPlan& plan) : ops_(ops) { ops_->begin_step(plan); }
-  ~StepScope() { ops_->end_step(); }
+  StepScope(Ops* ops, const StepPlan& plan) : ops_(ops) {
+    ops_->component_begin(Component::kStep);
+    ops_->begin_step(plan);
+    ops_->component_end(Component::kStep);
+  }
+  ~StepScope() {
+    ops_->component_begin(Component::kStep);
+    ops_->end_step();
+    ops_->component_end(Component::kStep);
+  }
   StepScope(const StepScope&) = delete;
   StepScope& operator=(const StepScope&) = delete;
 
@@ -87,6 +95,7 @@ const char* component_name(Component component) {
     case Component::kHead: return "head";
     case Component::kMtpInput: return "mtp input";
     case Component::kCollective: return "collectives";
+    case Component::kStep: return "step overhead";
   }
   return "?";
 }
@@ -304,7 +313,7 @@ void Forward::block(const LayerWeights& L, int64_t slot, int64_t N, float* x) co
 
 void Forward::head(const float* x, const std::vector<int64_t>& rows,
                    const cpu::MhcHeadWeights& hc_head, const std::vector<float>& norm,
-                   float* logits) const {
+                   std::span<const std::pair<float*, int64_t>> logits) const {
   const DeepSeekV4Config& c = config();
   const int64_t D = c.hidden_size, hc = c.hc_mult, R = int64_t(rows.size());
   Ops& ops = *ops_;
@@ -320,7 +329,11 @@ void Forward::head(const float* x, const std::vector<int64_t>& rows,
   // §4: fp32 logits; the head is a bf16 linear (input never quantized).
   float* out = alloc(R * c.vocab_size);  // [R, vocab]
   ops.linear(y, R, weights_->head, false, out);
-  ops.copy_to_host(out, R * c.vocab_size, logits);
+  int64_t done = 0;
+  for (const auto& [dst, n] : logits) {
+    ops.copy_to_host(out + done * c.vocab_size, n * c.vocab_size, dst);
+    done += n;
+  }
 }
 
 // Fills one ChunkOutput per chunk with the logits (and pre-head streams) of its requested rows.
@@ -330,26 +343,32 @@ void Forward::outputs_for(std::span<const std::vector<int64_t>> logit_rows, cons
                           std::vector<ChunkOutput>* outputs) const {
   const DeepSeekV4Config& c = config();
   const int64_t width = c.hc_mult * c.hidden_size;
-  outputs->assign(logit_rows.size(), ChunkOutput{});
   // One head call for the requested rows of every chunk (each row is computed independently, so
   // this equals one call per chunk bit for bit, but reads the [vocab, hidden] head once per step
-  // instead of once per sequence).
+  // instead of once per sequence); its logits go straight into each chunk's output.
   std::vector<int64_t> all_rows;  // plan rows, chunk after chunk
-  for (size_t i = 0; i < logit_rows.size(); ++i) {
-    for (int64_t r : logit_rows[i]) all_rows.push_back(plan.seqs[i].begin + r);
+  std::vector<std::pair<float*, int64_t>> destinations;
+  {
+    // The host buffers: a caller that passes the previous step's outputs again keeps their
+    // capacity (no allocation, no page faults); every element is overwritten below.
+    ComponentScope scope(ops_, Component::kStep);
+    outputs->resize(logit_rows.size());
+    for (size_t i = 0; i < logit_rows.size(); ++i) {
+      for (int64_t r : logit_rows[i]) all_rows.push_back(plan.seqs[i].begin + r);
+      ChunkOutput& o = (*outputs)[i];
+      o.streams.clear();
+      o.row_streams.clear();
+      std::vector<float>& l = o.logits;
+      l.resize(logit_rows[i].size() * size_t(c.vocab_size));
+      if (!l.empty()) destinations.emplace_back(l.data(), int64_t(logit_rows[i].size()));
+    }
   }
-  auto all_logits = std::make_unique_for_overwrite<float[]>(  // [rows, vocab]
-      std::max<size_t>(1, all_rows.size() * size_t(c.vocab_size)));
-  if (!all_rows.empty()) head(x, all_rows, hc_head, norm, all_logits.get());
-  size_t done = 0;  // rows handed out so far
+  if (!all_rows.empty()) head(x, all_rows, hc_head, norm, destinations);
   for (size_t i = 0; i < logit_rows.size(); ++i) {
     std::vector<int64_t> rows;  // plan rows
     for (int64_t r : logit_rows[i]) rows.push_back(plan.seqs[i].begin + r);
     const int64_t R = int64_t(rows.size());
     ChunkOutput& out = (*outputs)[i];
-    out.logits.assign(all_logits.get() + done * size_t(c.vocab_size),
-                      all_logits.get() + (done + size_t(R)) * size_t(c.vocab_size));
-    done += size_t(R);
     if (want_streams) {
       ArenaScope alloc(ops_);
       ComponentScope scope(ops_, Component::kHead);

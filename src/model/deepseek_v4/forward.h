@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -114,8 +115,11 @@ class Forward {
   void attention(const LayerWeights& layer, int64_t layer_slot, int64_t num_tokens, const float* u,
                  float* out) const;
   // Logits of the given plan rows into host memory.  logits [rows.size(), vocab]
+  // The logits of `rows`, copied to the host in order: destination i receives the next
+  // second-of-pair rows.
   void head(const float* x, const std::vector<int64_t>& rows, const cpu::MhcHeadWeights& hc_head,
-            const std::vector<float>& norm, float* logits) const;
+            const std::vector<float>& norm,
+            std::span<const std::pair<float*, int64_t>> logits) const;
   void outputs_for(std::span<const std::vector<int64_t>> logit_rows, const StepPlan& plan,
                    const float* x, const cpu::MhcHeadWeights& hc_head,
                    const std::vector<float>& norm, bool want_streams,

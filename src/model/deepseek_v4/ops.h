@@ -73,8 +73,10 @@ enum class Component : uint8_t {
   kHead,                  // final hyper-connection collapse, norm, LM head
   kMtpInput,              // MTP layer's enorm/hnorm/e_proj/h_proj
   kCollective,            // tensor/expert-parallel all-reduces (sharded models only)
+  kStep,                  // step overhead: begin_step (plan, uploads), handing out the logits,
+                          // end_step (the final synchronization of a device backend)
 };
-inline constexpr int kNumComponents = 11;
+inline constexpr int kNumComponents = 12;
 const char* component_name(Component component);  // "attention projections", ...
 
 class Ops {
