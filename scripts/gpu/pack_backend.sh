@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the CUDA backend's binaries on the dev machine (sm_90a only, the full build with the
 # Debian -dev packages) and packs them, stripped, with the shared libraries the GPU machine lacks
-# into build/carry for scripts/gpu/run_backend.sh (pass build/carry as the `run` tool's carry).
+# into build/carry/backend.tar.xz for scripts/gpu/run_backend.sh (pass build/carry as the `run`
+# tool's carry; compressed because the working tree and the carry share a 64 MiB limit and the
+# deepserve binary holds the embedded model's 16 MB of weights).
 #
 #   scripts/gpu/pack_backend.sh [BUILD_DIR]   (default build/cuda90)
 set -euo pipefail
@@ -11,17 +13,25 @@ if [ ! -f "$bdir/build.ninja" ]; then
   cmake -S . -B "$bdir" -G Ninja -DDEEPSERVE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
-cmake --build "$bdir" -j"$(nproc)" --target deepserve test_cuda_ops test_elementwise_cuda
+cmake --build "$bdir" -j"$(nproc)" --target deepserve test_cuda_ops test_elementwise_cuda \
+  test_gemm_cuda bench_gemm_fp8
 rm -rf build/carry
 mkdir -p build/carry/lib
 cp "$bdir/bin/deepserve" build/carry/
-for t in test_cuda_ops test_elementwise_cuda; do
-  cp "$(find "$bdir/tests" -name "$t" -type f | head -1)" build/carry/
+for t in test_cuda_ops test_elementwise_cuda test_gemm_cuda bench_gemm_fp8; do
+  cp "$(find "$bdir/tests" "$bdir/bench" -name "$t" -type f | head -1)" build/carry/
 done
-strip build/carry/deepserve build/carry/test_cuda_ops build/carry/test_elementwise_cuda
+strip build/carry/deepserve build/carry/test_cuda_ops build/carry/test_elementwise_cuda \
+  build/carry/test_gemm_cuda build/carry/bench_gemm_fp8
 # Shared libraries of Debian's -dev packages (the GPU machine has CUDA, glibc and libstdc++).
 for lib in libfmt.so.9 libspdlog.so.1.10 libcpp-httplib.so.0.11 libbrotlidec.so.1 \
            libbrotlienc.so.1 libbrotlicommon.so.1; do
   cp -L "/usr/lib/x86_64-linux-gnu/$lib" build/carry/lib/
 done
+tar -C build/carry -cf - deepserve test_cuda_ops test_elementwise_cuda test_gemm_cuda \
+  bench_gemm_fp8 lib |
+  xz -T2 -6 > build/carry.tar.xz
+rm -rf build/carry
+mkdir -p build/carry
+mv build/carry.tar.xz build/carry/backend.tar.xz
 du -sh build/carry

@@ -7,8 +7,14 @@
 # into build/carry, which travels with the `run` tool's `carry`.
 #
 #   scripts/gpu/run_backend.sh [OUT_DIR] [--layers N] [--profiles "1:512 16:512 64:512"]
-#                              [--no-tests] [--no-profile]
+#                              [--no-tests] [--no-profile] [--eval TOKENS] [--spec DATASET]
+#                              [--gemm]
 # --profiles lists batch:context pairs for `deepserve profile --device cuda`.
+# --eval: held-out perplexity of the embedded model on the CUDA backend (eval-checkpoint, 32
+# sequences of 256 tokens of the uint32 token file, as docs/tiny_model.md's CPU check).
+# --spec: scripts/gpu/run_speculative.sh with prompts cut from DATASET (a Brown-corpus directory
+# or a text file).
+# --gemm: test_gemm_cuda and bench_gemm_fp8 in decode mode (when pack_backend.sh packed them).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:-${OUT:-bench/results}}"
@@ -17,12 +23,18 @@ layers=4
 profiles="1:512 16:512 64:512"
 tests=1
 profile=1
+eval_tokens=""
+spec_dataset=""
+gemm=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --layers) layers="$2"; shift ;;
     --profiles) profiles="$2"; shift ;;
     --no-tests) tests=0 ;;
     --no-profile) profile=0 ;;
+    --eval) eval_tokens="$2"; shift ;;
+    --spec) spec_dataset="$2"; shift ;;
+    --gemm) gemm=1 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -32,7 +44,12 @@ json_out="$out"
 out=/tmp/backend_logs  # logs stay on the machine except those copied back at the end
 rm -rf "$out"; mkdir -p "$out"
 carry=build/carry
-export LD_LIBRARY_PATH="$PWD/$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [ -f build/carry/backend.tar.xz ]; then  # pack_backend.sh's compressed form
+  carry=/tmp/carry
+  rm -rf "$carry"; mkdir -p "$carry"
+  xz -dc build/carry/backend.tar.xz | tar -C "$carry" -xf -
+fi
+export LD_LIBRARY_PATH="$(cd "$carry" && pwd)/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export DEEPSERVE_CACHE_DIR=/dev/shm/deepserve-cache
 summary=()
 failed=0
@@ -71,6 +88,26 @@ if [ $tests -eq 1 ]; then
   cat "$out/serve_cuda_completion.log"; echo
   kill $spid 2>/dev/null; wait $spid 2>/dev/null
   grep -E "device|error" "$out/serve_cuda.log" | head -5
+fi
+
+if [ $gemm -eq 1 ] && [ -x "$carry/bench_gemm_fp8" ]; then
+  step test_gemm_cuda timeout 120 "$carry/test_gemm_cuda"
+  grep -E "^\[  (PASSED|FAILED) |Failure" "$out/test_gemm_cuda.log" | head -10
+  step bench_gemm_fp8 timeout 120 "$carry/bench_gemm_fp8" "$json_out/gemm_fp8_decode.json" decode
+  grep -E "floor|ceilings" "$out/bench_gemm_fp8.log" | head -60
+fi
+
+if [ -n "$eval_tokens" ]; then
+  model=$("$carry/deepserve" inspect 2>/dev/null | head -1)  # expands the embedded model
+  step eval_cuda "$carry/deepserve" eval-checkpoint --device cuda --model "$model" \
+    --tokens "$eval_tokens" --num-seqs 32 --json "$json_out/eval_tiny_brown_cuda.json"
+  tail -12 "$out/eval_cuda.log"
+fi
+
+if [ -n "$spec_dataset" ]; then
+  step speculative bash scripts/gpu/run_speculative.sh "$carry/deepserve" \
+    "$json_out/speculative_gpu.json" "$spec_dataset"
+  tail -20 "$out/speculative.log"
 fi
 
 if [ $profile -eq 1 ]; then

@@ -83,6 +83,9 @@ class DSV4(torch.nn.Module):
         self.cfg = cfg
         self.shared_clamp = shared_clamp
         self.router_eps = router_eps
+        # Residual-branch dropout for training only: applied while autograd records (never under
+        # no_grad, so every evaluation and export path sees the deterministic model).
+        self.dropout = 0.0
         full_vocab = cfg["vocab_size"]
         self.V = full_vocab if vocab_ids is None else len(vocab_ids)
         self.unused_vocab = full_vocab - self.V
@@ -333,10 +336,15 @@ class DSV4(torch.nn.Module):
         u, post, C = self.hc_pre(p + "hc_attn", X)
         o = self.attention(p, l, rms(u, self.P(p + "attn_norm.weight"), eps), cos_all, sin_all,
                            cos_c, sin_c, aux)
-        X = self.hc_post(o, X, post, C)
+        X = self.hc_post(self.drop(o), X, post, C)
         u, post, C = self.hc_pre(p + "hc_ffn", X)
         o = self.moe(p, l, rms(u, self.P(p + "ffn_norm.weight"), eps), hash_ids, loads)
-        return self.hc_post(o, X, post, C)
+        return self.hc_post(self.drop(o), X, post, C)
+
+    def drop(self, o):
+        if self.dropout > 0 and torch.is_grad_enabled():
+            return F.dropout(o, self.dropout, training=True)
+        return o
 
     def rope_tables(self, T, device):
         tabs = []

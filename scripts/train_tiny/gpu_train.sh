@@ -12,7 +12,7 @@ T0=$(date +%s)
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch; print(torch.__version__, torch.cuda.is_available())" >> "$OUT/gpu.txt" 2>&1
 python3 scripts/train_tiny/train.py --data "$DATA" --out "$OUT" --device cuda --bf16 \
-  --batch 32 --seq-len 256 --time-budget "$BUDGET" --eval-every 100 --eval-seqs 64 \
+  --batch 32 --seq-len 256 --time-budget "$BUDGET" --dropout "${DROPOUT:-0.1}" --eval-every 100 --eval-seqs 64 \
   > "$OUT/train.log" 2>&1
 RC=$?
 if [ $RC -ne 0 ]; then
@@ -21,7 +21,7 @@ if [ $RC -ne 0 ]; then
   echo "bf16 run failed (rc $RC); fp32 run with budget $LEFT" >> "$OUT/gpu.txt"
   mv "$OUT/train.log" "$OUT/train_bf16_failed.log"
   python3 scripts/train_tiny/train.py --data "$DATA" --out "$OUT" --device cuda \
-    --batch 32 --seq-len 256 --time-budget "$LEFT" --eval-every 100 --eval-seqs 64 \
+    --batch 32 --seq-len 256 --time-budget "$LEFT" --dropout "${DROPOUT:-0.1}" --eval-every 100 --eval-seqs 64 \
     > "$OUT/train.log" 2>&1
 fi
 cat "$OUT/gpu.txt"; tail -c 5000 "$OUT/train.log"

@@ -96,6 +96,8 @@ def main():
     ap.add_argument("--final-eval-seqs", type=int, default=0, help="0 = the whole held-out split")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--bf16", action="store_true", help="autocast matmuls to bf16 (CUDA)")
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="residual-branch dropout while training (run 1 had none and overfit)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     torch.manual_seed(a.seed)
@@ -116,6 +118,7 @@ def main():
     model = dsv4.DSV4(cfg, vocab_ids=list(range(Vp)))
     model.unused_vocab = full_vocab - Vp  # copies of the shared row beyond the one in the logits
     model.init_random(a.seed)
+    model.dropout = a.dropout
     tables = {}
     for l in range(min(cfg["num_hash_layers"], cfg["num_hidden_layers"])):
         t = make_tid2eid(full_vocab, cfg["n_routed_experts"], cfg["num_experts_per_tok"], a.seed + 17 * (l + 1))

@@ -30,12 +30,29 @@ Result<std::string> ensure_embedded_model() {
   if (ec) return io_error(dir.parent_path().string() + ": cannot create cache directory: " + ec.message());
   const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
   fs::remove_all(tmp, ec);
-  spdlog::info("generating the embedded tiny model into {} (first use only)", dir.string());
+  spdlog::info("expanding the embedded tiny model into {} (first use only)", dir.string());
   SyntheticOptions options;
   options.preset = SyntheticPreset::kTiny;
-  options.seed = kEmbeddedModelSeed;
   DS_ASSIGN_OR_RETURN(DeepSeekV4Config config, synthetic_config(options));
-  DS_RETURN_IF_ERROR(write_synthetic_checkpoint(config, options, tmp.string()));
+  // The checkpoint writer reads a file: the linked-in artifact goes next to the temporary
+  // directory first.
+  const fs::path artifact = tmp.string() + ".weights.safetensors";
+  {
+    const std::span<const uint8_t> bytes = embedded_weights();
+    std::ofstream out(artifact, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+    out.close();
+    if (!out) {
+      fs::remove(artifact, ec);
+      return io_error(artifact.string() + ": cannot write the embedded weights");
+    }
+  }
+  const Status written = write_checkpoint_from_weights(config, artifact.string(), tmp.string());
+  fs::remove(artifact, ec);
+  if (!written.ok()) {
+    fs::remove_all(tmp, ec);
+    return written;
+  }
   std::ofstream(tmp / ".complete") << kEmbeddedModelVersion << "\n";
   fs::remove_all(dir, ec);  // an incomplete earlier attempt
   fs::rename(tmp, dir, ec);

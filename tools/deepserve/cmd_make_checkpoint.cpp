@@ -19,6 +19,7 @@
 #include "model/deepseek_v4/forward.h"
 #include "model/deepseek_v4/weights.h"
 #include "model/synthetic.h"
+#include "runtime/backend.h"
 
 namespace ds::cli {
 
@@ -32,14 +33,16 @@ void register_eval_checkpoint(CLI::App& app, CommandFn* run) {
     int64_t num_seqs = 8;
     int64_t offset = 0;
     std::string numerics = "reference";
+    std::string device = "cpu";
     std::string dump_logits;
     std::string json_out;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
       "eval-checkpoint",
-      "Held-out perplexity, MTP acceptance and a logits dump of the CPU reference forward on a "
-      "uint32 token file (consecutive sequences, each a fresh prefill from position 0)");
+      "Held-out perplexity, MTP acceptance and a logits dump of the forward (CPU reference or "
+      "CUDA backend) on a uint32 token file (consecutive sequences, each a fresh prefill from "
+      "position 0)");
   cmd->add_option("--model", args->model, "checkpoint directory")->required();
   cmd->add_option("--tokens", args->tokens, "token ids, little-endian uint32")->required();
   cmd->add_option("--seq-len", args->seq_len, "tokens per sequence")->check(CLI::Range(3, 4096));
@@ -47,6 +50,7 @@ void register_eval_checkpoint(CLI::App& app, CommandFn* run) {
   cmd->add_option("--offset", args->offset, "first token of the first sequence");
   cmd->add_option("--numerics", args->numerics, "reference (default) or hf")
       ->check(CLI::IsMember({"reference", "hf"}));
+  cmd->add_option("--device", args->device, "cpu (default) or cuda");
   cmd->add_option("--dump-logits", args->dump_logits,
                   "write fp32 main logits [seqs*seq_len, vocab] then MTP logits "
                   "[seqs*(seq_len-1), vocab] (MTP row t predicts token t+2)");
@@ -66,7 +70,14 @@ void register_eval_checkpoint(CLI::App& app, CommandFn* run) {
       const auto& config = (*weights)->config();
       const int64_t V = config.vocab_size;
       const auto mode = *cpu::numerics_mode_from_name(args->numerics);
-      dsv4::Forward forward(weights->get(), dsv4::ForwardOptions::for_mode(mode));
+      const dsv4::ForwardOptions options = dsv4::ForwardOptions::for_mode(mode);
+      runtime::BackendLimits limits;
+      limits.max_sequences = 1;
+      limits.max_context = T;
+      limits.max_step_tokens = T;
+      auto backend = runtime::make_backend(args->device, **weights, options, limits);
+      if (!backend.ok()) return fail(backend.status());
+      dsv4::Forward forward(weights->get(), options, backend->get());
       const bool mtp = config.num_nextn_predict_layers > 0;
       std::FILE* dump = nullptr;
       if (!args->dump_logits.empty()) {
@@ -116,7 +127,10 @@ void register_eval_checkpoint(CLI::App& app, CommandFn* run) {
           }
         }
         if (dump) std::fwrite(out[0].logits.data(), sizeof(float), out[0].logits.size(), dump);
-        if (!mtp) continue;
+        if (!mtp) {
+          forward.ops()->release_sequence(&state);
+          continue;
+        }
         dsv4::MtpChunk m;
         m.state = &state;
         const int64_t n = T - 1;
@@ -135,6 +149,7 @@ void register_eval_checkpoint(CLI::App& app, CommandFn* run) {
           mtp_agree += am == main_argmax[size_t(i + 1)];
         }
         if (dump) mtp_dump.insert(mtp_dump.end(), draft[0].logits.begin(), draft[0].logits.end());
+        forward.ops()->release_sequence(&state);
       }
       if (dump) {
         std::fwrite(mtp_dump.data(), sizeof(float), mtp_dump.size(), dump);
@@ -142,6 +157,7 @@ void register_eval_checkpoint(CLI::App& app, CommandFn* run) {
       }
       nlohmann::json j = {{"model", args->model},
                           {"numerics", args->numerics},
+                          {"device", args->device},
                           {"sequences", S},
                           {"seq_len", T},
                           {"main_tokens", main_n},
