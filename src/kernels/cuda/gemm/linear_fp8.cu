@@ -285,11 +285,14 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1) fp8_small_m_kernel(
   }
 }
 
-template <bool kFp8Act, int NT, int RW>
-cudaError_t launch_small_m(const SmallMArgs& a, dim3 grid, cudaStream_t stream) {
+// One launch of kernel(a) with the attributes the arguments ask for: a cluster of k_split CTAs
+// along K (k_split > 1) and programmatic dependent launch (pdl).
+template <typename Kernel>
+cudaError_t launch_small_m_kernel(Kernel kernel, const SmallMArgs& a, dim3 grid, int threads,
+                                  cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(unsigned(threads));
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
@@ -308,7 +311,12 @@ cudaError_t launch_small_m(const SmallMArgs& a, dim3 grid, cudaStream_t stream) 
   }
   cfg.attrs = attr;
   cfg.numAttrs = n;
-  return cudaLaunchKernelEx(&cfg, fp8_small_m_kernel<kFp8Act, NT, RW>, a);
+  return cudaLaunchKernelEx(&cfg, kernel, a);
+}
+
+template <bool kFp8Act, int NT, int RW>
+cudaError_t launch_small_m(const SmallMArgs& a, dim3 grid, cudaStream_t stream) {
+  return launch_small_m_kernel(fp8_small_m_kernel<kFp8Act, NT, RW>, a, grid, kThreads, stream);
 }
 
 template <bool kFp8Act, int NT>
@@ -527,28 +535,7 @@ __global__ void __launch_bounds__(kStreamThreads, StreamTraits<NT>::kMinBlocks)
 
 template <int NT, int RW>
 cudaError_t launch_stream(const SmallMArgs& a, dim3 grid, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kStreamThreads);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  if (a.k_split > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = unsigned(a.k_split);
-    attr[n].val.clusterDim.y = 1;
-    attr[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  if (a.pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  cfg.attrs = attr;
-  cfg.numAttrs = n;
-  return cudaLaunchKernelEx(&cfg, fp8_stream_kernel<NT, RW>, a);
+  return launch_small_m_kernel(fp8_stream_kernel<NT, RW>, a, grid, kStreamThreads, stream);
 }
 
 template <int NT>
