@@ -285,6 +285,7 @@ class EngineImpl final : public Engine {
   std::vector<Request*> order_;  // requests_ in submission order
   ds::Rng id_rng_{0};
   int64_t steps_ = 0;
+  int64_t max_num_seqs_ = 0;  // config_.max_num_seqs, or fewer if the backend holds fewer
   // Forward outputs, reused from step to step so that the logits buffers keep their pages
   // (a [64, 129280] fp32 block is 33 MB; freshly allocated, its page faults cost milliseconds).
   std::vector<dsv4::ChunkOutput> step_outputs_, mtp_outputs_;
@@ -348,6 +349,8 @@ ds::Status EngineImpl::init(const EngineConfig& config) {
     return ds::invalid_argument("queue bounds must be non-negative");
   if (!(config_.kv_cache_memory_gib >= 0) || !std::isfinite(config_.kv_cache_memory_gib))
     return ds::invalid_argument("kv_cache_memory_gib must be a non-negative number");
+  if (!(config_.gpu_memory_utilization > 0 && config_.gpu_memory_utilization <= 1))
+    return ds::invalid_argument("gpu_memory_utilization must be in (0, 1]");
 
 #if defined(__GLIBC__)
   // The step's large buffers (logits [rows, vocab], activations) exceed glibc's mmap threshold
@@ -386,6 +389,7 @@ ds::Status EngineImpl::init(const EngineConfig& config) {
     const dsv4::ForwardOptions fo = dsv4::ForwardOptions::for_mode(*mode);
     ds::runtime::BackendLimits limits;
     limits.max_sequences = config_.max_num_seqs;
+    limits.gpu_memory_utilization = config_.gpu_memory_utilization;
     // The CUDA backend sizes each sequence's state for this context once, at start.
     limits.max_context = config_.max_model_len > 0
                              ? config_.max_model_len
@@ -401,6 +405,16 @@ ds::Status EngineImpl::init(const EngineConfig& config) {
     auto backend = ds::runtime::make_backend(config_.device, *weights_, fo, limits);
     if (!backend.ok()) return backend.status().with_context("device " + config_.device);
     backend_ = std::move(backend).value();
+    // The CUDA backend sizes its sequence slots from the memory budget: the scheduler never
+    // runs more sequences than it holds.
+    max_num_seqs_ = config_.max_num_seqs;
+    const int64_t slots = ds::runtime::backend_max_sequences(*backend_);
+    if (slots > 0 && slots < max_num_seqs_) {
+      spdlog::warn("engine: GPU memory holds {} sequences of {} tokens; max_num_seqs lowered from "
+                   "{} (raise --gpu-memory-utilization or lower --max-model-len for more)",
+                   slots, limits.max_context, max_num_seqs_);
+      max_num_seqs_ = slots;
+    }
     forward_ = std::make_unique<dsv4::Forward>(weights_.get(), fo, backend_.get());
   }
   vocab_ = c.vocab_size;
@@ -434,12 +448,12 @@ ds::Status EngineImpl::init(const EngineConfig& config) {
     int64_t page_set = 0;
     for (int64_t b : geo.page_bytes) page_set += b;
     const uint64_t want =
-        uint64_t(config_.max_num_seqs) *
+        uint64_t(max_num_seqs_) *
         (uint64_t(geo.slot_bytes) +
          uint64_t(rt::pages_for_tokens(c.max_position_embeddings)) * uint64_t(page_set));
     budget = std::min(want, kDefaultKvBudgetCap);
   }
-  auto kv = rt::KvCacheManager::from_budget(geo, budget, config_.max_num_seqs);
+  auto kv = rt::KvCacheManager::from_budget(geo, budget, max_num_seqs_);
   if (!kv.ok()) return kv.status().with_context("KV cache");
   kv_ = std::make_unique<rt::KvCacheManager>(std::move(kv).value());
   const int64_t capacity = kv_->capacity_tokens();
@@ -453,7 +467,7 @@ ds::Status EngineImpl::init(const EngineConfig& config) {
                        ? config_.max_model_len
                        : std::min<int64_t>(c.max_position_embeddings, capacity);
   sched::SchedulerConfig sc;
-  sc.max_num_seqs = config_.max_num_seqs;
+  sc.max_num_seqs = max_num_seqs_;
   sc.max_num_batched_tokens = config_.max_num_batched_tokens;
   scheduler_ = std::make_unique<sched::Scheduler>(sc, kv_.get());
 
@@ -499,7 +513,7 @@ ds::Status EngineImpl::init(const EngineConfig& config) {
                 "max_model_len %lld: maximum concurrency %lld requests at full length "
                 "(max_num_seqs %lld, max_num_batched_tokens %lld)",
                 (long long)max_model_len_, (long long)kv_->max_concurrency(max_model_len_),
-                (long long)config_.max_num_seqs, (long long)config_.max_num_batched_tokens);
+                (long long)max_num_seqs_, (long long)config_.max_num_batched_tokens);
   summary_.push_back(line);
   if (max_model_len_ > capacity) {
     summary_.push_back("warning: max_model_len exceeds the KV capacity of " +

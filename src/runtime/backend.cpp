@@ -39,6 +39,7 @@ Result<std::unique_ptr<dsv4::Ops>> make_backend(const std::string& device,
   o.max_logit_rows = limits.max_logit_rows;
   o.synchronous_components = limits.synchronous_components;
   o.max_checkpoint_tokens = limits.max_checkpoint_tokens;
+  o.gpu_memory_utilization = limits.gpu_memory_utilization;
   DS_ASSIGN_OR_RETURN(std::unique_ptr<CudaOps> ops, CudaOps::create(weights, options, o));
   return std::unique_ptr<dsv4::Ops>(std::move(ops));
 #else
@@ -48,6 +49,14 @@ Result<std::unique_ptr<dsv4::Ops>> make_backend(const std::string& device,
 #endif
 }
 
+int64_t backend_max_sequences(const dsv4::Ops& ops) {
+#if DS_HAVE_CUDA_BACKEND
+  if (const auto* cuda = dynamic_cast<const CudaOps*>(&ops)) return cuda->options().max_sequences;
+#endif
+  (void)ops;
+  return -1;
+}
+
 std::string describe_backend(const dsv4::Ops& ops) {
 #if DS_HAVE_CUDA_BACKEND
   if (const auto* cuda = dynamic_cast<const CudaOps*>(&ops)) {
@@ -55,9 +64,12 @@ std::string describe_backend(const dsv4::Ops& ops) {
     if (cudaGetDeviceProperties(&prop, cuda->options().device) != cudaSuccess) prop.name[0] = 0;
     char buf[256];
     std::snprintf(buf, sizeof(buf),
-                  "cuda (%s; weights %.2f GiB, sequence state %.2f GiB, step arena %.2f GiB)",
+                  "cuda (%s; weights %.2f GiB, sequence state %.2f GiB for %lld sequences of "
+                  "%lld tokens, step arena %.2f GiB)",
                   prop.name, double(cuda->weight_bytes()) / (1 << 30),
-                  double(cuda->state_bytes()) / (1 << 30), double(cuda->arena_bytes()) / (1 << 30));
+                  double(cuda->state_bytes()) / (1 << 30),
+                  (long long)cuda->options().max_sequences,
+                  (long long)cuda->options().max_context, double(cuda->arena_bytes()) / (1 << 30));
     return buf;
   }
 #endif

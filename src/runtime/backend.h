@@ -20,6 +20,9 @@ struct BackendLimits {
   int64_t max_logit_rows = 0;           // 0 = max_step_tokens
   bool synchronous_components = false;  // profiling: component ranges measure device time
   int64_t max_checkpoint_tokens = 0;    // speculative decoding: 1 + k; 0 = no speculation
+  // CUDA: the fraction of the GPU's memory to fill; the sequence slots are what fits after the
+  // weights and the step arena, at most max_sequences (0 = exactly max_sequences).
+  double gpu_memory_utilization = 0;
 };
 
 // True when this binary was built with the CUDA backend.
@@ -31,6 +34,10 @@ Result<std::unique_ptr<dsv4::Ops>> make_backend(const std::string& device,
                                                 const dsv4::ModelWeights& weights,
                                                 const dsv4::ForwardOptions& options,
                                                 const BackendLimits& limits);
+
+// Live sequences the backend holds state for: the CUDA backend's slots (possibly fewer than
+// BackendLimits::max_sequences, from gpu_memory_utilization); -1 for the CPU backend (no limit).
+int64_t backend_max_sequences(const dsv4::Ops& ops);
 
 // One line for logs: "cpu" or "cuda (NVIDIA H200, weights 1.2 GiB, state ..., arena ...)".
 std::string describe_backend(const dsv4::Ops& ops);

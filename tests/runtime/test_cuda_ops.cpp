@@ -470,6 +470,57 @@ TEST_F(CudaOpsTest, CheckpointLimitsAreErrors) {
   f.ops()->release_sequence(&t);
 }
 
+// --gpu-memory-utilization: the slots are what the budget leaves after everything allocated
+// and the step arena. Plenty of memory gives max_sequences; a budget below what is already used
+// is a clear error; a budget of about 100 slots' worth beyond one backend's own footprint gives
+// about 100 slots (loose bounds: cudaMalloc rounds allocations and libraries allocate lazily).
+TEST(CudaOpsMemory, SlotsComeFromTheMemoryBudget) {
+  SKIP_WITHOUT_GPU();
+  const ForwardOptions options = ForwardOptions::for_mode(cpu::NumericsMode::kReference);
+  CudaOpsOptions o;
+  o.max_sequences = 4;
+  o.max_context = 4096;
+  o.max_step_tokens = 256;
+  o.gpu_memory_utilization = 0.95;
+  {
+    auto ops = CudaOps::create(tiny_model(), options, o);
+    ASSERT_TRUE(ops.ok()) << ops.status().to_string();
+    EXPECT_EQ((*ops)->options().max_sequences, 4);
+  }
+  size_t free0 = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
+  o.gpu_memory_utilization = 0;
+  o.max_sequences = 1;
+  size_t state1 = 0, footprint = 0;
+  {
+    auto one = CudaOps::create(tiny_model(), options, o);
+    ASSERT_TRUE(one.ok()) << one.status().to_string();
+    size_t free1 = 0;
+    ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
+    state1 = (*one)->state_bytes();
+    footprint = free0 - free1;
+  }
+  ASSERT_GT(state1, 0u);
+  const double used = double(total - free0);
+  o.max_sequences = 1000;
+  o.gpu_memory_utilization = (used + double(footprint) + 100.0 * double(state1)) / double(total);
+  {
+    auto ops = CudaOps::create(tiny_model(), options, o);
+    ASSERT_TRUE(ops.ok()) << ops.status().to_string();
+    const int64_t slots = (*ops)->options().max_sequences;
+    std::printf("[ metric ] one slot %.2f MiB, one backend %.1f MiB; a budget of ~100 slots gave %lld\n",
+                double(state1) / (1 << 20), double(footprint) / (1 << 20), (long long)slots);
+    EXPECT_GE(slots, 50);
+    EXPECT_LE(slots, 150);
+  }
+  o.gpu_memory_utilization = std::max(0.001, used / double(total) - 0.001);
+  auto none = CudaOps::create(tiny_model(), options, o);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(none.status().message().find("--gpu-memory-utilization"), std::string::npos)
+      << none.status().message();
+}
+
 TEST(CudaOpsCreate, HfNumericsIsRefused) {
   SKIP_WITHOUT_GPU();
   auto ops = CudaOps::create(tiny_model(), ForwardOptions::for_mode(cpu::NumericsMode::kHf),

@@ -380,7 +380,9 @@ void register_serve(CLI::App& app, CommandFn* run) {
       ->envname("DEEPSERVE_KV_CACHE_DTYPE")
       ->group(kEngine);
   cmd->add_option("--gpu-memory-utilization", a->gpu_memory_utilization,
-                  "fraction of GPU memory to use (CUDA backend)")
+                  "fraction of the GPU's memory to fill (CUDA backend): after the weights and "
+                  "the step buffers, as many sequences of --max-model-len tokens as fit, at most "
+                  "--max-num-seqs")
       ->capture_default_str()
       ->envname("DEEPSERVE_GPU_MEMORY_UTILIZATION")
       ->check(CLI::Range(0.01, 1.0))

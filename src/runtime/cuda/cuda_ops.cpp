@@ -7,6 +7,7 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -178,6 +179,9 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(const dsv4::ModelWeights& weigh
       cuda_options.max_context < 0 || cuda_options.max_chunk < 0 ||
       cuda_options.max_logit_rows < 0) {
     return invalid_argument("CUDA backend: limits must be positive");
+  }
+  if (!(cuda_options.gpu_memory_utilization >= 0 && cuda_options.gpu_memory_utilization <= 1)) {
+    return invalid_argument("CUDA backend: gpu_memory_utilization must be in [0, 1]");
   }
   std::unique_ptr<CudaOps> ops(new CudaOps(weights, options, cuda_options));
   DS_RETURN_IF_ERROR(ops->init());
@@ -373,49 +377,123 @@ Status CudaOps::init() {
     return invalid_argument("CUDA backend: head_dim - 64 must be a positive multiple of 64");
   }
   window_slots_ = c.sliding_window + opt_.max_chunk - 1;
-  const int64_t S = opt_.max_sequences;
   const int64_t num_layers = c.num_hidden_layers + c.num_nextn_predict_layers;
   layers_.resize(static_cast<size_t>(num_layers));
-  size_t total = 0;
-  auto take = [&](size_t bytes) {
-    const size_t at = total;
-    total += (bytes + 255) / 256 * 256;
-    return at;
-  };
   const int64_t T = opt_.max_checkpoint_tokens;
-  std::vector<std::array<size_t, 9>> offsets(static_cast<size_t>(num_layers));
+  // Per-slot sizes of each layer's pools.
   for (int64_t l = 0; l < num_layers; ++l) {
     LayerStore& ls = layers_[size_t(l)];
     ls.ratio = c.compress_ratios[size_t(l)];
     ls.csa = ls.ratio == 4;
     ls.window_page_bytes = cpu::kv_page_bytes(kv_layout, window_slots_);
-    offsets[size_t(l)][0] = take(static_cast<size_t>(S * ls.window_page_bytes));
     if (ls.ratio != 0) {
       ls.compressed_cap = ceil_div(opt_.max_context, ls.ratio);
       ls.compressed_page_bytes = cpu::kv_page_bytes(kv_layout, ls.compressed_cap);
-      offsets[size_t(l)][1] = take(static_cast<size_t>(S * ls.compressed_page_bytes));
       ls.ring_floats = cuda::compressor_state_floats(ls.ratio, c.head_dim);
-      offsets[size_t(l)][3] = take(size_t(S * ls.ring_floats) * 4);
       if (T > 0) {
         const int64_t width = ring_width(ls.ratio, c.head_dim);
         ls.snap_floats = ls.csa ? ls.ring_floats : 2 * T * width;
         ls.log_floats = 2 * T * width;
-        offsets[size_t(l)][5] = take(size_t(S * ls.snap_floats) * 4);
-        offsets[size_t(l)][6] = take(size_t(S * ls.log_floats) * 4);
       }
     }
     if (ls.csa) {
       ls.index_page_bytes = cuda::index_key_page_bytes(ls.compressed_cap);
-      offsets[size_t(l)][2] = take(static_cast<size_t>(S * ls.index_page_bytes));
       ls.index_ring_floats = cuda::compressor_state_floats(4, c.index_head_dim);
-      offsets[size_t(l)][4] = take(size_t(S * ls.index_ring_floats) * 4);
-      if (T > 0) {
-        ls.index_log_floats = 2 * T * ring_width(4, c.index_head_dim);
-        offsets[size_t(l)][7] = take(size_t(S * ls.index_ring_floats) * 4);
-        offsets[size_t(l)][8] = take(size_t(S * ls.index_log_floats) * 4);
-      }
+      if (T > 0) ls.index_log_floats = 2 * T * ring_width(4, c.index_head_dim);
     }
   }
+  // Offsets of every pool for S slots; returns the bytes of the whole state buffer.
+  std::vector<std::array<size_t, 9>> offsets(static_cast<size_t>(num_layers));
+  auto layout = [&](int64_t S) {
+    size_t total = 0;
+    auto take = [&](int64_t bytes) {
+      const size_t at = total;
+      total += (size_t(bytes) + 255) / 256 * 256;
+      return at;
+    };
+    for (int64_t l = 0; l < num_layers; ++l) {
+      const LayerStore& ls = layers_[size_t(l)];
+      std::array<size_t, 9>& o = offsets[size_t(l)];
+      o[0] = take(S * ls.window_page_bytes);
+      if (ls.ratio != 0) {
+        o[1] = take(S * ls.compressed_page_bytes);
+        o[3] = take(S * ls.ring_floats * 4);
+        if (T > 0) {
+          o[5] = take(S * ls.snap_floats * 4);
+          o[6] = take(S * ls.log_floats * 4);
+        }
+      }
+      if (ls.csa) {
+        o[2] = take(S * ls.index_page_bytes);
+        o[4] = take(S * ls.index_ring_floats * 4);
+        if (T > 0) {
+          o[7] = take(S * ls.index_ring_floats * 4);
+          o[8] = take(S * ls.index_log_floats * 4);
+        }
+      }
+    }
+    return total;
+  };
+
+  // Step arena: activations of the largest step (generously: the forward keeps about a dozen
+  // [N, hc*D]-sized buffers and the attention scratch alive at once), the logits rows and the
+  // attention / mHC / sampling workspaces.
+  const int64_t N = opt_.max_step_tokens;
+  const int64_t per_token =
+      4 * (12 * c.hc_mult * c.hidden_size + 8 * c.num_attention_heads * c.head_dim +
+           8 * c.q_lora_rank + 4 * c.index_n_heads * c.index_head_dim +
+           8 * 2 * std::max(c.head_dim, c.index_head_dim) + 4 * c.sliding_window +
+           4 * c.index_topk + 64) +
+      2 * c.num_attention_heads * c.head_dim * 2;
+  const int64_t hca_cols = ceil_div(opt_.max_context, 128);
+  const int64_t attn_ws = int64_t(cuda::sparse_mla_workspace_bytes(
+      cuda::plan_sparse_mla_decode(int32_t(N), int32_t(c.num_attention_heads),
+                                   int32_t(c.sliding_window),
+                                   int32_t(std::max(c.index_topk, hca_cols)), num_sms_),
+      int32_t(N), int32_t(c.num_attention_heads), int32_t(c.head_dim)));
+  const int64_t arena =
+      N * per_token + N * hca_cols * 4 + opt_.max_logit_rows * c.vocab_size * 4 +
+      cuda::mhc_workspace_floats(std::max(N, opt_.max_logit_rows), c.hidden_size) * 4 + attn_ws +
+      int64_t(moe_workspace_bytes_) +
+      int64_t(cuda::indexer_workspace_bytes(cuda::plan_indexer_select(
+          int32_t(N), int32_t(ceil_div(opt_.max_context, 4)), int32_t(c.index_topk), num_sms_))) +
+      (64 << 20);
+
+  // Sequence slots from the memory budget (vLLM's --gpu-memory-utilization): what the budget
+  // leaves after everything already allocated on the device (weights, workspaces, other
+  // processes) and the step arena, in whole slots of max_context tokens, at most max_sequences.
+  if (opt_.gpu_memory_utilization > 0) {
+    size_t free_bytes = 0, total_bytes = 0;
+    DS_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const double budget = opt_.gpu_memory_utilization * double(total_bytes) -
+                          double(total_bytes - free_bytes) - double(arena);
+    int64_t lo = 0, hi = opt_.max_sequences;  // the largest S with layout(S) <= budget
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (double(layout(mid)) <= budget) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    if (lo < 1) {
+      const double gib = double(uint64_t(1) << 30);
+      char msg[512];
+      std::snprintf(msg, sizeof(msg),
+                    "CUDA backend: gpu_memory_utilization %.2f of %.1f GiB leaves %.2f GiB after "
+                    "what is already allocated (%.2f GiB: weights, workspaces, other processes) "
+                    "and the step arena (%.2f GiB); one sequence of max_model_len %lld tokens "
+                    "needs %.2f GiB. Lower --max-model-len or --max-num-batched-tokens, or raise "
+                    "--gpu-memory-utilization",
+                    opt_.gpu_memory_utilization, double(total_bytes) / gib,
+                    std::max(0.0, budget) / gib, double(total_bytes - free_bytes) / gib,
+                    double(arena) / gib, (long long)opt_.max_context, double(layout(1)) / gib);
+      return resource_exhausted(msg);
+    }
+    opt_.max_sequences = lo;
+  }
+  const int64_t S = opt_.max_sequences;
+  const size_t total = layout(S);
   DS_ASSIGN_OR_RETURN(state_, DeviceBuffer::allocate(total, "sequence state"));
   state_bytes_ = total;
   uint8_t* base = state_.as<uint8_t>();
@@ -442,29 +520,6 @@ Status CudaOps::init() {
   }
   checkpoints_.assign(size_t(S), {});
 
-  // Step arena: activations of the largest step (generously: the forward keeps about a dozen
-  // [N, hc*D]-sized buffers and the attention scratch alive at once), the logits rows and the
-  // attention / mHC / sampling workspaces.
-  const int64_t N = opt_.max_step_tokens;
-  const int64_t per_token =
-      4 * (12 * c.hc_mult * c.hidden_size + 8 * c.num_attention_heads * c.head_dim +
-           8 * c.q_lora_rank + 4 * c.index_n_heads * c.index_head_dim +
-           8 * 2 * std::max(c.head_dim, c.index_head_dim) + 4 * c.sliding_window +
-           4 * c.index_topk + 64) +
-      2 * c.num_attention_heads * c.head_dim * 2;
-  const int64_t hca_cols = ceil_div(opt_.max_context, 128);
-  const int64_t attn_ws = int64_t(cuda::sparse_mla_workspace_bytes(
-      cuda::plan_sparse_mla_decode(int32_t(N), int32_t(c.num_attention_heads),
-                                   int32_t(c.sliding_window),
-                                   int32_t(std::max(c.index_topk, hca_cols)), num_sms_),
-      int32_t(N), int32_t(c.num_attention_heads), int32_t(c.head_dim)));
-  const int64_t arena =
-      N * per_token + N * hca_cols * 4 + opt_.max_logit_rows * c.vocab_size * 4 +
-      cuda::mhc_workspace_floats(std::max(N, opt_.max_logit_rows), c.hidden_size) * 4 + attn_ws +
-      int64_t(moe_workspace_bytes_) +
-      int64_t(cuda::indexer_workspace_bytes(cuda::plan_indexer_select(
-          int32_t(N), int32_t(ceil_div(opt_.max_context, 4)), int32_t(c.index_topk), num_sms_))) +
-      (64 << 20);
   DS_ASSIGN_OR_RETURN(DeviceBuffer arena_buffer,
                       DeviceBuffer::allocate(size_t(arena), "step arena"));
   arena_ = DeviceArena(std::move(arena_buffer));

@@ -65,6 +65,12 @@ struct CudaOpsOptions {
   // slot then holds a copy of the compressor ring rows a checkpoint may lose and a log of the
   // projected rows fed to each compressor since the checkpoint (docs/cuda_backend.md).
   int64_t max_checkpoint_tokens = 0;
+  // > 0: the device memory this backend may fill (a fraction of the GPU's total, counting what
+  // is already allocated: weights, workspaces, other processes). After the weights and the step
+  // arena, the rest holds as many sequence slots of max_context tokens as fit, at most
+  // max_sequences; options().max_sequences then says how many. Fewer than one is an error.
+  // 0: exactly max_sequences slots.
+  double gpu_memory_utilization = 0;
 };
 
 class CudaOps final : public dsv4::Ops {
