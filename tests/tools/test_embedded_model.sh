@@ -31,6 +31,15 @@ ok &= abs(got["mtp_accept_vs_main_greedy"] - want["mtp_accept_vs_main_greedy"]) 
 sys.exit(0 if ok else 1)
 PY
 
+# Bad arguments to eval-checkpoint are clear errors, never a crash.
+out=$("$bin" eval-checkpoint --model "$dir" --tokens "$fixture/heldout_2x256.u32" --device tpu 2>&1)
+[ $? -eq 1 ] && grep -q "device" <<<"$out" || fail "eval-checkpoint --device tpu: $out"
+out=$("$bin" eval-checkpoint --model "$dir" --tokens "$work/missing.u32" 2>&1)
+[ $? -eq 1 ] && grep -q "cannot open" <<<"$out" || fail "eval-checkpoint missing tokens: $out"
+head -c 40 "$fixture/heldout_2x256.u32" > "$work/short.u32"
+out=$("$bin" eval-checkpoint --model "$dir" --tokens "$work/short.u32" 2>&1)
+[ $? -eq 1 ] && grep -q "not enough tokens" <<<"$out" || fail "eval-checkpoint short file: $out"
+
 # Greedy continuation: most generated words are ordinary English words from a short list of
 # the commonest ones (a random-weight model produces fragments of arbitrary tokens instead).
 out=$("$bin" generate --prompt "She looked at him and" --max-tokens 40 2>&1) || fail "generate"
