@@ -54,15 +54,20 @@ Result<std::string> ensure_embedded_model() {
     return written;
   }
   std::ofstream(tmp / ".complete") << kEmbeddedModelVersion << "\n";
-  fs::remove_all(dir, ec);  // an incomplete earlier attempt
-  fs::rename(tmp, dir, ec);
-  if (ec) {
-    // Another process may have finished first; use its copy when it is complete.
-    fs::remove_all(tmp);
-    if (fs::exists(marker)) return dir.string();
-    return io_error(dir.string() + ": cannot move the generated model into place: " + ec.message());
+  // Another process (tests run in parallel) may have finished first: a complete copy in place is
+  // used as it is, never removed, since that process may be reading it. Only an incomplete
+  // leftover of a crashed attempt is replaced.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    fs::rename(tmp, dir, ec);
+    if (!ec) return dir.string();
+    if (fs::exists(marker)) {
+      fs::remove_all(tmp, ec);
+      return dir.string();
+    }
+    fs::remove_all(dir, ec);
   }
-  return dir.string();
+  fs::remove_all(tmp, ec);
+  return io_error(dir.string() + ": cannot move the expanded model into place");
 }
 
 }  // namespace ds
