@@ -77,6 +77,9 @@ struct EngineFaultHooks {
   // exercise acceptance on a model whose MTP layer predicts nothing.
   std::function<void(const std::vector<int32_t>& tokens, std::vector<int32_t>* draft)>
       spec_draft_override;
+  // Speculative decoding: replaces the adaptive policy's choice of k for the next step (given
+  // the engine step number, 1-based), e.g. to alternate speculation off and on in tests.
+  std::function<int64_t(int64_t step)> spec_k_override;
 };
 
 // Speculative decoding (docs/speculative.md), `--speculative-config`.

@@ -63,6 +63,8 @@ constexpr size_t kMaxQueuedEvents = 64;  // past it, new output merges into the 
 constexpr uint64_t kDefaultKvBudgetCap = uint64_t(2) << 30;  // CPU default: at most 2 GiB
 // CUDA backend without --max-model-len: each sequence's device state is sized for this context.
 constexpr int64_t kDefaultGpuContext = 32768;
+// Decode rows the MTP layer may lag behind while no drafts are wanted (EngineImpl::speculate).
+constexpr int64_t kMtpBacklogRows = 8;
 // Logits rows one step returns per running sequence (speculative verification: 1 + 8 drafts).
 constexpr int64_t kMaxLogitRowsPerSeq = 9;
 
@@ -179,6 +181,10 @@ struct Request {
   // Speculative decoding: the distributions seq.draft was proposed from (sampling requests; empty
   // = a point mass), and the MTP output streams of the last draft position (for chaining).
   std::vector<std::vector<double>> draft_q;
+  // The main model's pre-head streams of the decode positions the MTP layer has not consumed yet
+  // ([rows, hc * hidden], positions state.mtp_position() onward): while no draft is wanted the
+  // MTP catch-up is deferred and later runs as one chunk (EngineImpl::speculate).
+  std::vector<float> mtp_backlog;
 };
 
 std::string escape_token_bytes(std::string_view bytes) {
@@ -965,6 +971,7 @@ void EngineImpl::step() {
     Request* r = requests_.at(s->id).get();
     forward_->ops()->release_sequence(&r->state);
     r->state.reset(weights_->config());
+    r->mtp_backlog.clear();
   }
   if (plan.empty()) {
     // Nothing could run (cannot happen while a running sequence exists); do not spin.
@@ -1053,7 +1060,13 @@ void EngineImpl::step() {
   }
   scheduler_->commit(plan);
   const int64_t decode_batch = int64_t(plan.chunks.size());
-  const int64_t k_next = spec_ ? spec_policy_->choose(scheduler_->num_running()) : 0;
+  int64_t k_next = spec_ ? spec_policy_->choose(scheduler_->num_running()) : 0;
+#if DEEPSERVE_FAULT_HOOKS
+  if (spec_ && config_.fault.spec_k_override) {
+    k_next = std::clamp<int64_t>(config_.fault.spec_k_override(steps_), 0,
+                                 config_.speculative.num_speculative_tokens);
+  }
+#endif
   std::vector<SpecWork> work;
   int64_t emitted = 0;
   const std::vector<double> point_mass;
@@ -1162,35 +1175,47 @@ bool EngineImpl::logits_usable(Request* r, float* logits) {
 void EngineImpl::speculate(std::vector<SpecWork>* work) {
   const ds::DeepSeekV4Config& c = weights_->config();
   const int64_t width = c.hc_mult * c.hidden_size;
+  // Rows of one MTP call: the step's token budget (the backend is sized for it).
+  const int64_t budget = config_.max_num_batched_tokens;
+  // While a sequence wants no draft after this step (k = 0: the adaptive policy turned
+  // speculation off, or the request is about to end), its decode rows wait in a backlog of up to
+  // this many rows instead of costing an MTP forward each; the backlog and the next rows then run
+  // as one chunk, which the forward computes exactly as row by row (chunking invariance).
+  const int64_t max_backlog = std::min<int64_t>(kMtpBacklogRows, budget - 1);
   std::vector<dsv4::MtpChunk> chunks;
   std::vector<SpecWork*> owners;
   for (SpecWork& w : *work) {
-    dsv4::SequenceState& st = w.r->state;
+    Request* r = w.r;
+    dsv4::SequenceState& st = r->state;
     if (st.mtp_position() > w.start && st.checkpoint(true).armed) {
       ds::Status rs = forward_->rollback(&st, true, w.start);
       if (!rs.ok()) spdlog::warn("engine: MTP rollback failed: {}", rs.message());
     }
-    if (st.mtp_position() != w.start || w.rows <= 0) continue;  // out of step: no drafts
+    const int64_t lag = int64_t(r->mtp_backlog.size()) / width;
+    if (st.mtp_position() + lag != w.start || w.rows <= 0) {  // out of step: no drafts
+      r->mtp_backlog.clear();
+      continue;
+    }
+    if (w.k == 0 && w.rows == 1 && lag < max_backlog) {
+      r->mtp_backlog.insert(r->mtp_backlog.end(), w.streams, w.streams + width);
+      continue;
+    }
+    const float* streams = w.streams;
+    if (lag > 0) {
+      r->mtp_backlog.insert(r->mtp_backlog.end(), w.streams, w.streams + w.rows * width);
+      streams = r->mtp_backlog.data();
+    }
+    const int64_t start = w.start - lag, rows = lag + w.rows;
     dsv4::MtpChunk m;
     m.state = &st;
-    m.streams = std::span<const float>(w.streams, size_t(w.rows * width));
-    m.next_tokens =
-        std::span<const int32_t>(w.r->seq.tokens.data() + w.start + 1, size_t(w.rows));
-    if (w.k > 0) m.logit_rows = {w.rows - 1};
+    m.streams = std::span<const float>(streams, size_t(rows * width));
+    m.next_tokens = std::span<const int32_t>(r->seq.tokens.data() + start + 1, size_t(rows));
+    if (w.k > 0) m.logit_rows = {rows - 1};
     chunks.push_back(m);
     owners.push_back(&w);
   }
   if (chunks.empty()) return;
-  std::vector<dsv4::ChunkOutput>& outs = mtp_outputs_;
-  ds::Status st = forward_->run_mtp(chunks, &outs, /*want_streams=*/true);
-  if (!st.ok()) {
-    spdlog::error("engine: MTP forward failed: {}", st.message());
-    for (SpecWork* w : owners) {
-      finish(w->r, FinishReason::kError, make_error(ErrorKind::kInternal, "internal error"));
-    }
-    return;
-  }
-  // Draft 1, then chained drafts 2..k.
+  // Draft 1 (the catch-up's last row), then chained drafts 2..k.
   struct Chain {
     Request* r;
     int64_t k;
@@ -1198,16 +1223,39 @@ void EngineImpl::speculate(std::vector<SpecWork>* work) {
   };
   std::vector<Chain> chains;
   int64_t max_k = 0;
-  for (size_t i = 0; i < owners.size(); ++i) {
-    SpecWork* w = owners[i];
-    if (w->k <= 0) continue;
-    const float* logits = outs[i].logits.data();
-    if (!sched::all_finite(logits, vocab_)) continue;
-    std::vector<double> q;
-    w->r->seq.draft = {w->r->sampler->propose(logits, &q)};
-    w->r->draft_q = {std::move(q)};
-    chains.push_back({w->r, w->k, std::move(outs[i].streams)});
-    max_k = std::max(max_k, w->k);
+  std::vector<dsv4::ChunkOutput>& outs = mtp_outputs_;
+  ds::Status st = ds::ok_status();
+  // One MTP call per group of chunks within the token budget (backlogs can make the catch-up
+  // longer than the main step).
+  for (size_t begin = 0, end = 0; begin < chunks.size(); begin = end) {
+    int64_t n = 0;
+    for (end = begin; end < chunks.size(); ++end) {
+      const int64_t rows = int64_t(chunks[end].next_tokens.size());
+      if (end > begin && n + rows > budget) break;
+      n += rows;
+    }
+    st = forward_->run_mtp(std::span<dsv4::MtpChunk>(chunks.data() + begin, end - begin), &outs,
+                           /*want_streams=*/true);
+    if (!st.ok()) {
+      spdlog::error("engine: MTP forward failed: {}", st.message());
+      for (size_t i = begin; i < owners.size(); ++i) {
+        finish(owners[i]->r, FinishReason::kError,
+               make_error(ErrorKind::kInternal, "internal error"));
+      }
+      return;
+    }
+    for (size_t i = begin; i < end; ++i) {
+      SpecWork* w = owners[i];
+      w->r->mtp_backlog.clear();  // consumed (the chunk's streams are no longer read)
+      if (w->k <= 0) continue;
+      const float* logits = outs[i - begin].logits.data();
+      if (!sched::all_finite(logits, vocab_)) continue;
+      std::vector<double> q;
+      w->r->seq.draft = {w->r->sampler->propose(logits, &q)};
+      w->r->draft_q = {std::move(q)};
+      chains.push_back({w->r, w->k, std::move(outs[i - begin].streams)});
+      max_k = std::max(max_k, w->k);
+    }
   }
   for (int64_t j = 2; j <= max_k; ++j) {
     std::vector<dsv4::MtpChunk> next;
