@@ -103,8 +103,9 @@ struct EngineConfig {
   int64_t max_num_batched_tokens = 2048;  // tokens per step (decode tokens + prefill chunks)
   int64_t max_queued_requests = 1024;     // waiting queue bound (429 past it)
   int64_t max_queued_tokens = 1 << 22;    // prompt tokens waiting (429 past it)
-  double kv_cache_memory_gib = 0;         // CPU: KV pool size; 0 = a default from max_num_seqs
-  double gpu_memory_utilization = 0.9;    // CUDA backend
+  double kv_cache_memory_gib = 0;  // KV pages' size (CPU pool; CUDA: instead of the budget's)
+  double gpu_memory_utilization = 0.9;  // CUDA backend: fraction of the GPU's memory to fill
+  int64_t num_gpu_blocks_override = 0;  // CUDA backend: > 0 = exactly this many KV pages
   uint64_t seed = 0;                      // default seed of requests without one
   int num_threads = 0;                    // CPU compute threads; 0 = all cores
   bool full_scan = false;                 // validate every weight value at load (rule 23)

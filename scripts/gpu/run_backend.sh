@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA backend on the GPU machine, in one call: the whole-model GPU-vs-CPU tests, `deepserve
-# generate --device cuda` on the embedded tiny model, and `deepserve profile --device cuda` of
+# generate --device cuda` and `serve --device cuda` on the embedded tiny model (with the KV paging
+# check, scripts/gpu/check_kv_paging.py), and `deepserve profile --device cuda` of
 # Flash-geometry decode steps (a synthetic checkpoint with the first LAYERS layers of
 # DeepSeek-V4-Flash, written to /dev/shm). The binaries are built on the dev machine (the GPU
 # machine lacks the Debian -dev packages the full build needs) by scripts/gpu/pack_backend.sh
@@ -88,6 +89,10 @@ if [ $tests -eq 1 ]; then
   cat "$out/serve_cuda_completion.log"; echo
   kill $spid 2>/dev/null; wait $spid 2>/dev/null
   grep -E "device|error" "$out/serve_cuda.log" | head -5
+  # KV paging through the server: a roomy and a tight page pool (preemption), same requests.
+  step kv_paging timeout 300 python3 scripts/gpu/check_kv_paging.py "$carry/deepserve" \
+    "$json_out/kv_paging_gpu.json"
+  tail -3 "$out/kv_paging.log"
 fi
 
 if [ $gemm -eq 1 ] && [ -x "$carry/bench_gemm_fp8" ]; then

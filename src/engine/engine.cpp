@@ -267,6 +267,7 @@ class EngineImpl final : public Engine {
   std::unique_ptr<dsv4::Forward> forward_;
   std::unique_ptr<tok::Tokenizer> tokenizer_;
   std::unique_ptr<rt::KvCacheManager> kv_;
+  std::optional<rt::DeviceKvCapacity> device_kv_;  // the CUDA backend's slots and pages
   std::unique_ptr<sched::Scheduler> scheduler_;
   int64_t vocab_ = 0;
   int32_t eos_ = 1;
@@ -357,6 +358,8 @@ ds::Status EngineImpl::init(const EngineConfig& config) {
     return ds::invalid_argument("kv_cache_memory_gib must be a non-negative number");
   if (!(config_.gpu_memory_utilization > 0 && config_.gpu_memory_utilization <= 1))
     return ds::invalid_argument("gpu_memory_utilization must be in (0, 1]");
+  if (config_.num_gpu_blocks_override < 0)
+    return ds::invalid_argument("num_gpu_blocks_override must be >= 0");
 
 #if defined(__GLIBC__)
   // The step's large buffers (logits [rows, vocab], activations) exceed glibc's mmap threshold
@@ -396,6 +399,10 @@ ds::Status EngineImpl::init(const EngineConfig& config) {
     ds::runtime::BackendLimits limits;
     limits.max_sequences = config_.max_num_seqs;
     limits.gpu_memory_utilization = config_.gpu_memory_utilization;
+    limits.kv_pages = config_.num_gpu_blocks_override;
+    if (config_.kv_cache_memory_gib > 0) {
+      limits.kv_cache_bytes = uint64_t(config_.kv_cache_memory_gib * double(uint64_t(1) << 30));
+    }
     // The CUDA backend sizes each sequence's state for this context once, at start.
     limits.max_context = config_.max_model_len > 0
                              ? config_.max_model_len
@@ -414,12 +421,13 @@ ds::Status EngineImpl::init(const EngineConfig& config) {
     // The CUDA backend sizes its sequence slots from the memory budget: the scheduler never
     // runs more sequences than it holds.
     max_num_seqs_ = config_.max_num_seqs;
-    const int64_t slots = ds::runtime::backend_max_sequences(*backend_);
-    if (slots > 0 && slots < max_num_seqs_) {
-      spdlog::warn("engine: GPU memory holds {} sequences of {} tokens; max_num_seqs lowered from "
-                   "{} (raise --gpu-memory-utilization or lower --max-model-len for more)",
-                   slots, limits.max_context, max_num_seqs_);
-      max_num_seqs_ = slots;
+    device_kv_ = ds::runtime::device_kv_capacity(*backend_);
+    if (device_kv_ && device_kv_->slots < max_num_seqs_) {
+      spdlog::warn("engine: GPU memory holds {} sequence slots next to one sequence of {} tokens; "
+                   "max_num_seqs lowered from {} (raise --gpu-memory-utilization or lower "
+                   "--max-model-len for more)",
+                   device_kv_->slots, limits.max_context, max_num_seqs_);
+      max_num_seqs_ = device_kv_->slots;
     }
     forward_ = std::make_unique<dsv4::Forward>(weights_.get(), fo, backend_.get());
   }
@@ -448,7 +456,13 @@ ds::Status EngineImpl::init(const EngineConfig& config) {
   progress("kv-cache");
   const rt::KvGeometry geo = rt::KvGeometry::from_config(c);
   uint64_t budget = 0;
-  if (config_.kv_cache_memory_gib > 0) {
+  if (device_kv_) {
+    // The device's pages and slots, counted by the same rule (ceil(tokens / 256) pages in every
+    // pool), so that every grow the scheduler allows finds its pages on the device.
+    const int64_t p = device_kv_->pages;
+    kv_ = std::make_unique<rt::KvCacheManager>(geo, std::array<int64_t, rt::kNumKvPools>{p, p, p},
+                                               max_num_seqs_);
+  } else if (config_.kv_cache_memory_gib > 0) {
     budget = uint64_t(config_.kv_cache_memory_gib * double(uint64_t(1) << 30));
   } else {
     int64_t page_set = 0;
@@ -459,10 +473,13 @@ ds::Status EngineImpl::init(const EngineConfig& config) {
          uint64_t(rt::pages_for_tokens(c.max_position_embeddings)) * uint64_t(page_set));
     budget = std::min(want, kDefaultKvBudgetCap);
   }
-  auto kv = rt::KvCacheManager::from_budget(geo, budget, max_num_seqs_);
-  if (!kv.ok()) return kv.status().with_context("KV cache");
-  kv_ = std::make_unique<rt::KvCacheManager>(std::move(kv).value());
-  const int64_t capacity = kv_->capacity_tokens();
+  if (!kv_) {
+    auto kv = rt::KvCacheManager::from_budget(geo, budget, max_num_seqs_);
+    if (!kv.ok()) return kv.status().with_context("KV cache");
+    kv_ = std::make_unique<rt::KvCacheManager>(std::move(kv).value());
+  }
+  int64_t capacity = kv_->capacity_tokens();
+  if (device_kv_) capacity = std::min(capacity, device_kv_->max_context);
   if (config_.max_model_len < 0) return ds::invalid_argument("max_model_len must be >= 0");
   if (config_.max_model_len > c.max_position_embeddings) {
     return ds::invalid_argument("max_model_len " + std::to_string(config_.max_model_len) +
@@ -1262,6 +1279,13 @@ void EngineImpl::speculate(std::vector<SpecWork>* work) {
     std::vector<Chain*> who;
     for (Chain& ch : chains) {
       if (ch.k < j) continue;
+      // Draft j runs the MTP layer one position past the last accepted one's row (up to
+      // position + k - 2), where the verify step's KV pages are not yet counted: count them now,
+      // or stop the chain (a device backend holds exactly the pages the manager counts).
+      if (!kv_->grow(ch.r->seq.id, ch.r->state.mtp_position() + 1)) {
+        ch.k = j - 1;
+        continue;
+      }
       if (j == 2) {
         ds::Status cs = forward_->checkpoint(&ch.r->state, true, ch.k - 1);
         if (!cs.ok()) {

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "runtime/cuda/cuda_ops.h"
+#include "runtime/kv_cache.h"
 #endif
 
 namespace ds::runtime {
@@ -40,6 +41,8 @@ Result<std::unique_ptr<dsv4::Ops>> make_backend(const std::string& device,
   o.synchronous_components = limits.synchronous_components;
   o.max_checkpoint_tokens = limits.max_checkpoint_tokens;
   o.gpu_memory_utilization = limits.gpu_memory_utilization;
+  o.kv_cache_bytes = limits.kv_cache_bytes;
+  o.kv_pages = limits.kv_pages;
   DS_ASSIGN_OR_RETURN(std::unique_ptr<CudaOps> ops, CudaOps::create(weights, options, o));
   return std::unique_ptr<dsv4::Ops>(std::move(ops));
 #else
@@ -49,12 +52,15 @@ Result<std::unique_ptr<dsv4::Ops>> make_backend(const std::string& device,
 #endif
 }
 
-int64_t backend_max_sequences(const dsv4::Ops& ops) {
+std::optional<DeviceKvCapacity> device_kv_capacity(const dsv4::Ops& ops) {
 #if DS_HAVE_CUDA_BACKEND
-  if (const auto* cuda = dynamic_cast<const CudaOps*>(&ops)) return cuda->options().max_sequences;
+  if (const auto* cuda = dynamic_cast<const CudaOps*>(&ops)) {
+    return DeviceKvCapacity{cuda->options().max_sequences, cuda->kv_pages_total(),
+                            cuda->options().max_context};
+  }
 #endif
   (void)ops;
-  return -1;
+  return std::nullopt;
 }
 
 std::string describe_backend(const dsv4::Ops& ops) {
@@ -64,11 +70,12 @@ std::string describe_backend(const dsv4::Ops& ops) {
     if (cudaGetDeviceProperties(&prop, cuda->options().device) != cudaSuccess) prop.name[0] = 0;
     char buf[256];
     std::snprintf(buf, sizeof(buf),
-                  "cuda (%s; weights %.2f GiB, sequence state %.2f GiB for %lld sequences of "
-                  "%lld tokens, step arena %.2f GiB)",
+                  "cuda (%s; weights %.2f GiB, sequence state %.2f GiB: %lld KV pages of "
+                  "%lld tokens and %lld sequence slots, up to %lld tokens per sequence; step "
+                  "arena %.2f GiB)",
                   prop.name, double(cuda->weight_bytes()) / (1 << 30),
-                  double(cuda->state_bytes()) / (1 << 30),
-                  (long long)cuda->options().max_sequences,
+                  double(cuda->state_bytes()) / (1 << 30), (long long)cuda->kv_pages_total(),
+                  (long long)kPageTokens, (long long)cuda->options().max_sequences,
                   (long long)cuda->options().max_context, double(cuda->arena_bytes()) / (1 << 30));
     return buf;
   }

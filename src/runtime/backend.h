@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/status.h"
@@ -20,9 +21,14 @@ struct BackendLimits {
   int64_t max_logit_rows = 0;           // 0 = max_step_tokens
   bool synchronous_components = false;  // profiling: component ranges measure device time
   int64_t max_checkpoint_tokens = 0;    // speculative decoding: 1 + k; 0 = no speculation
-  // CUDA: the fraction of the GPU's memory to fill; the sequence slots are what fits after the
-  // weights and the step arena, at most max_sequences (0 = exactly max_sequences).
+  // CUDA: the fraction of the GPU's memory to fill; the sequence slots (at most max_sequences)
+  // and the KV pages are what fits after the weights and the step arena (0 = max_sequences slots
+  // with room for max_context tokens each).
   double gpu_memory_utilization = 0;
+  // CUDA: > 0: the KV pages fill this many bytes instead (the engine's kv_cache_memory_gib).
+  uint64_t kv_cache_bytes = 0;
+  // CUDA: > 0: exactly this many KV pages (vLLM's --num-gpu-blocks-override; before the above).
+  int64_t kv_pages = 0;
 };
 
 // True when this binary was built with the CUDA backend.
@@ -35,9 +41,18 @@ Result<std::unique_ptr<dsv4::Ops>> make_backend(const std::string& device,
                                                 const dsv4::ForwardOptions& options,
                                                 const BackendLimits& limits);
 
-// Live sequences the backend holds state for: the CUDA backend's slots (possibly fewer than
-// BackendLimits::max_sequences, from gpu_memory_utilization); -1 for the CPU backend (no limit).
-int64_t backend_max_sequences(const dsv4::Ops& ops);
+// What a device backend holds per-sequence state for, fixed at its creation: sequence slots
+// (possibly fewer than BackendLimits::max_sequences, from gpu_memory_utilization), KV pages of
+// kPageTokens (runtime/kv_cache.h) positions shared by the sequences, and the longest sequence.
+// The engine sizes its KvCacheManager from it, so that its accounting admits exactly what the
+// device can hold. The CPU backend stores each sequence's state in growable host vectors and
+// has no fixed capacity: nullopt.
+struct DeviceKvCapacity {
+  int64_t slots = 0;
+  int64_t pages = 0;
+  int64_t max_context = 0;
+};
+std::optional<DeviceKvCapacity> device_kv_capacity(const dsv4::Ops& ops);
 
 // One line for logs: "cpu" or "cuda (NVIDIA H200, weights 1.2 GiB, state ..., arena ...)".
 std::string describe_backend(const dsv4::Ops& ops);

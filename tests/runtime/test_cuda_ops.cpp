@@ -470,48 +470,68 @@ TEST_F(CudaOpsTest, CheckpointLimitsAreErrors) {
   f.ops()->release_sequence(&t);
 }
 
-// --gpu-memory-utilization: the slots are what the budget leaves after everything allocated
-// and the step arena. Plenty of memory gives max_sequences; a budget below what is already used
-// is a clear error; a budget of about 100 slots' worth beyond one backend's own footprint gives
-// about 100 slots (loose bounds: cudaMalloc rounds allocations and libraries allocate lazily).
-TEST(CudaOpsMemory, SlotsComeFromTheMemoryBudget) {
+// --gpu-memory-utilization: max_sequences slots and as many KV pages as the budget leaves after
+// everything allocated and the step arena. Plenty of memory gives every slot room for
+// max_context (the cap); a budget of about 100 full-length sequences' worth beyond one backend's
+// own footprint is filled with pages (loose bounds: cudaMalloc rounds allocations and libraries
+// allocate lazily); a budget below what is already used is a clear error.
+TEST(CudaOpsMemory, PagesComeFromTheMemoryBudget) {
   SKIP_WITHOUT_GPU();
   const ForwardOptions options = ForwardOptions::for_mode(cpu::NumericsMode::kReference);
   CudaOpsOptions o;
   o.max_sequences = 4;
-  o.max_context = 4096;
+  o.max_context = 4096;  // 16 pages per sequence
   o.max_step_tokens = 256;
   o.gpu_memory_utilization = 0.95;
   {
     auto ops = CudaOps::create(tiny_model(), options, o);
     ASSERT_TRUE(ops.ok()) << ops.status().to_string();
     EXPECT_EQ((*ops)->options().max_sequences, 4);
+    EXPECT_EQ((*ops)->kv_pages_total(), 4 * 16);
   }
   size_t free0 = 0, total = 0;
   ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
   o.gpu_memory_utilization = 0;
   o.max_sequences = 1;
   size_t state1 = 0, footprint = 0;
+  int64_t page_bytes = 0;
   {
     auto one = CudaOps::create(tiny_model(), options, o);
     ASSERT_TRUE(one.ok()) << one.status().to_string();
+    EXPECT_EQ((*one)->kv_pages_total(), 16);
     size_t free1 = 0;
     ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
     state1 = (*one)->state_bytes();
+    page_bytes = (*one)->kv_page_bytes();
     footprint = free0 - free1;
   }
   ASSERT_GT(state1, 0u);
+  ASSERT_GT(page_bytes, 0);
   const double used = double(total - free0);
-  o.max_sequences = 1000;
-  o.gpu_memory_utilization = (used + double(footprint) + 100.0 * double(state1)) / double(total);
+  o.max_sequences = 8;
+  const double budget = 100.0 * double(state1);
+  o.gpu_memory_utilization = (used + double(footprint) + budget) / double(total);
   {
     auto ops = CudaOps::create(tiny_model(), options, o);
     ASSERT_TRUE(ops.ok()) << ops.status().to_string();
-    const int64_t slots = (*ops)->options().max_sequences;
-    std::printf("[ metric ] one slot %.2f MiB, one backend %.1f MiB; a budget of ~100 slots gave %lld\n",
-                double(state1) / (1 << 20), double(footprint) / (1 << 20), (long long)slots);
-    EXPECT_GE(slots, 50);
-    EXPECT_LE(slots, 150);
+    const int64_t slots = (*ops)->options().max_sequences, pages = (*ops)->kv_pages_total();
+    std::printf("[ metric ] one full-length sequence %.2f MiB, one page %.1f KiB, one backend "
+                "%.1f MiB; a budget of ~100 sequences gave %lld slots and %lld pages\n",
+                double(state1) / (1 << 20), double(page_bytes) / 1024,
+                double(footprint) / (1 << 20), (long long)slots, (long long)pages);
+    EXPECT_EQ(slots, 8);
+    EXPECT_EQ(pages, 8 * 16);  // the cap: more pages than 8 full sequences could never be used
+  }
+  o.max_sequences = 1000;
+  {
+    auto ops = CudaOps::create(tiny_model(), options, o);
+    ASSERT_TRUE(ops.ok()) << ops.status().to_string();
+    const int64_t pages = (*ops)->kv_pages_total();
+    std::printf("[ metric ] max_sequences 1000: %lld slots, %lld pages (%.1f full sequences)\n",
+                (long long)(*ops)->options().max_sequences, (long long)pages, double(pages) / 16);
+    EXPECT_GE(pages, 16);
+    EXPECT_GE(double((*ops)->state_bytes()), 0.5 * budget);
+    EXPECT_LE(double((*ops)->state_bytes()), 1.05 * budget);
   }
   o.gpu_memory_utilization = std::max(0.001, used / double(total) - 0.001);
   auto none = CudaOps::create(tiny_model(), options, o);
@@ -519,6 +539,125 @@ TEST(CudaOpsMemory, SlotsComeFromTheMemoryBudget) {
   EXPECT_EQ(none.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(none.status().message().find("--gpu-memory-utilization"), std::string::npos)
       << none.status().message();
+  // An explicit page count or byte size takes precedence over the budget.
+  o.gpu_memory_utilization = 0.9;
+  o.kv_pages = 5;
+  {
+    auto ops = CudaOps::create(tiny_model(), options, o);
+    ASSERT_TRUE(ops.ok()) << ops.status().to_string();
+    EXPECT_EQ((*ops)->kv_pages_total(), 5);
+  }
+  o.kv_pages = 0;
+  o.kv_cache_bytes = uint64_t(7 * page_bytes + page_bytes / 2);
+  {
+    auto ops = CudaOps::create(tiny_model(), options, o);
+    ASSERT_TRUE(ops.ok()) << ops.status().to_string();
+    EXPECT_EQ((*ops)->kv_pages_total(), 7);
+  }
+  o.kv_cache_bytes = uint64_t(page_bytes / 2);
+  auto tiny = CudaOps::create(tiny_model(), options, o);
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_EQ(tiny.status().code(), StatusCode::kInvalidArgument) << tiny.status().to_string();
+}
+
+// ---- KV pages shared by the sequences (cuda_ops.h) ----
+
+// Six pages for four slots of up to 1024 tokens (4 pages each): sequences take pages as they
+// grow, so their page tables interleave (A: pages 0, 3; B: 1, then C's page 2 after C is
+// released, with C's entries still in it; D: 4, 5). Every row's
+// logits still match the CPU's, and the page counts follow ceil(position / 256).
+TEST(CudaOpsPaging, SharedPagesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  const ForwardOptions options = ForwardOptions::for_mode(cpu::NumericsMode::kReference);
+  CudaOpsOptions o;
+  o.max_sequences = 4;
+  o.max_context = 1024;
+  o.max_step_tokens = 512;
+  o.kv_pages = 6;
+  auto created = CudaOps::create(tiny_model(), options, o);
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  CudaOps* gpu = created->get();
+  const std::vector<std::vector<int32_t>> prompts = {random_tokens(340, 81), random_tokens(330, 82),
+                                                     random_tokens(120, 83), random_tokens(300, 84)};
+  // Tokens per step for sequences A, B, C, D (0: not in the step); C ends after step 2 and D
+  // starts after it.
+  const std::vector<std::vector<int64_t>> schedule = {
+      {100, 100, 60, 0}, {200, 1, 60, 0}, {1, 200, 0, 0}, {1, 1, 0, 150},
+      {28, 18, 0, 140},  {1, 1, 0, 1},    {1, 1, 0, 1}};
+  std::vector<std::vector<int64_t>> held;  // GPU only: pages held after each step
+  expect_like_cpu(options, gpu, "shared KV pages, 4 sequences", [&](const Forward& f) {
+    const bool on_gpu = f.ops() == gpu;
+    std::vector<SequenceState> states;
+    for (size_t i = 0; i < prompts.size(); ++i) states.push_back(f.new_sequence());
+    std::vector<int64_t> done(prompts.size(), 0);
+    std::vector<float> logits;
+    for (size_t step = 0; step < schedule.size(); ++step) {
+      if (step == 2) f.ops()->release_sequence(&states[2]);
+      std::vector<SequenceChunk> batch;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        const int64_t n = std::min<int64_t>(schedule[step][i], int64_t(prompts[i].size()) - done[i]);
+        if (n <= 0) continue;
+        std::vector<int64_t> rows(static_cast<size_t>(n));
+        for (int64_t r = 0; r < n; ++r) rows[size_t(r)] = r;
+        batch.push_back({&states[i], std::span(prompts[i].data() + done[i], size_t(n)), rows, {}});
+        done[i] += n;
+      }
+      std::vector<dsv4::ChunkOutput> out;
+      const Status st = f.run(batch, &out);
+      EXPECT_TRUE(st.ok()) << "step " << step << ": " << st.to_string();
+      if (!st.ok()) return std::vector<float>{};
+      for (const auto& co : out) logits.insert(logits.end(), co.logits.begin(), co.logits.end());
+      if (on_gpu) {
+        std::vector<int64_t> h;
+        for (const SequenceState& s : states) h.push_back(gpu->kv_pages_held(&s));
+        held.push_back(h);
+      }
+    }
+    for (auto& s : states) f.ops()->release_sequence(&s);
+    return logits;
+  });
+  ASSERT_EQ(held.size(), schedule.size());
+  // After step 2: A at 300 (2 pages), B at 101 (1), C released (0).
+  EXPECT_EQ(held[2], (std::vector<int64_t>{2, 2, 0, 0}));
+  EXPECT_EQ(held.back(), (std::vector<int64_t>{2, 2, 0, 2}));  // D at 292: every page in use
+  EXPECT_EQ(gpu->kv_pages_free(), 6);                          // all back after the releases
+}
+
+// A step whose sequences need more pages than are free is a kResourceExhausted error that
+// advances no sequence; it succeeds once another sequence returns its pages.
+TEST(CudaOpsPaging, RunningOutOfPagesIsAnErrorUntilPagesAreFreed) {
+  SKIP_WITHOUT_GPU();
+  const ForwardOptions options = ForwardOptions::for_mode(cpu::NumericsMode::kReference);
+  CudaOpsOptions o;
+  o.max_sequences = 4;
+  o.max_context = 2048;
+  o.max_step_tokens = 512;
+  o.kv_pages = 3;
+  auto created = CudaOps::create(tiny_model(), options, o);
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  Forward gpu(&tiny_model(), options, created->get());
+  const auto tokens = random_tokens(520, 91);
+  SequenceState a = gpu.new_sequence(), b = gpu.new_sequence();
+  auto step = [&](SequenceState* s, int64_t n) {
+    std::vector<SequenceChunk> batch = {
+        {s, std::span(tokens.data() + s->position(), size_t(n)), {n - 1}, {}}};
+    std::vector<dsv4::ChunkOutput> out;
+    return gpu.run(batch, &out);
+  };
+  ASSERT_TRUE(step(&a, 300).ok());  // 2 pages
+  ASSERT_TRUE(step(&b, 200).ok());  // 1 page: none left
+  const Status st = step(&b, 100);  // b would need a second page
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+  EXPECT_NE(st.message().find("out of KV pages"), std::string::npos) << st.message();
+  EXPECT_EQ(b.position(), 200);
+  EXPECT_EQ((*created)->kv_pages_held(&b), 1);
+  gpu.ops()->release_sequence(&a);
+  EXPECT_EQ((*created)->kv_pages_free(), 2);
+  EXPECT_TRUE(step(&b, 100).ok());
+  EXPECT_EQ(b.position(), 300);
+  EXPECT_EQ((*created)->kv_pages_held(&b), 2);
+  gpu.ops()->release_sequence(&b);
+  EXPECT_EQ((*created)->kv_pages_free(), 3);
 }
 
 TEST(CudaOpsCreate, HfNumericsIsRefused) {

@@ -41,6 +41,7 @@ struct ServeArgs {
   int64_t max_model_len = 0;
   std::string kv_cache_dtype = "auto";
   double gpu_memory_utilization = 0.9;
+  int64_t num_gpu_blocks_override = 0;
   int64_t max_num_seqs = 64;
   int64_t max_num_batched_tokens = 2048;
   int tensor_parallel_size = 1;
@@ -183,6 +184,7 @@ int run_serve(const ServeArgs& a) {
   config.max_queued_tokens = a.max_queued_tokens;
   config.kv_cache_memory_gib = a.kv_cache_memory_gib;
   config.gpu_memory_utilization = a.gpu_memory_utilization;
+  config.num_gpu_blocks_override = a.num_gpu_blocks_override;
   config.seed = a.seed;
   config.num_threads = a.num_threads;
   config.full_scan = a.full_scan;
@@ -370,7 +372,9 @@ void register_serve(CLI::App& app, CommandFn* run) {
       ->check(CLI::Range(int64_t(0), int64_t(1) << 40))
       ->group(kEngine);
   cmd->add_option("--kv-cache-memory-gib", a->kv_cache_memory_gib,
-                  "CPU KV pool size in GiB (0 = a default from max-num-seqs)")
+                  "KV cache size in GiB: the CPU pool (0 = a default from max-num-seqs); with "
+                  "--device cuda, the GPU's KV pages instead of what --gpu-memory-utilization "
+                  "leaves")
       ->capture_default_str()
       ->envname("DEEPSERVE_KV_CACHE_MEMORY_GIB")
       ->check(CLI::Range(0.0, 1e6))
@@ -381,11 +385,19 @@ void register_serve(CLI::App& app, CommandFn* run) {
       ->group(kEngine);
   cmd->add_option("--gpu-memory-utilization", a->gpu_memory_utilization,
                   "fraction of the GPU's memory to fill (CUDA backend): after the weights and "
-                  "the step buffers, as many sequences of --max-model-len tokens as fit, at most "
-                  "--max-num-seqs")
+                  "the step buffers, --max-num-seqs sequence slots (fewer if they would leave no "
+                  "room for one --max-model-len sequence) and as many KV pages of 256 tokens as "
+                  "fit")
       ->capture_default_str()
       ->envname("DEEPSERVE_GPU_MEMORY_UTILIZATION")
       ->check(CLI::Range(0.01, 1.0))
+      ->group(kEngine);
+  cmd->add_option("--num-gpu-blocks-override", a->num_gpu_blocks_override,
+                  "CUDA backend: exactly this many KV pages of 256 tokens (0 = from the memory "
+                  "budget; for tests and capacity experiments)")
+      ->capture_default_str()
+      ->envname("DEEPSERVE_NUM_GPU_BLOCKS_OVERRIDE")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 40))
       ->group(kEngine);
   cmd->add_option("--tensor-parallel-size,--tp", a->tensor_parallel_size, "GPUs per model (1)")
       ->capture_default_str()

@@ -24,6 +24,7 @@
 #include "kernels/cuda/norm/norm.h"
 #include "kernels/cuda/rope/rope.h"
 #include "model/deepseek_v4/state_access.h"
+#include "runtime/kv_cache.h"
 
 namespace ds::runtime {
 
@@ -75,16 +76,17 @@ Status cuda_check(cudaError_t err, const char* what) {
 
 }  // namespace
 
-// One layer's per-sequence state pools (slot s owns page s of each).
+// One layer's state pools: the window rings (slot s owns page s) and the shared KV pages.
 struct CudaOps::LayerStore {
   int64_t ratio = 0;
   bool csa = false;
   uint8_t* window = nullptr;  // [max_sequences] pages of window_slots entries
   int64_t window_page_bytes = 0;
-  uint8_t* compressed = nullptr;  // [max_sequences] pages of compressed_cap entries
-  int64_t compressed_cap = 0;
+  uint8_t* compressed = nullptr;  // [kv_pages] pages of compressed_page_size entries
+  int64_t compressed_cap = 0;        // entries of one sequence of max_context tokens
+  int64_t compressed_page_size = 0;  // entries per page: 256 / ratio
   int64_t compressed_page_bytes = 0;
-  uint8_t* index_keys = nullptr;  // [max_sequences] pages of compressed_cap keys (CSA)
+  uint8_t* index_keys = nullptr;  // [kv_pages] pages of 64 keys (CSA)
   int64_t index_page_bytes = 0;
   float* ring = nullptr;  // [max_sequences, compressor_state_floats]
   int64_t ring_floats = 0;
@@ -119,8 +121,7 @@ struct CudaOps::StepData {
   int64_t max_count = 0;
   const int64_t* positions = nullptr;     // [N]
   const int32_t* ids = nullptr;           // [N]
-  const int32_t* query_seq = nullptr;     // [N] sequence of each token (index into the step)
-  const int32_t* slot_table = nullptr;    // [num_seqs] slot of each step sequence (page tables)
+  const int32_t* query_slot = nullptr;    // [N] slot of each token's sequence (page tables)
   const int32_t* window_idx = nullptr;    // [N, sliding_window] ring slots of each query's window
   const int32_t* window_len = nullptr;    // [N]
   const int32_t* visible4 = nullptr;      // [N] CSA entries visible to each query
@@ -131,10 +132,10 @@ struct CudaOps::StepData {
   const int32_t* hca_idx = nullptr;  // [N, hca_width]
   const int32_t* hca_len = nullptr;  // [N]
   int32_t hca_width = 0;
-  // Entries emitted by the compressors, per ratio: sequence and index of each emitted row.
+  // Entries emitted by the compressors, per ratio: sequence (its slot) and index of each row.
   struct Emitted {
     int64_t rows = 0;
-    const int32_t* seq = nullptr;    // [rows]
+    const int32_t* slot = nullptr;   // [rows]
     const int32_t* index = nullptr;  // [rows]
   };
   Emitted emitted4, emitted128;
@@ -146,7 +147,7 @@ struct CudaOps::StepData {
   // its slot's armed checkpoint of this part) or -1.
   std::vector<int64_t> log_row;
   bool any_log = false;
-  std::vector<int32_t> slots;  // host copy of slot_table
+  std::vector<int32_t> slots;  // slot of each step sequence
 };
 
 CudaOps::CudaOps(const dsv4::ModelWeights& weights, const dsv4::ForwardOptions& options,
@@ -387,8 +388,14 @@ Status CudaOps::init() {
     ls.csa = ls.ratio == 4;
     ls.window_page_bytes = cpu::kv_page_bytes(kv_layout, window_slots_);
     if (ls.ratio != 0) {
+      if (kPageTokens % ls.ratio != 0) {
+        return invalid_argument("CUDA backend: compress ratio " + std::to_string(ls.ratio) +
+                                " does not divide the KV page of " + std::to_string(kPageTokens) +
+                                " tokens");
+      }
       ls.compressed_cap = ceil_div(opt_.max_context, ls.ratio);
-      ls.compressed_page_bytes = cpu::kv_page_bytes(kv_layout, ls.compressed_cap);
+      ls.compressed_page_size = kPageTokens / ls.ratio;
+      ls.compressed_page_bytes = cpu::kv_page_bytes(kv_layout, ls.compressed_page_size);
       ls.ring_floats = cuda::compressor_state_floats(ls.ratio, c.head_dim);
       if (T > 0) {
         const int64_t width = ring_width(ls.ratio, c.head_dim);
@@ -397,14 +404,17 @@ Status CudaOps::init() {
       }
     }
     if (ls.csa) {
-      ls.index_page_bytes = cuda::index_key_page_bytes(ls.compressed_cap);
+      ls.index_page_bytes = cuda::index_key_page_bytes(kPageTokens / 4);
       ls.index_ring_floats = cuda::compressor_state_floats(4, c.index_head_dim);
       if (T > 0) ls.index_log_floats = 2 * T * ring_width(4, c.index_head_dim);
     }
   }
-  // Offsets of every pool for S slots; returns the bytes of the whole state buffer.
+  kv_page_bytes_ = 0;
+  for (const LayerStore& ls : layers_) kv_page_bytes_ += ls.compressed_page_bytes + ls.index_page_bytes;
+  // Offsets of every pool for S slots and `pages` KV pages; returns the bytes of the whole state
+  // buffer.
   std::vector<std::array<size_t, 9>> offsets(static_cast<size_t>(num_layers));
-  auto layout = [&](int64_t S) {
+  auto layout = [&](int64_t S, int64_t pages) {
     size_t total = 0;
     auto take = [&](int64_t bytes) {
       const size_t at = total;
@@ -416,7 +426,7 @@ Status CudaOps::init() {
       std::array<size_t, 9>& o = offsets[size_t(l)];
       o[0] = take(S * ls.window_page_bytes);
       if (ls.ratio != 0) {
-        o[1] = take(S * ls.compressed_page_bytes);
+        o[1] = take(pages * ls.compressed_page_bytes);
         o[3] = take(S * ls.ring_floats * 4);
         if (T > 0) {
           o[5] = take(S * ls.snap_floats * 4);
@@ -424,7 +434,7 @@ Status CudaOps::init() {
         }
       }
       if (ls.csa) {
-        o[2] = take(S * ls.index_page_bytes);
+        o[2] = take(pages * ls.index_page_bytes);
         o[4] = take(S * ls.index_ring_floats * 4);
         if (T > 0) {
           o[7] = take(S * ls.index_ring_floats * 4);
@@ -459,24 +469,45 @@ Status CudaOps::init() {
           int32_t(N), int32_t(ceil_div(opt_.max_context, 4)), int32_t(c.index_topk), num_sms_))) +
       (64 << 20);
 
-  // Sequence slots from the memory budget (vLLM's --gpu-memory-utilization): what the budget
-  // leaves after everything already allocated on the device (weights, workspaces, other
-  // processes) and the step arena, in whole slots of max_context tokens, at most max_sequences.
-  if (opt_.gpu_memory_utilization > 0) {
+  // Slots and KV pages (cuda_ops.h, CudaOpsOptions::kv_pages). With gpu_memory_utilization the
+  // budget is what it leaves after everything already allocated on the device (weights,
+  // workspaces, other processes) and the step arena (vLLM's --gpu-memory-utilization).
+  pages_per_seq_ = ceil_div(opt_.max_context, kPageTokens);
+  const int64_t P1 = pages_per_seq_;
+  int64_t pages = opt_.max_sequences * P1;
+  if (opt_.kv_pages > 0) {
+    pages = opt_.kv_pages;
+  } else if (opt_.kv_cache_bytes > 0) {
+    pages = int64_t(opt_.kv_cache_bytes / uint64_t(std::max<int64_t>(kv_page_bytes_, 1)));
+    if (pages < 1) {
+      return invalid_argument("CUDA backend: a KV cache of " + std::to_string(opt_.kv_cache_bytes) +
+                              " bytes holds no page (one page of " + std::to_string(kPageTokens) +
+                              " tokens takes " + std::to_string(kv_page_bytes_) + " bytes)");
+    }
+  } else if (opt_.gpu_memory_utilization > 0) {
     size_t free_bytes = 0, total_bytes = 0;
     DS_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
     const double budget = opt_.gpu_memory_utilization * double(total_bytes) -
                           double(total_bytes - free_bytes) - double(arena);
-    int64_t lo = 0, hi = opt_.max_sequences;  // the largest S with layout(S) <= budget
-    while (lo < hi) {
-      const int64_t mid = (lo + hi + 1) / 2;
-      if (double(layout(mid)) <= budget) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
+    // The largest x in [lo, hi] with fits(x), or lo - 1 when none does.
+    auto largest = [](int64_t lo, int64_t hi, auto fits) {
+      if (!fits(lo)) return lo - 1;
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo + 1) / 2;
+        if (fits(mid)) {
+          lo = mid;
+        } else {
+          hi = mid - 1;
+        }
       }
-    }
-    if (lo < 1) {
+      return lo;
+    };
+    // The most slots (at most max_sequences) that leave room for one max_context sequence and
+    // one page per slot (a slot without a page could not start a sequence).
+    const int64_t S = largest(1, opt_.max_sequences, [&](int64_t s) {
+      return double(layout(s, std::max(P1, s))) <= budget;
+    });
+    if (S < 1) {
       const double gib = double(uint64_t(1) << 30);
       char msg[512];
       std::snprintf(msg, sizeof(msg),
@@ -487,13 +518,15 @@ Status CudaOps::init() {
                     "--gpu-memory-utilization",
                     opt_.gpu_memory_utilization, double(total_bytes) / gib,
                     std::max(0.0, budget) / gib, double(total_bytes - free_bytes) / gib,
-                    double(arena) / gib, (long long)opt_.max_context, double(layout(1)) / gib);
+                    double(arena) / gib, (long long)opt_.max_context, double(layout(1, P1)) / gib);
       return resource_exhausted(msg);
     }
-    opt_.max_sequences = lo;
+    opt_.max_sequences = S;
+    pages = largest(P1, S * P1, [&](int64_t n) { return double(layout(S, n)) <= budget; });
   }
+  kv_pages_total_ = pages;
   const int64_t S = opt_.max_sequences;
-  const size_t total = layout(S);
+  const size_t total = layout(S, pages);
   DS_ASSIGN_OR_RETURN(state_, DeviceBuffer::allocate(total, "sequence state"));
   state_bytes_ = total;
   uint8_t* base = state_.as<uint8_t>();
@@ -525,8 +558,54 @@ Status CudaOps::init() {
   arena_ = DeviceArena(std::move(arena_buffer));
   free_slots_.clear();
   for (int64_t s = S - 1; s >= 0; --s) free_slots_.push_back(s);
+
+  // Page tables: the window rings' (slot s -> its own ring) and the KV pages'.
+  std::vector<int32_t> ids(static_cast<size_t>(S));
+  for (int64_t s = 0; s < S; ++s) ids[size_t(s)] = int32_t(s);
+  DS_ASSIGN_OR_RETURN(slot_ids_, DeviceBuffer::allocate(size_t(S) * 4, "slot ids"));
+  DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(slot_ids_.data(), ids.data(), size_t(S) * 4,
+                                     cudaMemcpyHostToDevice));
+  // Unused entries name page 0, so that a stray read stays inside the pool.
+  page_table_host_.assign(size_t(S * P1), 0);
+  DS_ASSIGN_OR_RETURN(page_table_, DeviceBuffer::allocate(size_t(S * P1) * 4, "KV page table"));
+  DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(page_table_.data(), page_table_host_.data(),
+                                     size_t(S * P1) * 4, cudaMemcpyHostToDevice));
+  pages_held_.assign(size_t(S), 0);
+  free_pages_.clear();
+  for (int64_t p = pages - 1; p >= 0; --p) free_pages_.push_back(int32_t(p));
   DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return ok_status();
+}
+
+bool CudaOps::grow_pages(int64_t slot, int64_t tokens) {
+  const int64_t need = std::min(ceil_div(tokens, kPageTokens), pages_per_seq_);
+  int64_t& held = pages_held_[size_t(slot)];
+  if (need <= held) return true;
+  if (need - held > int64_t(free_pages_.size())) return false;
+  int32_t* row = page_table_host_.data() + slot * pages_per_seq_;
+  const int64_t first = held;
+  for (; held < need; ++held) {
+    row[held] = free_pages_.back();
+    free_pages_.pop_back();
+  }
+  // Stream ordered before the step's kernels; a copy from pageable memory is staged at once, and
+  // these entries change again only after the sequence is released (after a synchronized step).
+  (void)check(cuda_check(cudaMemcpyAsync(page_table_.as<int32_t>() + slot * pages_per_seq_ + first,
+                                         row + first, size_t(need - first) * 4,
+                                         cudaMemcpyHostToDevice, stream_),
+                         "cudaMemcpyAsync(page table)"));
+  return true;
+}
+
+void CudaOps::free_pages(int64_t slot) {
+  const int32_t* row = page_table_host_.data() + slot * pages_per_seq_;
+  int64_t& held = pages_held_[size_t(slot)];
+  while (held > 0) free_pages_.push_back(row[--held]);
+}
+
+int64_t CudaOps::kv_pages_held(const dsv4::SequenceState* state) const {
+  const auto it = slot_of_.find(state);
+  return it == slot_of_.end() ? 0 : pages_held_[size_t(it->second)];
 }
 
 Status CudaOps::reset_slot(int64_t slot) {
@@ -565,6 +644,7 @@ void CudaOps::release_sequence(const dsv4::SequenceState* state) {
   auto it = slot_of_.find(state);
   if (it == slot_of_.end()) return;
   checkpoints_[size_t(it->second)] = {};
+  free_pages(it->second);
   free_slots_.push_back(it->second);
   slot_of_.erase(it);
 }
@@ -826,6 +906,16 @@ void CudaOps::begin_step(const StepPlan& plan) {
       any_reset = true;
     }
     slots[size_t(i)] = int32_t(it->second);
+    if (!grow_pages(it->second, pos)) {
+      (void)check(resource_exhausted(
+          "CUDA backend: out of KV pages: a sequence at position " + std::to_string(pos) +
+          " needs " + std::to_string(ceil_div(pos, kPageTokens)) + " pages of " +
+          std::to_string(kPageTokens) + " tokens, holds " +
+          std::to_string(pages_held_[size_t(it->second)]) + ", and " +
+          std::to_string(free_pages_.size()) + " of " + std::to_string(kv_pages_total_) +
+          " are free"));
+      return;
+    }
     // An armed checkpoint of this part: the compressors log this sequence's rows.
     const SlotCheckpoint& cp = checkpoints_[size_t(it->second)][plan.mtp ? 1 : 0];
     int64_t log_row = -1;
@@ -883,24 +973,25 @@ void CudaOps::begin_step(const StepPlan& plan) {
       first_row->push_back(int64_t(seq.size()));
       const int64_t w0 = s.start / ratio, w1 = (s.start + s.count) / ratio;
       for (int64_t w = w0; w < w1; ++w) {
-        seq.push_back(int32_t(i));
+        seq.push_back(slots[size_t(i)]);
         index.push_back(int32_t(w));
       }
       if (bounded && w1 == w0) {
-        seq.push_back(int32_t(i));
+        seq.push_back(slots[size_t(i)]);
         index.push_back(-1);
       }
     }
     StepData::Emitted e;
     e.rows = int64_t(seq.size());
-    e.seq = upload(seq);
+    e.slot = upload(seq);
     e.index = upload(index);
     return e;
   };
   st.positions = upload(positions);
   st.ids = upload(plan.ids);
-  st.query_seq = upload(plan.seq_of);
-  st.slot_table = upload(slots);
+  std::vector<int32_t> query_slot(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) query_slot[size_t(i)] = slots[size_t(plan.seq_of[size_t(i)])];
+  st.query_slot = upload(query_slot);
   st.slots = slots;
   st.window_idx = upload(window_idx);
   st.window_len = upload(window_len);
@@ -1422,38 +1513,39 @@ void CudaOps::compress(int64_t slot, const dsv4::CompressorWeights& cw, cpu::Com
     if (indexer) {
       cuda::IndexKeySource keys;
       keys.pool = ls.index_keys;
-      keys.page_table = st.slot_table;
-      keys.page_table_stride = 1;
-      keys.page_size = int32_t(ls.compressed_cap);
+      keys.page_table = page_table_.as<int32_t>();
+      keys.page_table_stride = int32_t(pages_per_seq_);
+      keys.page_size = int32_t(kPageTokens / 4);
       keys.page_bytes = ls.index_page_bytes;
       cuda::PackIndexKeysParams pk;
       pk.keys = entries;
-      pk.seq = em.seq;
+      pk.seq = em.slot;
       pk.index = em.index;
       pk.num_rows = int32_t(em.rows);
       pk.dst = keys;
       (void)check(cuda::launch_pack_index_keys(pk, stream_));
     } else {
-      (void)check(pack_kv(entries, em.rows, em.seq, em.index, ls.compressed, ls.compressed_cap,
+      (void)check(pack_kv(entries, em.rows, em.slot, em.index, ls.compressed,
+                          page_table_.as<int32_t>(), pages_per_seq_, ls.compressed_page_size,
                           ls.compressed_page_bytes, "launch_pack_kv_entries(compressed)"));
     }
   }
   arena_.release(mark);
 }
 
-Status CudaOps::pack_kv(const float* rows, int64_t num_rows, const int32_t* row_seq,
-                        const int32_t* row_index, uint8_t* pool, int64_t page_size,
-                        int64_t page_bytes, const char* what) {
+Status CudaOps::pack_kv(const float* rows, int64_t num_rows, const int32_t* row_slot,
+                        const int32_t* row_index, uint8_t* pool, const int32_t* page_table,
+                        int64_t stride, int64_t page_size, int64_t page_bytes, const char* what) {
   cuda::PackKvEntriesParams pk;
   pk.kv = rows;
   pk.num_rows = num_rows;
   pk.head_dim = config_.head_dim;
   pk.kv_stride = config_.head_dim;
-  pk.row_seq = row_seq;
+  pk.row_seq = row_slot;
   pk.row_index = row_index;
   pk.pool = pool;
-  pk.page_table = step_->slot_table;
-  pk.page_table_stride = 1;
+  pk.page_table = page_table;
+  pk.page_table_stride = stride;
   pk.page_size = page_size;
   pk.page_bytes = page_bytes;
   cuda::launch_pack_kv_entries(pk, stream_);
@@ -1470,16 +1562,16 @@ void CudaOps::indexer_select(int64_t slot, const float* q_index, const float* w_
   cuda::IndexerSelectParams p;
   p.q = q_index;
   p.weights = w_index;
-  p.query_seq = st.query_seq;
+  p.query_seq = st.query_slot;
   p.visible = st.visible4;
   p.num_queries = int32_t(st.num_tokens);
   p.num_heads = int32_t(c.index_n_heads);
   p.head_dim = int32_t(c.index_head_dim);
   p.topk = int32_t(c.index_topk);
   p.keys.pool = ls.index_keys;
-  p.keys.page_table = st.slot_table;
-  p.keys.page_table_stride = 1;
-  p.keys.page_size = int32_t(ls.compressed_cap);
+  p.keys.page_table = page_table_.as<int32_t>();
+  p.keys.page_table_stride = int32_t(pages_per_seq_);
+  p.keys.page_size = int32_t(kPageTokens / 4);
   p.keys.page_bytes = ls.index_page_bytes;
   p.selected = selected;
   p.plan = cuda::plan_indexer_select(int32_t(st.num_tokens), int32_t(ls.compressed_cap),
@@ -1503,8 +1595,8 @@ void CudaOps::attend(const dsv4::AttendParams& params, const float* q, const flo
 
   // The step's kv vectors join the window rings first: the ring has room for a whole chunk on
   // top of the window (cuda_ops.h), so no key a query of this step needs is overwritten.
-  if (!check(pack_kv(kv, N, st.query_seq, st.kv_row_index, ls.window, window_slots_,
-                     ls.window_page_bytes, "launch_pack_kv_entries(window)"))
+  if (!check(pack_kv(kv, N, st.query_slot, st.kv_row_index, ls.window, slot_ids_.as<int32_t>(), 1,
+                     window_slots_, ls.window_page_bytes, "launch_pack_kv_entries(window)"))
            .ok()) {
     return;
   }
@@ -1520,9 +1612,9 @@ void CudaOps::attend(const dsv4::AttendParams& params, const float* q, const flo
   p.num_heads = int32_t(H);
   p.head_dim = int32_t(hd);
   p.softmax_scale = params.softmax_scale;
-  p.query_seq = st.query_seq;
+  p.query_seq = st.query_slot;
   p.window.pool = ls.window;
-  p.window.page_table = st.slot_table;
+  p.window.page_table = slot_ids_.as<int32_t>();
   p.window.page_table_stride = 1;
   p.window.page_size = int32_t(window_slots_);
   p.window.page_bytes = ls.window_page_bytes;
@@ -1531,9 +1623,9 @@ void CudaOps::attend(const dsv4::AttendParams& params, const float* q, const flo
   p.window_width = int32_t(c.sliding_window);
   if (ls.ratio != 0) {
     p.compressed.pool = ls.compressed;
-    p.compressed.page_table = st.slot_table;
-    p.compressed.page_table_stride = 1;
-    p.compressed.page_size = int32_t(ls.compressed_cap);
+    p.compressed.page_table = page_table_.as<int32_t>();
+    p.compressed.page_table_stride = int32_t(pages_per_seq_);
+    p.compressed.page_size = int32_t(ls.compressed_page_size);
     p.compressed.page_bytes = ls.compressed_page_bytes;
     if (ls.csa) {
       p.compressed_idx = selected;

@@ -5,14 +5,19 @@
 //   - window rings of FP8 KV entries (kernels/cpu/kv_entry.h layout), R = sliding_window +
 //     max_chunk - 1 slots per (layer, sequence), position p in slot p % R, so that a chunk's
 //     tokens can be written before its queries attend without overwriting a key one of them needs;
-//   - compressed KV entries in the same FP8 format, one page of ceil(max_context / ratio) entries
-//     per (layer, sequence);
-//   - indexer keys (CSA layers) in the indexer kernel's packed format, the same paging;
+//   - compressed KV entries in the same FP8 format and the indexer keys (CSA layers, the indexer
+//     kernel's packed format) in pages of 256 token positions shared by all sequences (vLLM's
+//     block tables): page k of a sequence covers positions [256k, 256k + 256), i.e. 64 entries
+//     of a ratio-4 layer, 2 of a ratio-128 layer, 64 indexer keys. One page id names that page in
+//     every layer's pools (the engine's KvCacheManager counts the same pages, runtime/kv_cache.h).
+//     A sequence takes pages as its positions grow (begin_step) and returns them all at
+//     release_sequence(); a device page table [max_sequences, ceil(max_context / 256)] maps its
+//     logical pages to page ids, and the kernels reach it through the sequence's slot;
 //   - the compressor state rings (fp32, kernels/cuda/compressor layout).
-// Every sequence occupies one of `max_sequences` slots from its first step until
-// release_sequence() (or until a step starts it again at position 0, which resets it). The page
-// tables are therefore the identity of the slot; real paging over a shared pool (the engine's
-// KvCacheManager) is the next step (docs/cuda_backend.md).
+// Every sequence occupies one of `max_sequences` slots (its window rings, compressor rings and
+// page-table row) from its first step until release_sequence() (or until a step starts it again
+// at position 0, which resets its rings and keeps its pages). A step whose sequences need more
+// pages than are free fails with kResourceExhausted before launching anything.
 //
 // Numerics: reference mode only (FP8 activation quantization, FP8 KV simulation, FP4 indexer
 // simulation, bf16 rounding): the stored formats represent those values exactly, so the GPU
@@ -45,6 +50,7 @@ class MoeDeviceLayer;
 
 namespace ds::runtime {
 
+
 struct CudaOpsOptions {
   int device = 0;
   int64_t max_sequences = 8;      // live sequences (state slots)
@@ -65,11 +71,19 @@ struct CudaOpsOptions {
   // slot then holds a copy of the compressor ring rows a checkpoint may lose and a log of the
   // projected rows fed to each compressor since the checkpoint (docs/cuda_backend.md).
   int64_t max_checkpoint_tokens = 0;
-  // > 0: the device memory this backend may fill (a fraction of the GPU's total, counting what
-  // is already allocated: weights, workspaces, other processes). After the weights and the step
-  // arena, the rest holds as many sequence slots of max_context tokens as fit, at most
-  // max_sequences; options().max_sequences then says how many. Fewer than one is an error.
-  // 0: exactly max_sequences slots.
+  // KV pages (256 token positions each, shared by all sequences). Sizing, first that applies:
+  //  - kv_pages > 0: exactly that many pages;
+  //  - kv_cache_bytes > 0: as many pages as fit in that many bytes (at least one);
+  //  - gpu_memory_utilization > 0: the device memory this backend may fill (a fraction of the
+  //    GPU's total, counting what is already allocated: weights, workspaces, other processes).
+  //    After the weights and the step arena, the rest holds max_sequences slots (fewer when they
+  //    would leave no room for one sequence of max_context tokens; fewer than one is an error)
+  //    and as many pages as fit, at most max_sequences * ceil(max_context / 256);
+  //  - otherwise max_sequences * ceil(max_context / 256) pages (every slot can reach
+  //    max_context).
+  // options() then says the slots (max_sequences) and kv_pages_total() the pages.
+  int64_t kv_pages = 0;
+  uint64_t kv_cache_bytes = 0;
   double gpu_memory_utilization = 0;
 };
 
@@ -88,6 +102,12 @@ class CudaOps final : public dsv4::Ops {
   size_t arena_high_water() const { return arena_.high_water(); }
   const CudaOpsOptions& options() const { return opt_; }
   cudaStream_t stream() const { return stream_; }
+  // KV pages: 256 token positions each (kPageTokens); total, free, held by `state` (0 when it has
+  // no slot), and the device bytes of one page over every layer's pools.
+  int64_t kv_pages_total() const { return kv_pages_total_; }
+  int64_t kv_pages_free() const { return int64_t(free_pages_.size()); }
+  int64_t kv_pages_held(const dsv4::SequenceState* state) const;
+  int64_t kv_page_bytes() const { return kv_page_bytes_; }
   // Decode-step graphs captured and replayed so far.
   int64_t graph_captures() const { return graph_captures_; }
   int64_t graph_replays() const { return graph_replays_; }
@@ -177,12 +197,16 @@ class CudaOps final : public dsv4::Ops {
   // Checkpoint save (restore = false) or restore of slot `slot`'s compressor rows, `mtp` part.
   std::vector<cuda::CopySegment> checkpoint_segments(int64_t slot, bool mtp, int64_t position,
                                                      int64_t max_tokens, bool restore) const;
-  // FP8 KV entries of rows [num_rows, head_dim] into `pool` (one page of page_size entries per
-  // slot, through the step's slot table): row r to entry row_index[r] of step sequence
-  // row_seq[r] (-1 skips it).
-  Status pack_kv(const float* rows, int64_t num_rows, const int32_t* row_seq,
-                 const int32_t* row_index, uint8_t* pool, int64_t page_size, int64_t page_bytes,
-                 const char* what);
+  // FP8 KV entries of rows [num_rows, head_dim] into `pool` through `page_table` (a row per
+  // slot, `stride` entries): row r to entry row_index[r] of the sequence in slot row_slot[r]
+  // (a row_index of -1 skips it).
+  Status pack_kv(const float* rows, int64_t num_rows, const int32_t* row_slot,
+                 const int32_t* row_index, uint8_t* pool, const int32_t* page_table,
+                 int64_t stride, int64_t page_size, int64_t page_bytes, const char* what);
+  // Gives slot `slot` pages up to `tokens` positions (host table and device page table); false
+  // when the free pages do not suffice (nothing is taken then).
+  bool grow_pages(int64_t slot, int64_t tokens);
+  void free_pages(int64_t slot);
 
   const dsv4::ModelWeights& model_;
   const DeepSeekV4Config& config_;
@@ -210,6 +234,16 @@ class CudaOps final : public dsv4::Ops {
   // Sequence slots.
   std::unordered_map<const dsv4::SequenceState*, int64_t> slot_of_;
   std::vector<int64_t> free_slots_;
+  DeviceBuffer slot_ids_;  // [max_sequences] 0, 1, ...: the window rings' page table (a slot's own)
+  // KV pages: the device page table [max_sequences, pages_per_seq_] and its host copy, the pages
+  // each slot holds (a prefix of its row) and the free page ids.
+  DeviceBuffer page_table_;
+  std::vector<int32_t> page_table_host_;
+  std::vector<int64_t> pages_held_;  // [max_sequences]
+  std::vector<int32_t> free_pages_;
+  int64_t pages_per_seq_ = 0;  // ceil(max_context / 256)
+  int64_t kv_pages_total_ = 0;
+  int64_t kv_page_bytes_ = 0;
   // Speculative checkpoints by slot and part (main, MTP).
   struct SlotCheckpoint {
     bool armed = false;
