@@ -24,6 +24,7 @@
 #include "kernels/cuda/norm/norm.h"
 #include "kernels/cuda/rope/rope.h"
 #include "model/deepseek_v4/state_access.h"
+#include "runtime/cuda/nccl_communicator.h"
 #include "runtime/kv_cache.h"
 
 namespace ds::runtime {
@@ -1452,6 +1453,13 @@ void CudaOps::gather_rows(const float* x, int64_t width, const std::vector<int64
   p.width = width;
   cuda::launch_gather_rows(p, stream_);
   (void)check(cuda_check(cudaGetLastError(), "launch_gather_rows"));
+}
+
+void CudaOps::all_reduce_sum(float* x, int64_t n) {
+  // One rank (no communicator) already holds the whole sum. The NCCL call is stream ordered and
+  // capturable, so decode-step graphs hold it like any launch (and replay skips it here).
+  if (comm_ == nullptr || skip() || n == 0) return;
+  (void)check(comm_->all_reduce_sum(x, n, stream_));
 }
 
 // ---- per-sequence state ----------------------------------------------------------------------

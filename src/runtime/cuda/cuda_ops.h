@@ -50,6 +50,7 @@ class MoeDeviceLayer;
 
 namespace ds::runtime {
 
+class NcclCommunicator;  // nccl_communicator.h
 
 struct CudaOpsOptions {
   int device = 0;
@@ -111,6 +112,10 @@ class CudaOps final : public dsv4::Ops {
   // Decode-step graphs captured and replayed so far.
   int64_t graph_captures() const { return graph_captures_; }
   int64_t graph_replays() const { return graph_replays_; }
+  // Tensor/expert parallelism (sharding.h): the rank's communicator, not owned; set it before the
+  // first step (captured graphs hold its all-reduces). nullptr (the default): one rank, and
+  // all_reduce_sum does nothing.
+  void set_communicator(NcclCommunicator* comm) { comm_ = comm; }
   // Tests and debugging: every compressor ring of a sequence's slot (each layer's attention
   // ring, then its indexer ring, main layers then MTP), copied to the host after a stream sync.
   Result<std::vector<float>> read_compressor_rings(const dsv4::SequenceState* state);
@@ -156,6 +161,7 @@ class CudaOps final : public dsv4::Ops {
   void add_broadcast(const float* e, const float* h, int64_t hc, int64_t dim, float* x) override;
   void gather_rows(const float* x, int64_t width, const std::vector<int64_t>& rows,
                    float* out) override;
+  void all_reduce_sum(float* x, int64_t n) override;
 
   void compress(int64_t layer_slot, const dsv4::CompressorWeights& weights,
                 cpu::CompressorKind kind, const cpu::CompressorFinishParams& finish,
@@ -268,6 +274,7 @@ class CudaOps final : public dsv4::Ops {
   Mode mode_ = Mode::kEager;
   std::unordered_map<int64_t, Graph> graphs_;
   int64_t graph_captures_ = 0, graph_replays_ = 0;
+  NcclCommunicator* comm_ = nullptr;  // set_communicator
 };
 
 }  // namespace ds::runtime
