@@ -77,6 +77,41 @@ __global__ void mma_peak_kernel(int iters, float* sink) {
   if (s == 12345.0f) *sink = s;
 }
 
+// Peak of FP8 mma.sync m16n8k32 e4m3 (the FP8 path's MMA), measured the same way.
+__global__ void mma_f8_peak_kernel(int iters, float* sink) {
+  uint32_t a[4] = {threadIdx.x, threadIdx.x * 3u, threadIdx.x * 5u, threadIdx.x * 7u};
+  for (int i = 0; i < 4; ++i) a[i] = (a[i] & 0x07070707u) | 0x30303030u;
+  uint32_t b0 = a[0] ^ 0x01010101u, b1 = a[1] ^ 0x01010101u;
+  float d[8][4] = {};
+  for (int it = 0; it < iters; ++it) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+      asm volatile(
+          "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+          "{%8,%9}, {%0,%1,%2,%3};"
+          : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+    }
+  }
+  float s = 0;
+  for (int j = 0; j < 8; ++j) s += d[j][0] + d[j][1] + d[j][2] + d[j][3];
+  if (s == 12345.0f) *sink = s;
+}
+
+double measure_mma_f8_tflops(cudaStream_t stream, int sms) {
+  float* sink;
+  DS_BENCH_CHECK(cudaMalloc(&sink, 4));
+  const int iters = 4096, blocks = sms * 4, threads = 256;
+  const double us = bench::time_us(
+      [&](cudaStream_t s) { mma_f8_peak_kernel<<<blocks, threads, 0, s>>>(iters, sink); }, stream,
+      10, 2);
+  DS_BENCH_CHECK(cudaFree(sink));
+  const double flops = double(blocks) * (threads / 32) * iters * 8 * (2.0 * 16 * 8 * 32);
+  return flops / (us * 1e-6) / 1e12;
+}
+
 double measure_mma_tflops(cudaStream_t stream, int sms) {
   float* sink;
   DS_BENCH_CHECK(cudaMalloc(&sink, 4));
@@ -122,7 +157,9 @@ int main(int argc, char** argv) {
   bench::DeviceInfo dev = bench::device_info();
   const double copy_gbps = bench::measure_copy_bandwidth_gbps(stream);
   const double mma_tflops = measure_mma_tflops(stream, dev.sm_count);
-  std::printf("ceilings: copy %.0f GB/s, bf16 mma.sync %.0f TFLOP/s\n", copy_gbps, mma_tflops);
+  const double mma_f8_tflops = measure_mma_f8_tflops(stream, dev.sm_count);
+  std::printf("ceilings: copy %.0f GB/s, bf16 mma.sync %.0f TFLOP/s, e4m3 mma.sync %.0f TFLOP/s\n",
+              copy_gbps, mma_tflops, mma_f8_tflops);
   std::vector<bench::Record> records;
   {
     bench::Record r;
@@ -131,6 +168,10 @@ int main(int argc, char** argv) {
     r.mode = "eager";
     r.achieved_tflops = mma_tflops;
     r.error_metric = "none";
+    records.push_back(r);
+    r.kernel = "ceiling_mma_sync_e4m3";
+    r.shape = "m16n8k32 f32 acc, registers only";
+    r.achieved_tflops = mma_f8_tflops;
     records.push_back(r);
   }
 
@@ -201,9 +242,13 @@ int main(int argc, char** argv) {
     std::vector<BenchCase> cases;
     for (int64_t T : sizes) cases.push_back({T, {}});
     if (fmt == cpu::WeightFormat::kMxfp4) {
-      for (int64_t T : {1, 64}) {
-        for (auto v : {cuda::MoeTuning{8, 1}, cuda::MoeTuning{8, 2}, cuda::MoeTuning{8, 4},
-                       cuda::MoeTuning{16, 2}})
+      for (int64_t T : {1, 16, 64}) {
+        // path 2: the FP8 tensor-core path (the default for these tiles; ring 8 or 16 KB per
+        // warp), path 1: bf16.
+        for (auto v : {cuda::MoeTuning{8, 1, 2, 16}, cuda::MoeTuning{8, 2, 2, 16},
+                       cuda::MoeTuning{8, 4, 2, 16}, cuda::MoeTuning{8, 2, 2, 8},
+                       cuda::MoeTuning{8, 4, 2, 8}, cuda::MoeTuning{16, 2, 2, 8},
+                       cuda::MoeTuning{8, 2, 1, 0}})
           cases.push_back({T, v});
       }
       for (auto v : {cuda::MoeTuning{32, 1}, cuda::MoeTuning{64, 1}}) cases.push_back({4096, v});
@@ -247,6 +292,8 @@ int main(int argc, char** argv) {
       if (bc.tuning.tile_tokens > 0) {
         r.kernel += "_bt" + std::to_string(bc.tuning.tile_tokens) + "_ks" +
                     std::to_string(bc.tuning.k_split);
+        if (bc.tuning.path > 0) r.kernel += bc.tuning.path == 2 ? "_fp8" : "_bf16";
+        if (bc.tuning.ring_kb > 0) r.kernel += "_ring" + std::to_string(bc.tuning.ring_kb);
       }
       char shape[160];
       std::snprintf(shape, sizeof shape,
@@ -268,9 +315,11 @@ int main(int argc, char** argv) {
       r.max_error = double(nonfinite);
       r.error_metric = "non-finite outputs (correctness: test_moe_cuda)";
       records.push_back(r);
-      std::printf("%s bt%d ks%d T=%-5lld distinct=%-3lld eager %9.1f us  %s %9.1f us  %7.0f GB/s "
-                  "(expert bytes %.0f GB/s = %.0f%% of copy)  %6.1f TFLOP/s (%.0f%% of mma)\n",
-                  fname, bc.tuning.tile_tokens, bc.tuning.k_split, (long long)T,
+      std::printf("%s bt%d ks%d p%d r%d T=%-5lld distinct=%-3lld eager %9.1f us  %s %9.1f us  "
+                  "%7.0f GB/s (expert bytes %.0f GB/s = %.0f%% of copy)  %6.1f TFLOP/s "
+                  "(%.0f%% of mma)\n",
+                  fname, bc.tuning.tile_tokens, bc.tuning.k_split, bc.tuning.path,
+                  bc.tuning.ring_kb, (long long)T,
                   (long long)distinct, eager_us, graph ? "graph" : "     ",
                   us, r.achieved_gbps, routed_bytes / (us * 1e-6) / 1e9,
                   100.0 * routed_bytes / (us * 1e-6) / 1e9 / copy_gbps, r.achieved_tflops,

@@ -248,6 +248,10 @@ void run_case(const Case& c) {
 
   auto layer = cuda::MoeDeviceLayer::create(dp);
   ASSERT_TRUE(layer.ok()) << layer.status().message();
+  if (c.tuning.path == 2 && !layer->fp8_mma) {
+    std::printf("[%s] no FP8 mma.sync on this device: FP8 path not run\n", c.name.c_str());
+    return;
+  }
   const size_t ws_bytes = cuda::MoeRunner::workspace_bytes(T, *layer);
   DeviceBuffer<uint8_t> ws(ws_bytes);
   ASSERT_TRUE(ws.ok());
@@ -343,9 +347,10 @@ void run_case(const Case& c) {
     }
   }
   const double mean_err = counted ? sum_err / double(counted) : 0.0;
-  std::printf("[%s bt%d ks%d] T=%lld oracle=%lld ties=%lld rms=%.4g max_err=%.3g (%.2e rel) "
-              "mean_err=%.3g\n",
-              c.name.c_str(), c.tuning.tile_tokens, c.tuning.k_split, (long long)T,
+  std::printf("[%s bt%d ks%d path%d ring%d fp8_mma%d] T=%lld oracle=%lld ties=%lld rms=%.4g "
+              "max_err=%.3g (%.2e rel) mean_err=%.3g\n",
+              c.name.c_str(), c.tuning.tile_tokens, c.tuning.k_split, c.tuning.path,
+              c.tuning.ring_kb, int(layer->fp8_mma), (long long)T,
               (long long)n_oracle, (long long)ties, rms, max_err,
               rms > 0 ? max_err / rms : 0.0, mean_err);
   EXPECT_LE(ties, std::max<int64_t>(1, n_oracle / 50)) << "too many near-ties to be a tie problem";
@@ -432,6 +437,55 @@ TEST_F(MoeCuda, KernelVariants) {
     Case flash{"flash mxfp4 variant", kFlash, WeightFormat::kMxfp4, 64};
     flash.tuning = {v[0], v[1]};
     run_case(flash);
+  }
+}
+
+// The FP8 tensor-core path (MXFP4 routed experts, FP8-block shared expert, reference numerics:
+// chosen by default for 8/16-row tiles on sm_89+) forced for every (tile, K split) pair, and the
+// bf16 path forced on the same weights. Same operands as the oracle (e2m1 -> e4m3 and the FP8
+// activations are exact), so the same tolerance applies.
+TEST_F(MoeCuda, Fp8PathVariants) {
+  const int variants[][2] = {{8, 1}, {8, 2}, {8, 4}, {16, 1}, {16, 2}, {16, 4}};
+  for (const auto& v : variants) {
+    for (int64_t T : {1, 64}) {
+      Case tiny{"tiny mxfp4 fp8", kTiny, WeightFormat::kMxfp4, T};
+      tiny.tuning = {v[0], v[1], 2};
+      run_case(tiny);
+      Case flash{"flash mxfp4 fp8", kFlash, WeightFormat::kMxfp4, T};
+      flash.tuning = {v[0], v[1], 2};
+      flash.oracle_tokens = 8;  // the CPU oracle costs ~0.2 s per Flash token
+      run_case(flash);
+    }
+  }
+  for (int64_t T : {1, 64}) {
+    // The 16 KB ring per warp (8 FP4 / 4 FP8 stages; 8 KB is the default).
+    for (int ks : {2, 4}) {
+      Case ring{"flash mxfp4 fp8 ring16", kFlash, WeightFormat::kMxfp4, T};
+      ring.tuning = {8, ks, 2, 16};
+      ring.oracle_tokens = 8;
+      run_case(ring);
+    }
+  }
+  Case skew{"tiny skew mxfp4 fp8", kTiny, WeightFormat::kMxfp4, 64, true};
+  skew.tuning = {16, 2, 2};
+  run_case(skew);
+  Case range{"tiny range mxfp4 fp8", kTiny, WeightFormat::kMxfp4, 64};
+  range.begin = 2;
+  range.end = 6;
+  range.add_shared = false;
+  range.tuning = {8, 2, 2};
+  run_case(range);
+  Case hash{"flash hash fp8", kFlash, WeightFormat::kMxfp4, 16, false, true};
+  hash.tuning = {8, 4, 2};
+  run_case(hash);
+}
+
+TEST_F(MoeCuda, Bf16PathMxfp4) {
+  for (int64_t T : {1, 64}) {
+    Case c{"flash mxfp4 bf16 path", kFlash, WeightFormat::kMxfp4, T};
+    c.tuning = {8, 2, 1};
+    c.oracle_tokens = 8;
+    run_case(c);
   }
 }
 

@@ -13,6 +13,8 @@
 //   6. quant h (as 4);
 //   7. grouped GEMM down: per (tile, 32*4/KS output columns) -> ybuf[slot] fp32;
 //   8. combine: y[t] = sum of the token's slots in ascending expert order + shared (the CPU order).
+// Steps 5-7 have two implementations: bf16 mma.sync (any format) and, for 8/16-row tiles of
+// MXFP4 / FP8-block layers in reference numerics on sm_89+, e4m3 mma.sync (expert_gemm_f8_kernel).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -44,7 +46,7 @@ size_t align256(size_t v) { return (v + 255) & ~size_t(255); }
 
 struct Layout {
   size_t logits, experts, weights, group_offset, num_tiles, tiles, row_token, row_slot, row_weight,
-      xq, h, hq, ybuf, total;
+      xq, h, hq, ybuf, xq8, xs, hq8, hs, total;
 };
 
 int64_t max_tiles(int64_t T, const MoeDeviceLayer& l, int bt) {
@@ -75,6 +77,11 @@ Layout make_layout(int64_t T, const MoeDeviceLayer& l) {
   o.h = take(size_t(rows * l.inter) * 4);
   o.hq = take(size_t(rows * l.inter) * 2);
   o.ybuf = take(size_t(rows * l.dim) * 4);
+  // FP8 path: e4m3 codes and the power-of-two scale per 128 (the FP8 simulation's operands).
+  o.xq8 = take(size_t(T * l.dim));
+  o.xs = take(size_t(T * (l.dim / kChunk)) * 4);
+  o.hq8 = take(size_t(rows * l.inter));
+  o.hs = take(size_t(rows * (l.inter / kChunk)) * 4);
   o.total = off;
   return o;
 }
@@ -425,8 +432,12 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanArgs a) {
 // ---- 4/6. activation quantization --------------------------------------------------------------
 
 // Half a warp per 128-element block: bf16 of the FP8 simulation (exact in bf16) or of the value.
+// With out8 (FP8 path) the e4m3 codes go to out8 [rows, len] and the scales to scale8
+// [rows, len / 128]; out (bf16) is then nullable.
 __global__ void quant_rows_kernel(const float* __restrict__ in, int64_t len, int64_t rows_bound,
-                                  const int32_t* rows_dev, uint16_t* __restrict__ out, bool fp8) {
+                                  const int32_t* rows_dev, uint16_t* __restrict__ out, bool fp8,
+                                  uint8_t* __restrict__ out8 = nullptr,
+                                  float* __restrict__ scale8 = nullptr) {
   const int lane = threadIdx.x & 31, sub = lane & 15;
   const int64_t bpr = len / kChunk;
   const int64_t warp = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
@@ -455,12 +466,19 @@ __global__ void quant_rows_kernel(const float* __restrict__ in, int64_t len, int
     const uint32_t code = ((u >> 23) & 0xFFu) + ((u & 0x7FFFFFu) ? 1u : 0u);
     const float inv_scale = __uint_as_float((254u - code) << 23);
     const float scale = __uint_as_float(code << 23);
+    uint32_t codes[2] = {0u, 0u};
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       float x = v[i] * inv_scale;
       if (!isnan(x)) x = fminf(fmaxf(x, -448.0f), 448.0f);
       const __nv_fp8_storage_t c = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+      codes[i >> 2] |= uint32_t(c) << ((i & 3) * 8);
       v[i] = e4m3_to_float_dev(c) * scale;
+    }
+    if (out8) {
+      *reinterpret_cast<uint2*>(out8 + row * len + col) = make_uint2(codes[0], codes[1]);
+      if (sub == 0) scale8[row * bpr + col / kChunk] = scale;
+      if (!out) return;
     }
   }
   uint4 o;
@@ -499,6 +517,9 @@ struct GemmArgs {
   float swiglu_limit;
   bool shared_clamp;
   bool round_bf16;
+  // FP8 path: e4m3 activation codes (rows as act) and their scales per 128 K.
+  const uint8_t* act8 = nullptr;
+  const float* act_scale = nullptr;
 };
 
 __device__ __forceinline__ int swizzle_unit(int u, int r) {
@@ -779,6 +800,365 @@ __global__ void __launch_bounds__(kGemmThreads, NT == 1 ? 4 : 1)
   }
 }
 
+
+// ---- 5/7 (FP8 path). grouped expert GEMMs on the FP8 tensor cores ------------------------------
+//
+// mma.sync m16n8k32 e4m3 x e4m3 -> fp32 (sm_89+). Numerics are the reference's: the activations
+// are the FP8 simulation's operands themselves (e4m3 codes, power-of-two scale per 128 K, from
+// quant_rows_kernel), and every e2m1 weight is exactly an e4m3 value: bit placement
+// (code & 7) << 2 | sign << 7 gives e2m1 * 2^-6 for every code (0.5 lands on the e4m3 subnormal
+// 2^-7), so the conversion is ~0.75 instructions per weight instead of ~6. One k32 step covers
+// exactly one MXFP4 block (32 K) of each row, so the e8m0 block scale (times 2^6) multiplies the
+// step's fp32 partial; the activation scale multiplies the chunk's (128 K) partial. FP8-block
+// weights (the shared expert) feed the mma unconverted, their 128x128 scale per chunk.
+//
+// Weights stream through a per-warp shared-memory ring filled by cp.async (4 stages of 2 KB for
+// FP4, 2 of 4 KB for FP8: up to 6 KB in flight per warp, no block-wide barrier in the main loop)
+// and reach registers with ldmatrix, which yields the mma A fragment directly (lane (g, t4) gets
+// 4 bytes t4 of a 16-byte row segment). For MXFP4 step s a lane holds bytes [16 s + 4 t4, +4) of
+// rows g and g+8: K elements 32 s + 8 t4 + {0..7}; its even elements form a[0]/a[1] and its odd
+// ones a[2]/a[3], so the B fragment takes activation bytes {0,2,4,6} and {1,3,5,7} of the same
+// 8 (one 8-byte shared load and two byte permutes). The whole activation tile [8*NT, K] (valid
+// rows only: the other columns of the mma are dropped) is loaded once at the start.
+
+// A warp's ring: kRing weight bytes (8 KB: 4 FP4 / 2 FP8 stages; 16 KB: 8 / 4 stages) plus the
+// MXFP4 scales (32 rows x 4 bytes per FP4 stage).
+constexpr int ring_scale_bytes(int ring) { return ring / 2048 * 128; }
+constexpr int kF8ActPad = 32;  // activation row stride K + 32: conflict-free 8-byte loads
+
+size_t f8_smem_bytes(int nt, int64_t K, int ring) {
+  return size_t(4) * size_t(ring + ring_scale_bytes(ring)) +
+         size_t(8 * nt) * size_t(K + kF8ActPad) + size_t(8 * nt) * size_t(K / kChunk) * 4;
+}
+
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();  // the host selects this path only on sm_89+ (MoeDeviceLayer::fp8_mma)
+#endif
+}
+
+// 8 e2m1 codes (nibble i = element i) -> e4m3 codes of 2^-6 times the values: elements
+// {0,2,4,6} in *even, {1,3,5,7} in *odd (byte order).
+__device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t w, uint32_t& even, uint32_t& odd) {
+  const uint32_t sign = w & 0x88888888u;
+  // Even elements: magnitude bits 0..2 of each byte to 2..4 and the sign bit 3 to 7 (the sign
+  // bits of the odd elements land on bit 3 of the next byte, inside the magnitude mask).
+  even = ((w << 2) & 0x1C1C1C1Cu) | ((sign << 4) & ~0x1C1C1C1Cu);
+  // Odd elements: magnitude bits 4..6 to 2..4, the sign is already bit 7.
+  odd = ((w >> 2) & 0x1C1C1C1Cu) | (sign & ~0x1C1C1C1Cu & 0x80808080u);
+}
+
+template <int NT, bool kFused>
+__device__ __forceinline__ void f8_epilogue(const GemmArgs& a, float (&acc)[2][NT][4],
+                                            const int64_t (&row_g)[2], int g, int base, int row0,
+                                            int rows, int t4) {
+  // acc[j][n][c]: weight row row_g[j] + 8*(c>>1), tile token n*8 + 2*t4 + (c&1).
+  const bool shared = g == a.E;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int r = n * 8 + 2 * t4 + (c & 1);
+      if (r >= rows) continue;
+      const int gr = base + row0 + r;
+      if constexpr (kFused) {
+        const int64_t col = row_g[0] + 8 * (c >> 1);
+        float av = acc[0][n][c], bv = acc[1][n][c];
+        if (a.round_bf16) {
+          av = round_bf16_dev(av);
+          bv = round_bf16_dev(bv);
+        }
+        const float limit = shared && !a.shared_clamp ? 0.0f : a.swiglu_limit;
+        if (limit > 0.0f) {
+          av = fminf(av, limit);
+          bv = fminf(fmaxf(bv, -limit), limit);
+        }
+        const float silu = av / (1.0f + expf(-av));
+        float hidden = silu * bv;
+        if (!shared) hidden = a.row_weight[gr] * hidden;
+        if (a.round_bf16) hidden = round_bf16_dev(hidden);
+        a.out[int64_t(gr) * a.N + col] = hidden;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int64_t col = row_g[j] + 8 * (c >> 1);
+          float v = acc[j][n][c];
+          if (a.round_bf16) v = round_bf16_dev(v);
+          a.out[int64_t(a.row_slot[gr]) * a.N + col] = v;
+        }
+      }
+    }
+  }
+}
+
+template <int NT, bool kFused, int KS, bool kFp4, int kRing>
+__device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert& ex, int g,
+                                        int base, int row0, int rows, uint8_t* smem) {
+  constexpr int BT = 8 * NT;
+  constexpr int WN = 4 / KS;
+  constexpr int kStageBytes = kFp4 ? 2048 : 4096;  // 32 rows x 64 (FP4) or 128 (FP8) bytes
+  constexpr int kStages = kRing / kStageBytes;
+  constexpr int kRowBytes = kStageBytes / 32;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
+  const int warp_n = warp % WN, warp_k = warp / WN;
+  const int64_t K = a.K;
+  const int64_t chunks = K / kChunk;
+  const int64_t act_stride = K + kF8ActPad;
+  uint8_t* ring = smem + warp * kRing;
+  uint8_t* ring_scale = smem + 4 * kRing + warp * ring_scale_bytes(kRing);
+  uint8_t* act = smem + 4 * (kRing + ring_scale_bytes(kRing));
+  float* act_sc = reinterpret_cast<float*>(act + BT * act_stride);
+
+  // Weight rows of the warp: set j covers rows base_row[j] + [0, 16).
+  const uint8_t* data[2];
+  const uint8_t* scale[2];
+  int64_t base_row[2];
+  if constexpr (kFused) {
+    const int64_t n0 = int64_t(blockIdx.y) * (16 * WN) + 16 * warp_n;
+    data[0] = ex.data[0];
+    data[1] = ex.data[1];
+    scale[0] = ex.scale[0];
+    scale[1] = ex.scale[1];
+    base_row[0] = base_row[1] = n0;
+  } else {
+    const int64_t n0 = int64_t(blockIdx.y) * (32 * WN) + 32 * warp_n;
+    data[0] = data[1] = ex.data[2];
+    scale[0] = scale[1] = ex.scale[2];
+    base_row[0] = n0;
+    base_row[1] = n0 + 16;
+  }
+  const int64_t row_g[2] = {base_row[0] + gid, base_row[1] + gid};
+
+  // Activation tile (valid rows) and its scales, one cp.async group of the whole CTA.
+  {
+    const int64_t units = K / 16, nsc = K / kChunk;
+    for (int64_t i = tid; i < int64_t(rows) * units; i += kGemmThreads) {
+      const int r = int(i / units);
+      const int64_t u = i % units;
+      const int gr = base + row0 + r;
+      const int64_t src_row = kFused ? int64_t(a.row_token[gr]) : int64_t(gr);
+      cp_async16(act + r * act_stride + u * 16, a.act8 + src_row * K + u * 16);
+    }
+    for (int64_t i = tid; i < int64_t(rows) * nsc; i += kGemmThreads) {
+      const int r = int(i / nsc);
+      const int gr = base + row0 + r;
+      const int64_t src_row = kFused ? int64_t(a.row_token[gr]) : int64_t(gr);
+      cp_async4(act_sc + i, a.act_scale + src_row * nsc + i % nsc);
+    }
+    cp_async_commit();
+  }
+
+  const int64_t my_chunks = chunks > warp_k ? (chunks - warp_k + KS - 1) / KS : 0;
+  // Stage i of the warp holds its chunk warp_k + KS * i.
+  auto issue = [&](int64_t i) {
+    if (i < my_chunks) {
+      const int64_t kc = (warp_k + KS * i) * kChunk;
+      uint8_t* st = ring + (i % kStages) * kStageBytes;
+      constexpr int kUnits = kRowBytes / 16;  // 16-byte units per row: 4 (FP4) or 8 (FP8)
+#pragma unroll
+      for (int q = lane; q < 32 * kUnits; q += 32) {
+        const int r = q / kUnits, u = q % kUnits, j = r >> 4;
+        const int64_t grow = base_row[j] + (r & 15);
+        const int su = kFp4 ? (u ^ ((r >> 1) & 3)) : (u ^ (r & 7));
+        const uint8_t* src = kFp4 ? data[j] + grow * (K / 2) + kc / 2 + u * 16
+                                  : data[j] + grow * K + kc + u * 16;
+        cp_async16(st + r * kRowBytes + su * 16, src);
+      }
+      if constexpr (kFp4) {
+        const int j = lane >> 4;
+        cp_async4(ring_scale + (i % kStages) * 128 + lane * 4,
+                  scale[j] + (base_row[j] + (lane & 15)) * (K / 32) + kc / 32);
+      }
+    }
+    cp_async_commit();  // possibly empty: keeps the group count uniform
+  };
+
+  float acc[2][NT][4];
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[j][n][c] = 0.0f;
+
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) issue(i);
+  cp_async_wait<kStages - 1>();  // the activation group
+  __syncthreads();
+
+  const int m = lane >> 3, mr = lane & 7;  // ldmatrix: this lane addresses matrix m, row mr
+  for (int64_t i = 0; i < my_chunks; ++i) {
+    __syncwarp();  // every lane is done reading the stage the next issue overwrites
+    issue(i + kStages - 1);
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+    const int64_t chunk = warp_k + KS * i;
+    const uint8_t* st = ring + (i % kStages) * kStageBytes;
+    float cacc[2][NT][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) cacc[j][n][c] = 0.0f;
+    if constexpr (kFp4) {
+      const uint32_t* scw = reinterpret_cast<const uint32_t*>(ring_scale + (i % kStages) * 128);
+      uint32_t wsc[2][2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) wsc[j][h] = scw[16 * j + 8 * h + gid];
+#pragma unroll
+      for (int s = 0; s < 4; s += 2) {
+        uint32_t w[2][4];  // [set]: (row g, block s), (g+8, s), (g, s+1), (g+8, s+1)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int r = 16 * j + 8 * (m & 1) + mr, u = s + (m >> 1);
+          ldmatrix_x4(w[j], st + r * kRowBytes + (u ^ ((r >> 1) & 3)) * 16);
+        }
+#pragma unroll
+        for (int ss = 0; ss < 2; ++ss) {
+          uint32_t bf[NT][2];
+#pragma unroll
+          for (int n = 0; n < NT; ++n) {
+            const uint2 v = *reinterpret_cast<const uint2*>(
+                act + (n * 8 + gid) * act_stride + chunk * kChunk + 32 * (s + ss) + 8 * t4);
+            bf[n][0] = __byte_perm(v.x, v.y, 0x6420);
+            bf[n][1] = __byte_perm(v.x, v.y, 0x7531);
+          }
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            uint32_t af[4];
+            e2m1x8_to_e4m3(w[j][2 * ss], af[0], af[2]);
+            e2m1x8_to_e4m3(w[j][2 * ss + 1], af[1], af[3]);
+            // e8m0 code + 6 as an fp32 exponent: 2^(code - 127) * 2^6 (codes <= 248).
+            float f[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const uint32_t code = __byte_perm(wsc[j][h], 0u, 0x4440 + (s + ss));
+              f[h] = __uint_as_float((code + 6u) << 23);
+            }
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+              float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+              mma_e4m3(d, af, bf[n][0], bf[n][1]);
+#pragma unroll
+              for (int c = 0; c < 4; ++c) cacc[j][n][c] = fmaf(d[c], f[c >> 1], cacc[j][n][c]);
+            }
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        uint32_t bf[NT][2];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          const uint8_t* p = act + (n * 8 + gid) * act_stride + chunk * kChunk + 32 * s + 4 * t4;
+          bf[n][0] = *reinterpret_cast<const uint32_t*>(p);
+          bf[n][1] = *reinterpret_cast<const uint32_t*>(p + 16);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          uint32_t af[4];  // (row g, K 32s + [0,16)), (g+8, same), (g, 32s + [16,32)), (g+8, ..)
+          const int r = 16 * j + 8 * (m & 1) + mr, u = 2 * s + (m >> 1);
+          ldmatrix_x4(af, st + r * kRowBytes + (u ^ (r & 7)) * 16);
+#pragma unroll
+          for (int n = 0; n < NT; ++n) mma_e4m3(cacc[j][n], af, bf[n][0], bf[n][1]);
+        }
+      }
+      // The 128x128 block scale of each set (16 rows lie in one block).
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float sc = e8m0_to_float_dev(__ldg(scale[j] + (base_row[j] / 128) * chunks + chunk));
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) cacc[j][n][c] *= sc;
+      }
+    }
+    // The activation scale of the chunk per token column.
+    const int64_t nsc = chunks;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const float as0 = act_sc[(n * 8 + 2 * t4) * nsc + chunk];
+      const float as1 = act_sc[(n * 8 + 2 * t4 + 1) * nsc + chunk];
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          acc[j][n][c] = fmaf(cacc[j][n][c], (c & 1) ? as1 : as0, acc[j][n][c]);
+    }
+  }
+  cp_async_wait<0>();
+
+  if constexpr (KS > 1) {
+    // Split-K reduction in warp_k order (deterministic) through the (now free) rings.
+    __syncthreads();
+    float* red = reinterpret_cast<float*>(smem);
+    constexpr int kAccPerLane = 2 * NT * 4;
+    if (warp_k > 0) {
+      float* dst = red + (((warp_k - 1) * WN + warp_n) * kAccPerLane) * 32 + lane;
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) dst[((j * NT + n) * 4 + c) * 32] = acc[j][n][c];
+    }
+    __syncthreads();
+    if (warp_k > 0) return;
+#pragma unroll
+    for (int q = 1; q < KS; ++q) {
+      const float* src = red + (((q - 1) * WN + warp_n) * kAccPerLane) * 32 + lane;
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[j][n][c] += src[((j * NT + n) * 4 + c) * 32];
+    }
+  }
+  f8_epilogue<NT, kFused>(a, acc, row_g, g, base, row0, rows, t4);
+}
+
+template <int NT, bool kFused, int KS, int kRing>
+__global__ void __launch_bounds__(kGemmThreads, kRing > 8192 ? 2 : 3)
+    expert_gemm_f8_kernel(GemmArgs a) {
+  extern __shared__ __align__(16) uint8_t f8_smem[];
+  if (int(blockIdx.x) >= *a.num_tiles) return;
+  const int2 tile = a.tiles[blockIdx.x];
+  const int g = tile.x, row0 = tile.y;
+  const int base = a.group_offset[g];
+  const int rows = min(8 * NT, a.group_offset[g + 1] - base - row0);
+  const MoeDeviceExpert ex = a.experts[g];
+  const int fmt = kFused ? ex.format[0] : ex.format[2];
+  if (fmt == int(WeightFormat::kMxfp4)) {
+    f8_tile<NT, kFused, KS, true, kRing>(a, ex, g, base, row0, rows, f8_smem);
+  } else {
+    f8_tile<NT, kFused, KS, false, kRing>(a, ex, g, base, row0, rows, f8_smem);
+  }
+}
+
 // ---- 8. combine --------------------------------------------------------------------------------
 
 __global__ void combine_kernel(const float* __restrict__ ybuf, const int32_t* __restrict__ experts,
@@ -834,6 +1214,53 @@ Status launch_gemms(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64
       <<<dim3(unsigned(tiles), unsigned(dim / (32 * WN))), kGemmThreads, 0, stream>>>(g2);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ok_status();
+}
+
+constexpr size_t kF8MaxSmem = 227 * 1024;  // sm_90 opt-in maximum per block
+
+template <int NT, int KS, int kRing>
+Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64_t inter,
+                       int64_t dim, const float* h, uint8_t* hq8, float* hs,
+                       const int32_t* total_rows, int64_t rows_bound, cudaStream_t stream) {
+  constexpr int WN = 4 / KS;
+  // (The dynamic shared memory opt-in is done at load time: set_f8_smem_attributes.)
+  expert_gemm_f8_kernel<NT, true, KS, kRing>
+      <<<dim3(unsigned(tiles), unsigned(inter / (16 * WN))), kGemmThreads,
+         f8_smem_bytes(NT, dim, kRing), stream>>>(g1);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  const int64_t qblocks = rows_bound * (inter / kChunk);
+  quant_rows_kernel<<<unsigned(ceil_div(qblocks, 16)), 256, 0, stream>>>(
+      h, inter, rows_bound, total_rows, nullptr, true, hq8, hs);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  expert_gemm_f8_kernel<NT, false, KS, kRing>
+      <<<dim3(unsigned(tiles), unsigned(dim / (32 * WN))), kGemmThreads,
+         f8_smem_bytes(NT, inter, kRing), stream>>>(g2);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ok_status();
+}
+
+// Opts every FP8-path kernel into large dynamic shared memory on the current device. Called by
+// MoeDeviceLayer::create (load time), so that no attribute call happens inside a graph capture.
+template <int NT, int KS, int kRing>
+cudaError_t set_f8_smem_attribute() {
+  cudaError_t e = cudaFuncSetAttribute(expert_gemm_f8_kernel<NT, true, KS, kRing>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(kF8MaxSmem));
+  if (e != cudaSuccess) return e;
+  return cudaFuncSetAttribute(expert_gemm_f8_kernel<NT, false, KS, kRing>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(kF8MaxSmem));
+}
+
+cudaError_t set_f8_smem_attributes() {
+  const cudaError_t errs[] = {
+      set_f8_smem_attribute<1, 1, 8192>(),  set_f8_smem_attribute<1, 2, 8192>(),
+      set_f8_smem_attribute<1, 4, 8192>(),  set_f8_smem_attribute<1, 1, 16384>(),
+      set_f8_smem_attribute<1, 2, 16384>(), set_f8_smem_attribute<1, 4, 16384>(),
+      set_f8_smem_attribute<2, 1, 8192>(),  set_f8_smem_attribute<2, 2, 8192>(),
+      set_f8_smem_attribute<2, 4, 8192>()};
+  for (cudaError_t e : errs)
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
 }
 
 Status check_weight(const cpu::LinearWeight& w, int64_t n, int64_t k, const std::string& what) {
@@ -897,6 +1324,7 @@ MoeDeviceLayer& MoeDeviceLayer::operator=(MoeDeviceLayer&& o) noexcept {
     expert_end = o.expert_end;
     add_shared = o.add_shared;
     experts = o.experts;
+    fp8_mma = o.fp8_mma;
     o.experts = nullptr;
   }
   return *this;
@@ -957,6 +1385,29 @@ Result<MoeDeviceLayer> MoeDeviceLayer::create(const cpu::MoeParams& p) {
     if (p.shared.w1.format != p.shared.w3.format)
       return invalid_argument("moe: shared w1/w3 formats differ");
     table[size_t(l.num_experts)] = to_device_expert(p.shared);
+  }
+  // The FP8 tensor-core path: reference numerics, MXFP4 / FP8-block weights only (NVFP4's
+  // 16-element blocks do not align with the k32 steps), scales loadable 4 bytes at a time, sm_89+.
+  {
+    bool f8 = l.quantize_activations;
+    auto fmt_ok = [&](const cpu::LinearWeight& w) {
+      if (w.format == WeightFormat::kFp8Block) return true;
+      return w.format == WeightFormat::kMxfp4 && reinterpret_cast<uintptr_t>(w.scale) % 4 == 0;
+    };
+    for (int64_t e = l.expert_begin; f8 && e < l.expert_end; ++e) {
+      const cpu::ExpertWeights& ew = p.experts[e];
+      f8 = fmt_ok(ew.w1) && fmt_ok(ew.w3) && fmt_ok(ew.w2);
+    }
+    if (f8 && l.add_shared) f8 = fmt_ok(p.shared.w1) && fmt_ok(p.shared.w3) && fmt_ok(p.shared.w2);
+    int dev = 0, major = 0, minor = 0;
+    DS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+    DS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    DS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    f8 = f8 && major * 10 + minor >= 89;
+    f8 = f8 && f8_smem_bytes(2, std::max(l.dim, l.inter), 8192) <= kF8MaxSmem &&
+         f8_smem_bytes(1, std::max(l.dim, l.inter), 16384) <= kF8MaxSmem;
+    if (f8) DS_CUDA_RETURN_IF_ERROR(set_f8_smem_attributes());
+    l.fp8_mma = f8;
   }
   const size_t bytes = table.size() * sizeof(MoeDeviceExpert);
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&l.experts), bytes));
@@ -1042,15 +1493,24 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
 
   const int64_t xblocks = T * (l.dim / kChunk);
+  auto* xq8 = reinterpret_cast<uint8_t*>(ws + L.xq8);
+  auto* xs = reinterpret_cast<float*>(ws + L.xs);
+  auto* hq8 = reinterpret_cast<uint8_t*>(ws + L.hq8);
+  auto* hs = reinterpret_cast<float*>(ws + L.hs);
+  const bool want_f8 = tuning.path == 2 || (tuning.path == 0 && l.fp8_mma);
   quant_rows_kernel<<<unsigned(ceil_div(xblocks, 16)), 256, 0, stream>>>(
-      x, l.dim, T, nullptr, xq, l.quantize_activations);
+      x, l.dim, T, nullptr, xq, l.quantize_activations, want_f8 ? xq8 : nullptr, xs);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
 
   GemmArgs g1{l.experts, int(l.num_experts), tiles, num_tiles, group_offset, row_token, row_slot,
               row_weight, xq, l.dim, l.inter, h, l.swiglu_limit, l.shared_expert_clamp,
               l.round_bf16};
+  g1.act8 = xq8;
+  g1.act_scale = xs;
   GemmArgs g2 = g1;
   g2.act = hq;
+  g2.act8 = hq8;
+  g2.act_scale = hs;
   g2.K = l.inter;
   g2.N = l.dim;
   g2.out = ybuf;
@@ -1058,6 +1518,9 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   const int64_t rows_bound = T * l.topk + T;
   const int32_t* total_rows = group_offset + (l.num_experts + 1);
   const bool fp8 = l.quantize_activations;
+  if (tuning.path == 2 && (!l.fp8_mma || bt > 16))
+    return invalid_argument("moe: the FP8 path needs fp8_mma and 8 or 16-row tiles");
+  const bool use_f8 = tuning.path == 2 || (tuning.path == 0 && l.fp8_mma && bt <= 16);
   // K split: measured on H200 (bench_moe): 8-token tiles are fastest with 2 (T = 1: 129 us vs
   // 163 us unsplit and 144 us with 4), 16-token tiles without a split.
   int ks = tuning.k_split > 0 ? tuning.k_split : (bt == 8 ? 2 : 1);
@@ -1070,7 +1533,34 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   using I2 = std::integral_constant<int, 2>;
   using I4 = std::integral_constant<int, 4>;
   using I8 = std::integral_constant<int, 8>;
-  if (bt == 8) {
+  const auto run_f8 = [&](auto nt, auto kss, auto ring) {
+    return launch_gemms_f8<decltype(nt)::value, decltype(kss)::value, decltype(ring)::value>(
+        g1, g2, tiles_bound, l.inter, l.dim, h, hq8, hs, total_rows, rows_bound, stream);
+  };
+  if (use_f8) {
+    // K split and ring of the FP8 path, measured on H200 (bench_moe, session 5): K split 4 at
+    // T = 1 (80.6 us vs 84.9 with 2: 896 CTAs instead of 448 for the 7 groups, < 2 waves at 3
+    // CTAs per SM), 2 at T = 16 and 64 (536 / 1240 us vs 548 / 1306 with 4, 616 / 1420 with 1).
+    // Ring 8 KB per warp (4 FP4 stages, 3 CTAs per SM); the 16 KB ring (8 stages, 2 CTAs per SM)
+    // is compiled and covered by the tests but not yet measured.
+    const int kf = tuning.k_split > 0 ? tuning.k_split : (T <= 4 ? 4 : 2);
+    const int ring = tuning.ring_kb > 0 ? tuning.ring_kb : 8;
+    using R8 = std::integral_constant<int, 8192>;
+    using R16 = std::integral_constant<int, 16384>;
+    if (bt == 8 && ring == 16) {
+      DS_RETURN_IF_ERROR(kf == 4   ? run_f8(I1{}, I4{}, R16{})
+                         : kf == 2 ? run_f8(I1{}, I2{}, R16{})
+                                   : run_f8(I1{}, I1{}, R16{}));
+    } else if (bt == 8) {
+      DS_RETURN_IF_ERROR(kf == 4   ? run_f8(I1{}, I4{}, R8{})
+                         : kf == 2 ? run_f8(I1{}, I2{}, R8{})
+                                   : run_f8(I1{}, I1{}, R8{}));
+    } else {
+      DS_RETURN_IF_ERROR(kf == 4   ? run_f8(I2{}, I4{}, R8{})
+                         : kf == 2 ? run_f8(I2{}, I2{}, R8{})
+                                   : run_f8(I2{}, I1{}, R8{}));
+    }
+  } else if (bt == 8) {
     DS_RETURN_IF_ERROR(ks == 4 ? run(I1{}, I4{}) : ks == 2 ? run(I1{}, I2{}) : run(I1{}, I1{}));
   } else if (bt == 16) {
     DS_RETURN_IF_ERROR(ks == 2 ? run(I2{}, I2{}) : run(I2{}, I1{}));

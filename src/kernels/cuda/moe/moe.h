@@ -10,7 +10,10 @@
 // value; the NVFP4 global scale multiplies the fp32 accumulator), the products run on the tensor
 // cores as bf16 mma.sync (sm_80+, so sm_90/100/120) with fp32 accumulation. In reference numerics
 // the activations are FP8-simulated per 128 K-elements first (quantize then dequantize, which is
-// exact in bf16), so the GPU sees exactly the operands the CPU reference sees.
+// exact in bf16), so the GPU sees exactly the operands the CPU reference sees. Decode-size tiles
+// of MXFP4 / FP8-block layers in reference numerics run on the FP8 tensor cores instead
+// (mma.sync e4m3, sm_89+: e2m1 is exact in e4m3, the block scales multiply fp32 partials; see
+// MoeDeviceLayer::fp8_mma and NOTES.md).
 //
 // The shared expert runs as one more group of the same grouped launches (every token, weight 1).
 #pragma once
@@ -68,6 +71,10 @@ class MoeDeviceLayer {
   bool add_shared = true;
   // Device array [E + 1]: the routed experts, then the shared expert at index E.
   MoeDeviceExpert* experts = nullptr;
+  // Set by create(): every expert (routed range and shared) is MXFP4 or FP8 block with 4-byte
+  // aligned scales, the activations are FP8-simulated and the device has FP8 mma.sync (sm_89+):
+  // the decode tiles may use the FP8 tensor-core path (NOTES.md).
+  bool fp8_mma = false;
 
  private:
   void release();
@@ -77,6 +84,8 @@ class MoeDeviceLayer {
 struct MoeTuning {
   int tile_tokens = 0;  // 8, 16, 32 or 64 rows per grouped-GEMM tile
   int k_split = 0;      // warps of a CTA splitting K: 1, 2 or 4 (only with 8 or 16-row tiles)
+  int path = 0;         // 1: bf16 mma.sync GEMMs; 2: FP8 mma.sync (needs fp8_mma, 8/16-row tiles)
+  int ring_kb = 0;      // FP8 path, 8-row tiles: weight ring per warp, 8 (default) or 16 KB
 };
 
 // Runs the MoE forward. Stateless apart from the configuration: all scratch lives in the
