@@ -75,6 +75,10 @@ struct LtTensorScaled {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  // cuBLASLt's heuristic list (first = algo); a plain array: a std::vector of this type crashes
+  // nvcc 13.0's front end (internal error in lexical.c).
+  cublasLtMatmulAlgo_t cands[8] = {};
+  int n_cands = 0;
   float* one = nullptr;
   void* ws = nullptr;
   size_t ws_bytes = size_t(32) << 20;
@@ -99,15 +103,32 @@ struct LtTensorScaled {
     LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                   &ws_bytes, sizeof ws_bytes));
-    cublasLtMatmulHeuristicResult_t heur{};
+    cublasLtMatmulHeuristicResult_t heur[8] = {};
     int found = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(lt, desc, a, b, c, c, pref, 1, &heur, &found) ==
+    if (cublasLtMatmulAlgoGetHeuristic(lt, desc, a, b, c, c, pref, 8, heur, &found) ==
             CUBLAS_STATUS_SUCCESS &&
         found > 0) {
-      algo = heur.algo;
+      algo = heur[0].algo;
+      for (int i = 0; i < found; ++i)
+        if (heur[i].state == CUBLAS_STATUS_SUCCESS) cands[n_cands++] = heur[i].algo;
       ok = true;
     }
     cublasLtMatmulPreferenceDestroy(pref);
+  }
+  // Keeps the fastest of the heuristic list (median of 5 runs each): the tuned reference.
+  void autotune(const void* A, const void* B, void* D, cudaStream_t s) {
+    double best = 1e30;
+    cublasLtMatmulAlgo_t keep = algo;
+    for (int i = 0; i < n_cands; ++i) {
+      const cublasLtMatmulAlgo_t cand = cands[i];
+      algo = cand;
+      const double us = bench::time_us([&](cudaStream_t st) { run(A, B, D, st); }, s, 5, 1);
+      if (us < best) {
+        best = us;
+        keep = cand;
+      }
+    }
+    algo = keep;
   }
   void run(const void* A, const void* B, void* D, cudaStream_t s) {
     const float alpha = 1.0f, beta = 0.0f;
@@ -123,6 +144,32 @@ struct LtTensorScaled {
     cudaFree(ws);
   }
 };
+
+// Reads n 16-byte words (4 loads in flight per thread per iteration); writes only if the XOR of
+// everything is a magic value, so the loads cannot be removed.
+__global__ void read_kernel(const uint4* p, int64_t n, uint32_t* sink) {
+  uint32_t acc = 0;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    uint4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = __ldcs(p + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n; i += stride) {
+    const uint4 v = __ldcs(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9E3779B9u) *sink = acc;
+}
+
+void launch_read(const uint8_t* p, size_t bytes, int sms, uint32_t* sink, cudaStream_t st) {
+  read_kernel<<<unsigned(sms * 4), 512, 0, st>>>(reinterpret_cast<const uint4*>(p),
+                                                  int64_t(bytes / 16), sink);
+  DS_BENCH_CHECK(cudaGetLastError());
+}
 
 void fill_random_bytes(std::vector<uint8_t>& v, Rng& rng, bool e4m3) {
   for (size_t i = 0; i < v.size(); i += 8) {
@@ -229,10 +276,11 @@ std::string shape_str(const Shape& s, int64_t m) {
 
 int main(int argc, char** argv) {
   std::string out = argc > 1 ? argv[1] : "bench/results/gemm_fp8.json";
-  // argv[2]: "quick" (heuristic layouts only, no extra shapes, prefill M = 4096 only) or
-  // "decode" (all decode shapes and layouts, no prefill).
+  // argv[2]: "quick" (heuristic layouts only, no extra shapes, prefill M = 4096 only),
+  // "decode" (all decode shapes and layouts, no prefill) or "prefill" (no decode).
   const bool quick = argc > 2 && std::string(argv[2]) == "quick";
   const bool decode_only = argc > 2 && std::string(argv[2]) == "decode";
+  const bool prefill_only = argc > 2 && std::string(argv[2]) == "prefill";
   cudaStream_t stream;
   DS_BENCH_CHECK(cudaStreamCreate(&stream));
   bench::DeviceInfo dev = bench::device_info();
@@ -273,7 +321,19 @@ int main(int argc, char** argv) {
   auto runner_r = cuda::GemmRunner::create(ws, ws_bytes, max_tokens, max_cols);
   ST_CHECK(runner_r.status());
   std::unique_ptr<cuda::GemmRunner> runner = std::move(runner_r).value();
+  // "runner" autotunes cuBLASLt (opt-in; its records are "cublaslt fp8 block-scaled" and the
+  // prefill "linear_fp8 quant+gemm"); "runner_nt" runs GemmRunner's default (cuBLASLt's first
+  // heuristic answer), recorded as "cublaslt fp8 block-scaled untuned".
+  runner->set_autotune(true);
+  void* ws_nt;
+  DS_BENCH_CHECK(cudaMalloc(&ws_nt, ws_bytes));
+  auto runner_nt_r = cuda::GemmRunner::create(ws_nt, ws_bytes, max_tokens, max_cols);
+  ST_CHECK(runner_nt_r.status());
+  std::unique_ptr<cuda::GemmRunner> runner_nt = std::move(runner_nt_r).value();
+  runner_nt->set_autotune(false);
 
+  uint32_t* sink = nullptr;
+  DS_BENCH_CHECK(cudaMalloc(&sink, sizeof(uint32_t)));
   std::vector<Rec> recs;
   // Rewritten after every decode shape so that a run cut short still leaves its records.
   auto write_json = [&]() {
@@ -317,6 +377,7 @@ int main(int argc, char** argv) {
                          {"idx_wq_b", 8192, 1024, 1}};
   std::vector<Shape> decode_shapes(std::begin(attn), std::end(attn));
   if (!quick) decode_shapes.insert(decode_shapes.end(), std::begin(extra), std::end(extra));
+  if (prefill_only) decode_shapes.clear();
   const size_t rotate_bytes = size_t(160) << 20;  // > 2x the 60 MB L2
 
   // ---------------- decode ----------------
@@ -343,7 +404,7 @@ int main(int argc, char** argv) {
       cuda::launch_quantize_fp8_blocks(qp, stream);
       DS_BENCH_CHECK(cudaStreamSynchronize(stream));
       auto params = [&](int c, int rw, int ks, bool fp8, bool pdl = true,
-                        cuda::SmallMKernel kern = cuda::SmallMKernel::kAuto) {
+                        cuda::SmallMKernel kern = cuda::SmallMKernel::kAuto, int stages = 0) {
         cuda::Fp8SmallMParams p;
         p.w = w.view(c);
         p.num_tokens = m;
@@ -361,6 +422,7 @@ int main(int argc, char** argv) {
         p.row_warps = rw;
         p.k_split = ks;
         p.pdl = pdl;
+        p.stages = stages;
         return p;
       };
       const double bytes = double(wbytes) + double(w.scale_count) + double(m * gk) +
@@ -386,13 +448,15 @@ int main(int argc, char** argv) {
       };
       // The heuristic's plan (what GemmRunner::linear_fp8 runs on pre-quantized input).
       const cuda::Fp8SmallMPlan plan = cuda::fp8_small_m_plan(params(0, 0, 0, true), dev.sm_count);
-      const bool plan_stream = plan.kernel == cuda::SmallMKernel::kStream;
-      auto time_cfg = [&](cuda::SmallMKernel kern, int rw, int ks, bool fp8, bool pdl) {
+      const bool plan_stream = plan.kernel == cuda::SmallMKernel::kStream ||
+                               plan.kernel == cuda::SmallMKernel::kBulk;
+      auto time_cfg = [&](cuda::SmallMKernel kern, int rw, int ks, bool fp8, bool pdl,
+                          int stages = 0) {
         return bench::time_us(
                    [&](cudaStream_t st) {
                      for (int c = 0; c < copies; ++c)
-                       ST_CHECK(
-                           cuda::launch_fp8_linear_small_m(params(c, rw, ks, fp8, pdl, kern), st));
+                       ST_CHECK(cuda::launch_fp8_linear_small_m(
+                           params(c, rw, ks, fp8, pdl, kern, stages), st));
                    },
                    stream, 20, 3, true) /
                copies;
@@ -400,14 +464,14 @@ int main(int argc, char** argv) {
       // Sweep both kernels' layouts (with programmatic dependent launch, as the engine runs them).
       struct Best {
         double us = 1e30;
-        int rw = 0, ks = 0;
+        int rw = 0, ks = 0, stages = 0;
       };
-      Best best_mma, best_stream;
+      Best best_mma, best_stream, best_bulk;
       const auto [mrw, mks] = cuda::fp8_small_m_config(params(0, 0, 0, true), dev.sm_count);
       for (int rw : {1, 2, 4, 8})
         for (int ks : {1, 2, 4, 8}) {
           if (s.k / 128 < ks) continue;
-          if (quick && !(rw == mrw && ks == mks)) continue;
+          if (!(rw == mrw && ks == mks)) continue;  // kMma: its heuristic layout only (v5)
           const double us = time_cfg(cuda::SmallMKernel::kMma, rw, ks, true, true);
           if (us < best_mma.us) best_mma = {us, rw, ks};
         }
@@ -417,30 +481,70 @@ int main(int argc, char** argv) {
           if (quick && plan_stream && !(rw == plan.row_warps && ks == plan.k_split)) continue;
           const double us = time_cfg(cuda::SmallMKernel::kStream, rw, ks, true, true);
           if (us < best_stream.us) best_stream = {us, rw, ks};
+          if (m == 1 && wbytes > (size_t(16) << 20))
+            std::printf("  sweep %s M=1 stream rw=%d ks=%d %.2f us\n", s.name, rw, ks, us);
         }
-      const double heur = time_cfg(plan.kernel, plan.row_warps, plan.k_split, true, true);
-      const double heur_nopdl = time_cfg(plan.kernel, plan.row_warps, plan.k_split, true, false);
+      // kBulk (TMA bulk copies into a shared-memory ring): layouts x ring depths.
+      for (int rw : {1, 2, 4})
+        for (int ks : {1, 2, 4, 8})
+          for (int st : {2, 4, 8}) {
+            if (s.k / 128 < ks) continue;
+            if (quick && !(rw == plan.row_warps && ks == plan.k_split && st == 4)) continue;
+            const double us = time_cfg(cuda::SmallMKernel::kBulk, rw, ks, true, true, st);
+            if (us < best_bulk.us) best_bulk = {us, rw, ks, st};
+            if (m == 1 && wbytes > (size_t(16) << 20))
+              std::printf("  sweep %s M=1 bulk rw=%d ks=%d st=%d %.2f us\n", s.name, rw, ks, st,
+                          us);
+          }
+      const double heur =
+          time_cfg(plan.kernel, plan.row_warps, plan.k_split, true, true, plan.stages);
+      const double heur_nopdl =
+          time_cfg(plan.kernel, plan.row_warps, plan.k_split, true, false, plan.stages);
       // Correctness of the heuristic configuration and of both best layouts.
-      auto check = [&](cuda::SmallMKernel kern, int rw, int ks) {
+      auto check = [&](cuda::SmallMKernel kern, int rw, int ks, int stages = 0) {
         DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
-        ST_CHECK(cuda::launch_fp8_linear_small_m(params(0, rw, ks, true, false, kern), stream));
+        ST_CHECK(cuda::launch_fp8_linear_small_m(params(0, rw, ks, true, false, kern, stages),
+                                                 stream));
         DS_BENCH_CHECK(cudaStreamSynchronize(stream));
         return check_error(w, hx, m, y, true, 4);
       };
-      const double err = check(plan.kernel, plan.row_warps, plan.k_split);
-      const char* pk = plan_stream ? "stream" : "mma";
+      const double err = check(plan.kernel, plan.row_warps, plan.k_split, plan.stages);
+      const char* pk = plan.kernel == cuda::SmallMKernel::kBulk ? "bulk"
+                       : plan_stream                               ? "stream"
+                                                                   : "mma";
       char cfg[96];
-      std::snprintf(cfg, sizeof cfg, "%s rw=%d ks=%d copies=%d", pk, plan.row_warps, plan.k_split,
-                    copies);
+      std::snprintf(cfg, sizeof cfg, "%s rw=%d ks=%d stages=%d copies=%d", pk, plan.row_warps,
+                    plan.k_split, plan.stages, copies);
       recs.push_back(make("fp8_small_m heur", cfg, heur_nopdl, err, 0));
       recs.push_back(make("fp8_small_m heur+pdl", cfg, heur, err, 0));
       std::snprintf(cfg, sizeof cfg, "mma rw=%d ks=%d copies=%d", best_mma.rw, best_mma.ks, copies);
-      recs.push_back(make("fp8_mma best+pdl", cfg, best_mma.us,
+      recs.push_back(make("fp8_mma heur+pdl", cfg, best_mma.us,
                           check(cuda::SmallMKernel::kMma, best_mma.rw, best_mma.ks), 0));
       std::snprintf(cfg, sizeof cfg, "stream rw=%d ks=%d copies=%d", best_stream.rw, best_stream.ks,
                     copies);
       recs.push_back(make("fp8_stream best+pdl", cfg, best_stream.us,
                           check(cuda::SmallMKernel::kStream, best_stream.rw, best_stream.ks), 0));
+      std::snprintf(cfg, sizeof cfg, "bulk rw=%d ks=%d stages=%d copies=%d", best_bulk.rw,
+                    best_bulk.ks, best_bulk.stages, copies);
+      recs.push_back(make("fp8_bulk best+pdl", cfg, best_bulk.us,
+                          check(cuda::SmallMKernel::kBulk, best_bulk.rw, best_bulk.ks,
+                                best_bulk.stages),
+                          0));
+      if (m == 1) {
+        // What a plain read of the same bytes costs in the same setting (graph of `copies`
+        // launches on distinct weight copies, no PDL): the practical ceiling of this measurement.
+        const double us =
+            bench::time_us(
+                [&](cudaStream_t st) {
+                  for (int c = 0; c < copies; ++c)
+                    launch_read(w.data + w.data_bytes * c, w.data_bytes, dev.sm_count, sink, st);
+                },
+                stream, 20, 3, true) /
+            copies;
+        recs.push_back(make("read ceiling (weight bytes)", "sms*4 x 512", us, -1, 0));
+        std::printf("%-30s read-only kernel %.2f us (%.0f%% of copy BW)\n", shape_str(s, m).c_str(),
+                    us, 100 * double(wbytes) / (copy_gbps * 1e3) / us);
+      }
       // Full linear: quantization + GEMM (reference numerics from bf16 input).
       {
         const double us = bench::time_us(
@@ -491,10 +595,12 @@ int main(int argc, char** argv) {
       const double floor_us = bytes / (copy_gbps * 1e3);
       std::printf(
           "%-30s floor %.2f | mma best rw=%d ks=%d %.2f us (%.0f%%) | stream best rw=%d ks=%d "
-          "%.2f us (%.0f%%) | heur %s rw=%d ks=%d %.2f us (%.0f%%), no pdl %.2f\n",
+          "%.2f us (%.0f%%) | bulk best rw=%d ks=%d st=%d %.2f us (%.0f%%) | heur %s rw=%d ks=%d "
+          "%.2f us (%.0f%%), no pdl %.2f\n",
           shape_str(s, m).c_str(), floor_us, best_mma.rw, best_mma.ks, best_mma.us,
           100 * floor_us / best_mma.us, best_stream.rw, best_stream.ks, best_stream.us,
-          100 * floor_us / best_stream.us, pk, plan.row_warps, plan.k_split, heur,
+          100 * floor_us / best_stream.us, best_bulk.rw, best_bulk.ks, best_bulk.stages,
+          best_bulk.us, 100 * floor_us / best_bulk.us, pk, plan.row_warps, plan.k_split, heur,
           100 * floor_us / heur, heur_nopdl);
       DS_BENCH_CHECK(cudaFree(x));
       DS_BENCH_CHECK(cudaFree(codes));
@@ -544,19 +650,22 @@ int main(int argc, char** argv) {
         p.y_row_stride = gn;
         return p;
       };
-      // Same-shape cuBLASLt with per-tensor scales (one GEMM per group).
-      double same_us = 0;
+      // Same-shape cuBLASLt with per-tensor scales (one GEMM per group): cuBLASLt's first
+      // heuristic answer (the reference of NOTES.md's "% of same-shape" column) and the fastest
+      // of its heuristic list (the tuned reference, reported alongside).
+      double same_us = 0, same_tuned_us = 0;
       {
         LtTensorScaled g(lt, m, s.n, s.k, gk);
         if (g.ok) {
-          same_us = bench::time_us(
-              [&](cudaStream_t st) {
-                const int c = it++ % 2;
-                for (int gi = 0; gi < s.groups; ++gi)
-                  g.run(w.data + w.data_bytes * c + size_t(gi) * s.n * s.k, codes + gi * s.k,
-                        y + gi * s.n, st);
-              },
-              stream, 20, 3);
+          auto run_all = [&](cudaStream_t st) {
+            const int c = it++ % 2;
+            for (int gi = 0; gi < s.groups; ++gi)
+              g.run(w.data + w.data_bytes * c + size_t(gi) * s.n * s.k, codes + gi * s.k,
+                    y + gi * s.n, st);
+          };
+          same_us = bench::time_us(run_all, stream, 20, 3);
+          g.autotune(w.data, codes, y, stream);
+          same_tuned_us = bench::time_us(run_all, stream, 20, 3);
         }
       }
       auto make = [&](const std::string& kernel, double us, double err, double extra) {
@@ -587,6 +696,25 @@ int main(int argc, char** argv) {
       DS_BENCH_CHECK(cudaStreamSynchronize(stream));
       recs.push_back(
           make("cublaslt fp8 block-scaled", gemm_us, check_error(w, hx, m, y, true, 3), 0));
+      {
+        Rec r = make("cublaslt fp8 block-scaled tuned/tuned-ref", gemm_us, -1, 0);
+        r.same_shape_fraction = same_tuned_us > 0 ? same_tuned_us / gemm_us : 0;
+        recs.push_back(r);
+        const double nt_us = bench::time_us(
+            [&](cudaStream_t st) { ST_CHECK(runner_nt->linear_fp8_cublaslt(lin(false), st)); },
+            stream, 20, 3);
+        DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
+        it = 0;
+        ST_CHECK(runner_nt->linear_fp8_cublaslt(lin(false), stream));
+        DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+        recs.push_back(make("cublaslt fp8 block-scaled untuned", nt_us,
+                            check_error(w, hx, m, y, true, 3), 0));
+        std::printf("%-30s block-scaled tuned %.1f us (%.0f%% of same-shape, %.0f%% of tuned "
+                    "same-shape) | untuned %.1f us (%.0f%%) | tensor-scaled %.1f / tuned %.1f us\n",
+                    shape_str(s, m).c_str(), gemm_us, 100 * same_us / gemm_us,
+                    100 * same_tuned_us / gemm_us, nt_us, 100 * same_us / nt_us, same_us,
+                    same_tuned_us);
+      }
       const double full_us = bench::time_us(
           [&](cudaStream_t st) { ST_CHECK(runner->linear_fp8(lin(true), st)); }, stream, 20, 3);
       DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
@@ -599,6 +727,9 @@ int main(int argc, char** argv) {
         Rec r = make("cublaslt fp8 tensor-scaled", same_us, -1, 0);
         r.same_shape_fraction = 1.0;
         recs.push_back(r);
+        Rec t = make("cublaslt fp8 tensor-scaled tuned", same_tuned_us, -1, 0);
+        t.same_shape_fraction = same_us / same_tuned_us;
+        recs.push_back(t);
       }
       DS_BENCH_CHECK(cudaFree(x));
       DS_BENCH_CHECK(cudaFree(codes));
@@ -620,7 +751,11 @@ int main(int argc, char** argv) {
                 r.gbps, 100 * r.hbm_fraction, r.tflops, 100 * r.fp8_rate_fraction,
                 100 * r.same_shape_fraction, r.err);
   std::printf("results written to %s\n", out.c_str());
+  runner.reset();
+  runner_nt.reset();
   cudaFree(ws);
+  cudaFree(ws_nt);
+  cudaFree(sink);
   cublasLtDestroy(lt);
   return 0;
 }

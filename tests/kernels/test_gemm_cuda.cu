@@ -156,7 +156,7 @@ struct DeviceWeight {
 
 // Small-M kernel layout for a test case (0 = the heuristic's choice).
 struct SmallMConfig {
-  int row_warps = 0, k_split = 0, max_ctas = 0;
+  int row_warps = 0, k_split = 0, max_ctas = 0, stages = 0;
   int pdl = -1;  // -1: on for odd M
   cuda::SmallMKernel kernel = cuda::SmallMKernel::kAuto;
 };
@@ -242,6 +242,7 @@ class GemmCudaTest : public ::testing::Test {
       p.row_warps = cfg.row_warps;
       p.k_split = cfg.k_split;
       p.max_ctas = cfg.max_ctas;
+      p.stages = cfg.stages;
       p.pdl = cfg.pdl < 0 ? m % 2 == 1 : cfg.pdl != 0;
       (void)(st = cuda::launch_fp8_linear_small_m(p, nullptr));
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -410,6 +411,56 @@ TEST_F(GemmCudaTest, StreamKernelConfigurations) {
       }
 }
 
+TEST_F(GemmCudaTest, BulkKernelDecodeShapes) {
+  // The kBulk kernel (TMA bulk copies into a shared-memory ring; kStream on pre-sm_90 devices)
+  // at every Flash and tiny shape, at the decode batch sizes, fp32 output (kTol = 1e-4 * S).
+  uint64_t seed = 900;
+  SmallMConfig c;
+  c.kernel = cuda::SmallMKernel::kBulk;
+  for (const LinearShape& s : kFlashShapes)
+    for (int64_t m : {1, 2, 3, 4, 8, 16}) {
+      const double worst =
+          run_fp8_case(s, m, true, cuda::OutType::kF32, ++seed, true, Path::kSmallM, c);
+      std::printf("bulk %-12s M=%-3lld worst |err|/S = %.3g\n", s.name, (long long)m, worst);
+    }
+  for (const LinearShape& s : kTinyShapes)
+    for (int64_t m : {1, 2, 5, 8, 13, 16})
+      run_fp8_case(s, m, true, cuda::OutType::kF32, ++seed, true, Path::kSmallM, c);
+}
+
+TEST_F(GemmCudaTest, BulkKernelConfigurations) {
+  // Every (row_warps, k_split) layout of kBulk with ring depths 2, 3 and 8 (more stages than a
+  // CTA has, fewer, and a ring that wraps), with and without programmatic dependent launch, bf16
+  // and fp32 output, and M > 16 (16-token chunks re-reading the weights).
+  uint64_t seed = 1000;
+  const LinearShape shapes[] = {kFlashShapes[0], kFlashShapes[3], kFlashShapes[4], kTinyShapes[1],
+                                kTinyShapes[5]};
+  for (const LinearShape& s : shapes)
+    for (int rw : {1, 2, 4})
+      for (int ks : {1, 2, 4, 8}) {
+        if (s.k / 128 < ks) continue;
+        SmallMConfig c;
+        c.kernel = cuda::SmallMKernel::kBulk;
+        c.row_warps = rw;
+        c.k_split = ks;
+        c.stages = (rw + ks) % 3 == 0 ? 2 : (rw + ks) % 3 == 1 ? 3 : 8;
+        c.pdl = (rw + ks) % 2;
+        const int64_t m = (rw * 3 + ks) % 4 == 0 ? 37 : (rw * 3 + ks) % 4 == 1 ? 1 : 6 + rw + ks;
+        run_fp8_case(s, m, true, ks % 2 ? cuda::OutType::kBF16 : cuda::OutType::kF32, ++seed, true,
+                     Path::kSmallM, c);
+      }
+}
+
+TEST_F(GemmCudaTest, CublasLtAutotunedAttentionShapes) {
+  // The opt-in cuBLASLt autotuning (timed candidates of both orientations and split-K variants);
+  // the other cuBLASLt tests run the default, cuBLASLt's first heuristic answer.
+  runner_->set_autotune(true);
+  uint64_t seed = 1100;
+  for (int i : {0, 2, 4})
+    run_fp8_case(kFlashShapes[i], 1024, true, cuda::OutType::kBF16, ++seed, false,
+                 Path::kCublasLt);
+}
+
 TEST_F(GemmCudaTest, DecodeBatchSizesThroughRunner) {
   // GemmRunner::linear_fp8 at the decode batch sizes (kStream for FP8 activations, kMma for bf16;
   // M = 1, 16, 64 are in FlashShapesDecode).
@@ -548,6 +599,14 @@ TEST_F(GemmCudaTest, RejectsBadShapes) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
   sp.row_warps = 0;
   sp.kernel = cuda::SmallMKernel::kStream;  // needs FP8 activations
+  (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  sp.kernel = cuda::SmallMKernel::kBulk;  // needs FP8 activations too
+  (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  sp.x_codes = w.get();
+  sp.x_scales = s.get();
+  sp.stages = 9;  // ring depth out of range
   (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
 }

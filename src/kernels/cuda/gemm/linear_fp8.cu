@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/gemm/linear_fp8.h"
@@ -48,6 +49,7 @@ struct SmallMArgs {
   int k_split;             // CTAs per cluster along K
   int y_f32;
   int pdl;                       // launched with programmatic stream serialization
+  int stages;                    // kBulk: shared-memory ring slots
   int64_t tiles, groups, items;  // row tiles per group; work items = tiles * groups * chunks
 };
 
@@ -550,6 +552,300 @@ cudaError_t dispatch_stream_rw(int rw, const SmallMArgs& a, dim3 grid, cudaStrea
   }
 }
 
+// ---- kBulk: the weight stream as TMA bulk copies into a shared-memory ring (sm_90+) ---------
+//
+// The same per-block arithmetic and work decomposition as fp8_stream_kernel, but the weights do
+// not pass through a per-warp register ring: a producer warp copies, per stage, KW consecutive K
+// blocks of each of the CTA's 16*RW rows (one contiguous KW*128-byte piece per row) with
+// cp.async.bulk into one of `stages` shared-memory slots and signals an mbarrier (complete_tx);
+// the 4 consumer warps (RW row-warps x KW K-warps, warp kw takes block kw of each stage) read
+// their mma fragments from shared memory, release the slot (a second mbarrier) and run the mma.
+// Why (NOTES.md, v5): bytes in flight no longer cost registers (stages x 8-12 KB per CTA), the
+// memory system sees few large contiguous requests instead of 64-byte pieces of 8 rows, and
+// under programmatic dependent launch the producer of the next kernel starts its copies as soon
+// as its CTA is resident, without waiting for the previous kernel.
+// Shared rows are padded by 64 bytes so that rows g and g+1 (one 8-lane phase of a 16-byte
+// ld.shared) fall on different banks.
+
+constexpr int kBulkConsumerWarps = 4;
+constexpr int kBulkThreads = (kBulkConsumerWarps + 1) * 32;
+constexpr int kBulkRowPad = 64;
+constexpr int kBulkMaxStages = 8;
+
+__host__ __device__ constexpr int bulk_row_bytes(int rw) {
+  return (kBulkConsumerWarps / rw) * 128 + kBulkRowPad;
+}
+__host__ __device__ constexpr int bulk_stage_bytes(int rw) {
+  return 16 * rw * bulk_row_bytes(rw);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+#endif
+}
+
+template <int NT, int RW>
+__global__ void __launch_bounds__(kBulkThreads, NT == 1 ? 4 : 3) fp8_bulk_kernel(SmallMArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int KW = kBulkConsumerWarps / RW;
+  constexpr int kRows = 16 * RW;
+  constexpr int kCols = 8 * NT;
+  constexpr int kPad = kCols + 1;
+  constexpr int kRowBytes = bulk_row_bytes(RW);
+  constexpr int kStageBytes = bulk_stage_bytes(RW);
+  constexpr int XR = 2;  // activation blocks in flight per consumer warp (L2 hits)
+  __shared__ float red[KW][kRows][kPad];
+  __shared__ __align__(8) uint64_t full_bar[kBulkMaxStages], empty_bar[kBulkMaxStages];
+  extern __shared__ __align__(128) uint8_t ring[];
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int S = a.stages;
+  const int ks = a.k_split;
+  const int srank = int(blockIdx.x % unsigned(ks));
+  const int64_t item = blockIdx.x / unsigned(ks);
+  const int64_t tile = item % a.tiles;
+  const int64_t group = (item / a.tiles) % a.groups;
+  const int64_t tok0 = item / (a.tiles * a.groups) * kCols;
+  const int64_t xcol0 = group * a.k;
+  const int kblocks = int(a.k / 128);
+  const int kb_begin = kblocks * srank / ks, kb_end = kblocks * (srank + 1) / ks;
+  const int nst = (kb_end - kb_begin + KW - 1) / KW;  // stages of this CTA
+  const int rows_valid = int(std::min<int64_t>(kRows, a.n - tile * kRows));  // N % 16 == 0
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&full_bar[s])));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(&empty_bar[s])),
+                   "r"(kBulkConsumerWarps));
+    }
+    // Make the initialized barriers visible to the async (bulk copy) proxy.
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+  if (a.pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+
+  if (warp == kBulkConsumerWarps) {
+    // Producer: weights only (independent of the previous kernel): copies start before the wait.
+    const uint8_t* wbase = a.w + (group * a.n + tile * kRows) * a.k;
+    for (int j = 0; j < nst; ++j) {
+      const int s = j % S;
+      if (j >= S) mbar_wait(smem_addr(&empty_bar[s]), uint32_t((j / S - 1) & 1));
+      const int kb0 = kb_begin + j * KW;
+      const uint32_t bytes = uint32_t(std::min(KW, kb_end - kb0) * 128);
+      const uint32_t fb = smem_addr(&full_bar[s]);
+      if (lane == 0)
+        asm volatile(
+            "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(fb),
+            "r"(bytes * uint32_t(rows_valid))
+            : "memory");
+      __syncwarp();
+      const uint32_t dst0 = smem_addr(ring + size_t(s) * kStageBytes);
+      for (int r = lane; r < rows_valid; r += 32) {
+        const uint8_t* src = wbase + int64_t(r) * a.k + int64_t(kb0) * 128;
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+            "[%3];" ::"r"(dst0 + uint32_t(r * kRowBytes)),
+            "l"(src), "r"(bytes), "r"(fb)
+            : "memory");
+      }
+    }
+    // The epilogue below writes y: ordered after the previous kernel like the consumers.
+    if (a.pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+  } else {
+    const int rw = warp % RW, kw = warp / RW;
+    const bool has_rows = rw * 16 < rows_valid;
+    if (a.pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+    const uint8_t* wsrow = a.w_scale + ((group * a.n + tile * kRows + rw * 16) / 128) *
+                                           a.w_scale_stride;
+    const uint8_t* xrow[NT];
+    const uint8_t* xsrow[NT];
+    bool xok[NT], xsok[NT][2];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int64_t tb = tok0 + j * 8 + g, ts = tok0 + j * 8 + t4 * 2;
+      xok[j] = tb < a.m;
+      xsok[j][0] = ts < a.m;
+      xsok[j][1] = ts + 1 < a.m;
+      xrow[j] = a.x_codes + (xok[j] ? tb : 0) * a.x_stride + xcol0 + t4 * 16;
+      xsrow[j] = a.x_scales + (xsok[j][0] ? ts : 0) * a.x_scale_stride + xcol0 / 128;
+    }
+    uint4 xr[XR][NT][2];
+    uint32_t xsr[XR][NT];
+    uint32_t wsr[XR];
+    // Block of stage j for this warp (valid when < kb_end).
+    auto load_x = [&](uint4(&v)[NT][2], uint32_t(&sc)[NT], uint32_t& ws, int kb) {
+      ws = has_rows ? __ldg(wsrow + kb) : 0u;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        v[j][0] = v[j][1] = make_uint4(0, 0, 0, 0);
+        if (xok[j]) {
+          v[j][0] = __ldg(reinterpret_cast<const uint4*>(xrow[j] + kb * 128));
+          v[j][1] = __ldg(reinterpret_cast<const uint4*>(xrow[j] + kb * 128 + 64));
+        }
+        uint32_t sv = 0;
+        if (xsok[j][0]) sv = __ldg(xsrow[j] + kb);
+        if (xsok[j][1]) sv |= uint32_t(__ldg(xsrow[j] + a.x_scale_stride + kb)) << 8;
+        sc[j] = sv;
+      }
+    };
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+#pragma unroll
+    for (int u = 0; u < XR; ++u) {
+      const int kb = kb_begin + u * KW + kw;
+      if (u < nst && kb < kb_end) load_x(xr[u], xsr[u], wsr[u], kb);
+    }
+    const int roff = (rw * 16 + g) * kRowBytes + kw * 128 + t4 * 16;
+    for (int j0 = 0; j0 < nst; j0 += XR) {
+#pragma unroll
+      for (int u = 0; u < XR; ++u) {
+        const int j = j0 + u;
+        if (j < nst) {
+          const int s = j % S;
+          const int kb = kb_begin + j * KW + kw;
+          const bool mine = has_rows && kb < kb_end;
+          mbar_wait(smem_addr(&full_bar[s]), uint32_t((j / S) & 1));
+          uint4 wv[4];
+          if (mine) {
+            const uint8_t* p = ring + size_t(s) * kStageBytes + roff;
+            wv[0] = *reinterpret_cast<const uint4*>(p);
+            wv[1] = *reinterpret_cast<const uint4*>(p + 64);
+            wv[2] = *reinterpret_cast<const uint4*>(p + 8 * kRowBytes);
+            wv[3] = *reinterpret_cast<const uint4*>(p + 8 * kRowBytes + 64);
+          }
+          __syncwarp();
+          if (lane == 0)
+            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(
+                             smem_addr(&empty_bar[s]))
+                         : "memory");
+          if (mine) {
+            const float ws = e8m0_to_float_dev(wsr[u]);
+#pragma unroll
+            for (int jt = 0; jt < NT; ++jt) {
+              float blk[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+              for (int q = 0; q < 4; ++q) {
+                const int h = q >> 1, i0 = (q & 1) * 2;
+                const uint32_t af[4] = {word(wv[h], i0), word(wv[2 + h], i0),
+                                        word(wv[h], i0 + 1), word(wv[2 + h], i0 + 1)};
+                mma_fp8(blk, af, word(xr[u][jt][h], i0), word(xr[u][jt][h], i0 + 1));
+              }
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+                const float sc = ws * e8m0_to_float_dev((xsr[u][jt] >> (8 * c)) & 0xFFu);
+                acc[jt][c] = fmaf(blk[c], sc, acc[jt][c]);
+                acc[jt][2 + c] = fmaf(blk[2 + c], sc, acc[jt][2 + c]);
+              }
+            }
+          }
+          const int kbn = kb + XR * KW;
+          if (j + XR < nst && kbn < kb_end) load_x(xr[u], xsr[u], wsr[u], kbn);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      red[kw][rw * 16 + g][j * 8 + t4 * 2] = acc[j][0];
+      red[kw][rw * 16 + g][j * 8 + t4 * 2 + 1] = acc[j][1];
+      red[kw][rw * 16 + g + 8][j * 8 + t4 * 2] = acc[j][2];
+      red[kw][rw * 16 + g + 8][j * 8 + t4 * 2 + 1] = acc[j][3];
+    }
+  }
+
+  cg::cluster_group cluster = cg::this_cluster();
+  if (ks > 1)
+    cluster.sync();
+  else
+    __syncthreads();
+  // Same fixed-order reduction as fp8_stream_kernel (all 5 warps take part).
+  constexpr int kElems = kRows * kCols;
+  const int e_begin = kElems * srank / ks, e_end = kElems * (srank + 1) / ks;
+  for (int e = e_begin + int(threadIdx.x); e < e_end; e += kBulkThreads) {
+    const int col = e / kRows, row = e % kRows;
+    float sum = 0.f;
+    for (int s = 0; s < ks; ++s) {
+      const float* base = ks > 1 ? cluster.map_shared_rank(&red[0][0][0], s) : &red[0][0][0];
+#pragma unroll
+      for (int w = 0; w < KW; ++w) sum += base[(w * kRows + row) * kPad + col];
+    }
+    const int64_t tok = tok0 + col, r = tile * kRows + row;
+    if (tok < a.m && r < a.n) {
+      const int64_t idx = tok * a.y_stride + group * a.n + r;
+      if (a.y_f32)
+        static_cast<float*>(a.y)[idx] = sum;
+      else
+        static_cast<__nv_bfloat16*>(a.y)[idx] = __float2bfloat16_rn(sum);
+    }
+  }
+  if (ks > 1) cluster.sync();
+#else
+  __trap();
+#endif
+}
+
+template <int NT, int RW>
+cudaError_t launch_bulk(const SmallMArgs& a, dim3 grid, cudaStream_t stream) {
+  auto kernel = fp8_bulk_kernel<NT, RW>;
+  const size_t smem = size_t(a.stages) * bulk_stage_bytes(RW);
+  // Deep rings (explicit stages >= 5 or 6) exceed the default 48 KB of dynamic shared memory; set
+  // per call (per device, not stream-ordered, graph-safe) only then.
+  if (smem > size_t(48) << 10) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (e != cudaSuccess) return e;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(unsigned(kBulkThreads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (a.k_split > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = unsigned(a.k_split);
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (a.pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  return cudaLaunchKernelEx(&cfg, kernel, a);
+}
+
+template <int NT>
+cudaError_t dispatch_bulk_rw(int rw, const SmallMArgs& a, dim3 grid, cudaStream_t stream) {
+  switch (rw) {
+    case 1:
+      return launch_bulk<NT, 1>(a, grid, stream);
+    case 2:
+      return launch_bulk<NT, 2>(a, grid, stream);
+    default:
+      return launch_bulk<NT, 4>(a, grid, stream);
+  }
+}
+
 int n_tiles_for(int64_t m) {
   const int64_t mm = std::min<int64_t>(m, kSmallMMaxTokens);
   return mm <= 8 ? 1 : mm <= 16 ? 2 : mm <= 32 ? 4 : 8;
@@ -566,6 +862,19 @@ int device_sms() {
     return n;
   }();
   return sms;
+}
+
+int device_cc_major() {
+  static int major = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      v = 0;
+    }
+    return v;
+  }();
+  return major;
 }
 
 Status check_weight(const Fp8WeightView& w) {
@@ -689,6 +998,22 @@ Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms) {
   const int64_t mchunks = (p.num_tokens + chunk - 1) / chunk;
   const int64_t kblocks = p.w.in_features / kFp8GemmBlock;
   const int64_t tiles16 = p.w.out_features / 16 * p.w.num_groups * mchunks;
+  if (p.kernel == SmallMKernel::kAuto && nt1 && !p.row_warps && !p.k_split &&
+      device_cc_major() >= 9) {
+    // kBulk from the H200 sweep of session 5 (NOTES.md, v5): it beats kStream by 0.5-0.7 us at
+    // M <= 8 when each CTA streams >= 32 K blocks (4 KB) of its 16 rows with >= 3.5 CTAs per SM
+    // (wo_a, wo_b: 512 CTAs, 2 ring slots); with shorter row pieces (K <= 2048 per CTA: wq_b,
+    // wq_a, wkv, shared experts) it is slower or equal.
+    int bks = 1;
+    while (bks < 8 && tiles16 * bks * 2 < 7 * int64_t(num_sms)) bks *= 2;
+    if (tiles16 * bks * 2 >= 7 * int64_t(num_sms) && kblocks / bks >= 32) {
+      plan.kernel = SmallMKernel::kBulk;
+      plan.row_warps = 1;
+      plan.k_split = bks;
+      plan.stages = p.stages ? p.stages : 2;
+      return plan;
+    }
+  }
   const int64_t target = nt1 ? 3 * int64_t(num_sms) : int64_t(num_sms) * 19 / 10;
   int rw = p.row_warps;
   if (!rw) {
@@ -713,6 +1038,7 @@ Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms) {
   }
   plan.row_warps = rw;
   plan.k_split = ks;
+  if (plan.kernel == SmallMKernel::kBulk) plan.stages = p.stages ? p.stages : 2;
   return plan;
 }
 
@@ -729,9 +1055,14 @@ Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) 
   if (!p.y || p.y_row_stride < p.w.out_features * p.w.num_groups)
     return invalid_argument("fp8 linear: output missing or row stride < G*N");
   const Fp8SmallMPlan plan = fp8_small_m_plan(p, device_sms());
-  const bool stream_kernel = plan.kernel == SmallMKernel::kStream;
+  // kBulk needs cp.async.bulk (sm_90+); elsewhere the same layout runs on kStream.
+  const bool bulk_kernel = plan.kernel == SmallMKernel::kBulk && device_cc_major() >= 9;
+  const bool stream_kernel = plan.kernel == SmallMKernel::kStream ||
+                             plan.kernel == SmallMKernel::kBulk;
   if (stream_kernel && !fp8_act)
     return invalid_argument("fp8 linear: the stream kernel needs FP8-quantized activations");
+  if (plan.kernel == SmallMKernel::kBulk && (plan.stages < 2 || plan.stages > kBulkMaxStages))
+    return invalid_argument("fp8 linear: kBulk stages must be 2..8");
   const int rw = plan.row_warps, ks = plan.k_split;
   if ((rw != 1 && rw != 2 && rw != 4 && (rw != 8 || stream_kernel)) ||
       (ks != 1 && ks != 2 && ks != 4 && ks != 8))
@@ -756,6 +1087,7 @@ Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) 
   a.k_split = ks;
   a.y_f32 = p.y_type == OutType::kF32;
   a.pdl = p.pdl ? 1 : 0;
+  a.stages = plan.stages;
   const int64_t tiles = (p.w.out_features + 16 * rw - 1) / (16 * rw);
   const int64_t mchunks = (p.num_tokens + 8 * nt - 1) / (8 * nt);
   a.tiles = tiles;
@@ -770,7 +1102,10 @@ Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) 
   if (clusters * ks > 0x7FFFFFFF) return invalid_argument("fp8 linear: shape too large");
   const dim3 grid(unsigned(clusters * ks), 1, 1);
   cudaError_t err;
-  if (stream_kernel)
+  if (bulk_kernel)
+    err = nt == 1 ? dispatch_bulk_rw<1>(rw, a, grid, stream)
+                  : dispatch_bulk_rw<2>(rw, a, grid, stream);
+  else if (stream_kernel)
     err = nt == 1 ? dispatch_stream_rw<1>(rw, a, grid, stream)
                   : dispatch_stream_rw<2>(rw, a, grid, stream);
   else
@@ -843,7 +1178,86 @@ Result<std::unique_ptr<GemmRunner>> GemmRunner::create(void* workspace, size_t b
 
 GemmRunner::~GemmRunner() {
   plans_.clear();
+  tuned_.clear();
   if (lt_) cublasLtDestroy(static_cast<cublasLtHandle_t>(lt_));
+}
+
+// One orientation's descriptors for an FP8 block-scaled GEMM of m tokens (no algorithm yet).
+// (0) column-major D[N, M] = W[K, N]^T Xq[K, M] with the 128x128 scales on A;
+// (1) D[M, N] stored row-major = Xq[K, M]^T W[K, N] with the 1x128 scales on A.
+Status GemmRunner::make_fp8_plan(const Fp8WeightView& w, int64_t m, const float* scales_t,
+                                 OutType y_type, int64_t y_row_stride, int orient,
+                                 std::shared_ptr<Plan>* out) {
+  const int64_t n = w.out_features, k = w.in_features, in_cols = k * w.num_groups;
+  auto pl = std::make_shared<Plan>();
+  pl->swapped = orient == 1;
+  DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&pl->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t opt = CUBLAS_OP_T, opn = CUBLAS_OP_N;
+  DS_LT_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof opt));
+  DS_LT_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opn, sizeof opn));
+  const int32_t wmode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  const int32_t xmode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  const float* aptr = pl->swapped ? scales_t : w.scale_f32;
+  const float* bptr = pl->swapped ? w.scale_f32 : scales_t;
+  DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      pl->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, pl->swapped ? &xmode : &wmode, sizeof wmode));
+  DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      pl->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, pl->swapped ? &wmode : &xmode, sizeof xmode));
+  DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      pl->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &aptr, sizeof aptr));
+  DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      pl->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bptr, sizeof bptr));
+  const cudaDataType_t dt = y_type == OutType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+  if (!pl->swapped) {
+    DS_LT_RETURN_IF_ERROR(
+        cublasLtMatrixLayoutCreate(&pl->a, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(n), k));
+    DS_LT_RETURN_IF_ERROR(
+        cublasLtMatrixLayoutCreate(&pl->b, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(m), in_cols));
+    DS_LT_RETURN_IF_ERROR(
+        cublasLtMatrixLayoutCreate(&pl->c, dt, uint64_t(n), uint64_t(m), y_row_stride));
+  } else {
+    DS_LT_RETURN_IF_ERROR(
+        cublasLtMatrixLayoutCreate(&pl->a, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(m), in_cols));
+    DS_LT_RETURN_IF_ERROR(
+        cublasLtMatrixLayoutCreate(&pl->b, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(n), k));
+    DS_LT_RETURN_IF_ERROR(
+        cublasLtMatrixLayoutCreate(&pl->c, dt, uint64_t(m), uint64_t(n), y_row_stride));
+    const int32_t row = CUBLASLT_ORDER_ROW;
+    DS_LT_RETURN_IF_ERROR(
+        cublasLtMatrixLayoutSetAttribute(pl->c, CUBLASLT_MATRIX_LAYOUT_ORDER, &row, sizeof row));
+  }
+  *out = std::move(pl);
+  return ok_status();
+}
+
+// Launches plan's GEMM for group g of w.
+Status GemmRunner::run_fp8_group(const Plan& plan, const Fp8WeightView& w, int64_t m, int g,
+                                 const uint8_t* codes, const float* scales_t, void* y,
+                                 OutType y_type, cudaStream_t stream) {
+  const int64_t n = w.out_features, k = w.in_features;
+  const float alpha = 1.0f, beta = 0.0f;
+  const size_t elt = y_type == OutType::kF32 ? 4 : 2;
+  cublasLtHandle_t lt = static_cast<cublasLtHandle_t>(lt_);
+  const uint8_t* wg = w.data + size_t(g) * size_t(n) * size_t(k);
+  const float* wsg =
+      w.scale_f32 + size_t(g) * size_t(n / kFp8GemmBlock) * size_t(k / kFp8GemmBlock);
+  const uint8_t* xg = codes + size_t(g) * size_t(k);
+  const float* xsg = scales_t + size_t(g) * size_t(k / kFp8GemmBlock) * size_t(m);
+  void* yg = static_cast<uint8_t*>(y) + size_t(g) * size_t(n) * elt;
+  const void* aop = plan.swapped ? static_cast<const void*>(xg) : wg;
+  const void* bop = plan.swapped ? static_cast<const void*>(wg) : xg;
+  const float* asc = plan.swapped ? xsg : wsg;
+  const float* bsc = plan.swapped ? wsg : xsg;
+  DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &asc, sizeof asc));
+  DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bsc, sizeof bsc));
+  DS_LT_RETURN_IF_ERROR(cublasLtMatmul(lt, plan.desc, &alpha, aop, plan.a, bop, plan.b, &beta, yg,
+                                       plan.c, yg, plan.c, &plan.algo, lt_workspace_,
+                                       lt_workspace_bytes_, stream));
+  return ok_status();
 }
 
 Status GemmRunner::run_fp8_cublaslt(const Fp8WeightView& w, int64_t m, const uint8_t* codes,
@@ -853,94 +1267,146 @@ Status GemmRunner::run_fp8_cublaslt(const Fp8WeightView& w, int64_t m, const uin
   auto key = std::make_tuple(0, m, n, k, in_cols, y_row_stride, int(y_type));
   std::shared_ptr<Plan>& plan = plans_[key];
   cublasLtHandle_t lt = static_cast<cublasLtHandle_t>(lt_);
-  std::string why;
-  // Two orientations: (0) column-major D[N, M] = W[K, N]^T Xq[K, M] with the 128x128 scales on A;
-  // (1) D[M, N] stored row-major = Xq[K, M]^T W[K, N] with the 1x128 scales on A.
-  for (int orient = 0; !plan && orient < 2; ++orient) {
-    auto pl = std::make_shared<Plan>();
-    pl->swapped = orient == 1;
-    DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&pl->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t opt = CUBLAS_OP_T, opn = CUBLAS_OP_N;
-    DS_LT_RETURN_IF_ERROR(
-        cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof opt));
-    DS_LT_RETURN_IF_ERROR(
-        cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opn, sizeof opn));
-    const int32_t wmode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
-    const int32_t xmode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-    const float* aptr = pl->swapped ? scales_t : w.scale_f32;
-    const float* bptr = pl->swapped ? w.scale_f32 : scales_t;
-    DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        pl->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, pl->swapped ? &xmode : &wmode, sizeof wmode));
-    DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        pl->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, pl->swapped ? &wmode : &xmode, sizeof xmode));
-    DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        pl->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &aptr, sizeof aptr));
-    DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        pl->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bptr, sizeof bptr));
-    const cudaDataType_t dt = y_type == OutType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
-    if (!pl->swapped) {
-      DS_LT_RETURN_IF_ERROR(
-          cublasLtMatrixLayoutCreate(&pl->a, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(n), k));
-      DS_LT_RETURN_IF_ERROR(
-          cublasLtMatrixLayoutCreate(&pl->b, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(m), in_cols));
-      DS_LT_RETURN_IF_ERROR(
-          cublasLtMatrixLayoutCreate(&pl->c, dt, uint64_t(n), uint64_t(m), y_row_stride));
-    } else {
-      DS_LT_RETURN_IF_ERROR(
-          cublasLtMatrixLayoutCreate(&pl->a, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(m), in_cols));
-      DS_LT_RETURN_IF_ERROR(
-          cublasLtMatrixLayoutCreate(&pl->b, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(n), k));
-      DS_LT_RETURN_IF_ERROR(
-          cublasLtMatrixLayoutCreate(&pl->c, dt, uint64_t(m), uint64_t(n), y_row_stride));
-      const int32_t row = CUBLASLT_ORDER_ROW;
-      DS_LT_RETURN_IF_ERROR(
-          cublasLtMatrixLayoutSetAttribute(pl->c, CUBLASLT_MATRIX_LAYOUT_ORDER, &row, sizeof row));
-    }
-    cublasLtMatmulPreference_t pref = nullptr;
-    DS_LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
-    size_t ws = lt_workspace_bytes_;
-    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    cublasLtMatmulHeuristicResult_t heur{};
-    int found = 0;
-    if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulAlgoGetHeuristic(lt, pl->desc, pl->a, pl->b, pl->c, pl->c, pref, 1, &heur,
-                                          &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
-      pl->algo = heur.algo;
-      plan = pl;
-    } else {
-      why += std::string(" orientation ") + std::to_string(orient) + ": " + lt_status_name(st);
+  // Shape class of the autotuning: the same weight shape and output, M in [2^(b-1), 2^b).
+  int mbits = 0;
+  while ((int64_t(1) << mbits) <= m) ++mbits;
+  const auto tkey = std::make_tuple(mbits, n, k, in_cols, y_row_stride, int(y_type));
+  if (!plan) {
+    // A tuned algorithm of this shape class: reuse it when cuBLASLt accepts it for this M.
+    if (auto it = tuned_.find(tkey); it != tuned_.end()) {
+      std::shared_ptr<Plan> pl;
+      const int orient = it->second->swapped ? 1 : 0;
+      if (make_fp8_plan(w, m, scales_t, y_type, y_row_stride, orient, &pl).ok()) {
+        cublasLtMatmulHeuristicResult_t chk{};
+        if (cublasLtMatmulAlgoCheck(lt, pl->desc, pl->a, pl->b, pl->c, pl->c, &it->second->algo,
+                                    &chk) == CUBLAS_STATUS_SUCCESS &&
+            chk.workspaceSize <= lt_workspace_bytes_) {
+          pl->algo = it->second->algo;
+          plan = pl;
+        }
+      }
     }
   }
   if (!plan) {
-    plans_.erase(key);
-    return unimplemented(std::string("cuBLASLt has no FP8 block-scaled algorithm for M=") +
-                         std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
-                         " (" + why + ")");
+    // Candidates: cuBLASLt's heuristic list for both orientations, orientation 0's first answer
+    // first (the choice without tuning).
+    struct Cand {
+      std::shared_ptr<Plan> plan;
+      cublasLtMatmulAlgo_t algo;
+    };
+    std::vector<Cand> cands;
+    std::string why;
+    constexpr int kMaxHeur = 8;
+    for (int orient = 0; orient < 2; ++orient) {
+      std::shared_ptr<Plan> pl;
+      DS_RETURN_IF_ERROR(make_fp8_plan(w, m, scales_t, y_type, y_row_stride, orient, &pl));
+      cublasLtMatmulPreference_t pref = nullptr;
+      DS_LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+      size_t ws = lt_workspace_bytes_;
+      cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+      cublasLtMatmulHeuristicResult_t heur[kMaxHeur] = {};
+      int found = 0;
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulAlgoGetHeuristic(lt, pl->desc, pl->a, pl->b, pl->c, pl->c, pref,
+                                            autotune_ ? kMaxHeur : 1, heur, &found);
+      cublasLtMatmulPreferenceDestroy(pref);
+      if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+        why += std::string(" orientation ") + std::to_string(orient) + ": " + lt_status_name(st);
+        continue;
+      }
+      for (int i = 0; i < found; ++i) {
+        if (heur[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        cands.push_back({pl, heur[i].algo});
+        if (!autotune_) continue;
+        // Split-K variants (N = 512 leaves SMs idle with large tiles), where cuBLASLt takes them.
+        int32_t splitk = 1;
+        size_t written = 0;
+        if (cublasLtMatmulAlgoConfigGetAttribute(&heur[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                                                 &splitk, sizeof splitk, &written) !=
+                CUBLAS_STATUS_SUCCESS ||
+            splitk != 1)
+          continue;
+        for (int32_t sk : {2, 4}) {
+          cublasLtMatmulAlgo_t alg = heur[i].algo;
+          cublasLtMatmulHeuristicResult_t chk{};
+          // Partials reduced in fp32 (the compute type), never in the bf16 output type.
+          const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+          if (cublasLtMatmulAlgoConfigSetAttribute(&alg, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk,
+                                                   sizeof sk) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulAlgoConfigSetAttribute(&alg, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                                   &scheme,
+                                                   sizeof scheme) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulAlgoCheck(lt, pl->desc, pl->a, pl->b, pl->c, pl->c, &alg, &chk) ==
+                  CUBLAS_STATUS_SUCCESS &&
+              chk.workspaceSize <= lt_workspace_bytes_)
+            cands.push_back({pl, alg});
+        }
+      }
+      if (!autotune_) break;  // without tuning: orientation 0 when it has an algorithm
+    }
+    if (cands.empty()) {
+      plans_.erase(key);
+      return unimplemented(std::string("cuBLASLt has no FP8 block-scaled algorithm for M=") +
+                           std::to_string(m) + " N=" + std::to_string(n) +
+                           " K=" + std::to_string(k) + " (" + why + ")");
+    }
+    size_t best = 0;
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    const bool capturing = cudaStreamIsCapturing(stream, &cap) != cudaSuccess ||
+                           cap != cudaStreamCaptureStatusNone;
+    if (autotune_ && cands.size() > 1 && !capturing) {
+      // Time the candidates on this call's operands (group 0; the real call below overwrites y):
+      // one warm-up each, then 3 interleaved rounds of one timed run each (clock and power drift
+      // hit all candidates alike), best of 3 per candidate. A candidate replaces cuBLASLt's first
+      // answer only when >= 3% faster (run 1 of session 5: a 2-run timing picked an algorithm 14%
+      // slower for wq_b at M = 8192). Host-synchronizing, once per shape class; any failure of
+      // candidate 0 keeps candidate 0.
+      constexpr int kRounds = 3;
+      std::vector<cudaEvent_t> ev(2 * cands.size() * kRounds, nullptr);
+      bool ok = true;
+      for (cudaEvent_t& e : ev) ok = ok && cudaEventCreate(&e) == cudaSuccess;
+      std::vector<char> usable(cands.size(), 1);
+      for (size_t i = 0; ok && i < cands.size(); ++i) {
+        cands[i].plan->algo = cands[i].algo;
+        usable[i] = run_fp8_group(*cands[i].plan, w, m, 0, codes, scales_t, y, y_type, stream).ok();
+      }
+      for (int r = 0; ok && r < kRounds; ++r)
+        for (size_t i = 0; ok && i < cands.size(); ++i) {
+          if (!usable[i]) continue;
+          cudaEvent_t* e = &ev[2 * (size_t(r) * cands.size() + i)];
+          cands[i].plan->algo = cands[i].algo;
+          ok = cudaEventRecord(e[0], stream) == cudaSuccess;
+          usable[i] = ok && run_fp8_group(*cands[i].plan, w, m, 0, codes, scales_t, y, y_type,
+                                          stream)
+                                .ok();
+          ok = ok && cudaEventRecord(e[1], stream) == cudaSuccess;
+        }
+      ok = ok && usable[0] && cudaStreamSynchronize(stream) == cudaSuccess;
+      std::vector<float> t(cands.size(), 1e30f);
+      for (int r = 0; ok && r < kRounds; ++r)
+        for (size_t i = 0; ok && i < cands.size(); ++i) {
+          if (!usable[i]) continue;
+          const cudaEvent_t* e = &ev[2 * (size_t(r) * cands.size() + i)];
+          float ms = 0;
+          if (cudaEventElapsedTime(&ms, e[0], e[1]) == cudaSuccess) t[i] = std::min(t[i], ms);
+        }
+      if (ok) {
+        size_t fastest = 0;
+        for (size_t i = 1; i < cands.size(); ++i)
+          if (usable[i] && t[i] < t[fastest]) fastest = i;
+        if (t[fastest] < 0.97f * t[0]) best = fastest;
+      }
+      for (cudaEvent_t e : ev)
+        if (e) cudaEventDestroy(e);
+      (void)cudaGetLastError();
+    }
+    cands[best].plan->algo = cands[best].algo;
+    plan = cands[best].plan;
+    if (autotune_ && !capturing) tuned_[tkey] = plan;
   }
-  const float alpha = 1.0f, beta = 0.0f;
-  const size_t elt = y_type == OutType::kF32 ? 4 : 2;
-  for (int g = 0; g < w.num_groups; ++g) {
-    const uint8_t* wg = w.data + size_t(g) * size_t(n) * size_t(k);
-    const float* wsg =
-        w.scale_f32 + size_t(g) * size_t(n / kFp8GemmBlock) * size_t(k / kFp8GemmBlock);
-    const uint8_t* xg = codes + size_t(g) * size_t(k);
-    const float* xsg = scales_t + size_t(g) * size_t(k / kFp8GemmBlock) * size_t(m);
-    void* yg = static_cast<uint8_t*>(y) + size_t(g) * size_t(n) * elt;
-    const void* aop = plan->swapped ? static_cast<const void*>(xg) : wg;
-    const void* bop = plan->swapped ? static_cast<const void*>(wg) : xg;
-    const float* asc = plan->swapped ? xsg : wsg;
-    const float* bsc = plan->swapped ? wsg : xsg;
-    DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &asc, sizeof asc));
-    DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bsc, sizeof bsc));
-    DS_LT_RETURN_IF_ERROR(cublasLtMatmul(lt, plan->desc, &alpha, aop, plan->a, bop, plan->b, &beta,
-                                         yg, plan->c, yg, plan->c, &plan->algo, lt_workspace_,
-                                         lt_workspace_bytes_, stream));
-  }
+  for (int g = 0; g < w.num_groups; ++g)
+    DS_RETURN_IF_ERROR(run_fp8_group(*plan, w, m, g, codes, scales_t, y, y_type, stream));
   return ok_status();
 }
 

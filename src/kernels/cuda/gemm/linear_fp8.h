@@ -64,9 +64,13 @@ struct Fp8Activations {
 //  - kStream: 4-warp CTAs, one item each, x fragments and scales prefetched in the same register
 //    ring as the weights, sector-contiguous weight loads. FP8 activations, M <= 16 per chunk
 //    (larger M runs 16-token chunks, re-reading the weights). max_ctas does not apply.
-//  - kAuto: kStream for FP8 activations with M <= kSmallMMaxTokens and no max_ctas, else kMma
-//    (kStream in 16-token chunks still beats kMma's single pass at M = 64: NOTES.md).
-enum class SmallMKernel : uint8_t { kAuto, kMma, kStream };
+//  - kBulk (sm_90+; elsewhere it runs kStream): kStream's arithmetic and work items, but a
+//    producer warp streams the weights with TMA bulk copies (cp.async.bulk) into a ring of
+//    `stages` shared-memory slots read by 4 consumer warps. FP8 activations, <= 16 tokens per item.
+//  - kAuto: for FP8 activations with M <= kSmallMMaxTokens and no max_ctas, kBulk at M <= 8 on
+//    sm_90+ when each CTA streams >= 32 K blocks of its rows (wo_a, wo_b), else kStream; kMma
+//    otherwise (kStream in 16-token chunks still beats kMma's single pass at M = 64: NOTES.md).
+enum class SmallMKernel : uint8_t { kAuto, kMma, kStream, kBulk };
 inline constexpr int64_t kStreamMaxTokens = 16;  // kStream: tokens per work item (chunk)
 
 struct Fp8SmallMParams {
@@ -80,8 +84,9 @@ struct Fp8SmallMParams {
   void* y = nullptr;                  // [M, y_row_stride], G*N columns written
   OutType y_type = OutType::kBF16;
   int64_t y_row_stride = 0;  // elements, >= G*N
-  // Tuning, 0 = heuristic: warps per CTA along rows (kMma: 1, 2, 4, 8 of 8 warps; kStream: 1, 2, 4
-  // of 4 warps; the other warps of the CTA split K) and CTAs per cluster along K (1, 2, 4, 8).
+  // Tuning, 0 = heuristic: warps per CTA along rows (kMma: 1, 2, 4, 8 of 8 warps; kStream and
+  // kBulk: 1, 2, 4 of 4 (consumer) warps; the other warps of the CTA split K) and CTAs per cluster
+  // along K (1, 2, 4, 8).
   SmallMKernel kernel = SmallMKernel::kAuto;
   int row_warps = 0;
   int k_split = 0;
@@ -90,6 +95,8 @@ struct Fp8SmallMParams {
   bool pdl = false;
   // CTAs in the grid (0 = one per work item); with a cap each CTA (cluster) loops over items.
   int max_ctas = 0;
+  // kBulk: shared-memory ring slots per CTA, 2..8 (0 = heuristic).
+  int stages = 0;
 };
 
 // The kMma configuration launch_fp8_linear_small_m would choose (row_warps, k_split).
@@ -101,6 +108,7 @@ struct Fp8SmallMPlan {
   SmallMKernel kernel = SmallMKernel::kMma;
   int row_warps = 1;
   int k_split = 1;
+  int stages = 0;  // kBulk only
 };
 Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms);
 
@@ -159,6 +167,15 @@ class GemmRunner {
   // y = x @ W^T for a bf16 W (fp32 accumulation, cuBLASLt).
   Status linear_bf16(const Bf16LinearParams& p, cudaStream_t stream);
 
+  // cuBLASLt autotuning, off by default (opt-in): the first FP8 block-scaled GEMM of a shape
+  // class (weight shape, output, M rounded to a power of two) outside stream capture times
+  // cuBLASLt's heuristic candidates of both orientations (and their split-K variants) once,
+  // host-synchronously, and keeps the fastest if >= 3% faster than cuBLASLt's first answer. Off
+  // (or under capture): cuBLASLt's first answer. Off by default because on the H200 its picks,
+  // timed on L2-warm operands, were 4-14% slower in the benchmark at 4 of 20 prefill shapes and
+  // won nothing beyond noise (NOTES.md, v5).
+  void set_autotune(bool on) { autotune_ = on; }
+
   // Device buffers of the quantized activations (for tests).
   const uint8_t* act_codes() const { return codes_; }
   const uint8_t* act_scales() const { return scales_; }
@@ -169,6 +186,11 @@ class GemmRunner {
   Status run_fp8_cublaslt(const Fp8WeightView& w, int64_t m, const uint8_t* codes,
                           const float* scales_t, void* y, OutType y_type, int64_t y_row_stride,
                           cudaStream_t stream);
+  Status make_fp8_plan(const Fp8WeightView& w, int64_t m, const float* scales_t, OutType y_type,
+                       int64_t y_row_stride, int orient, std::shared_ptr<Plan>* out);
+  Status run_fp8_group(const Plan& plan, const Fp8WeightView& w, int64_t m, int g,
+                       const uint8_t* codes, const float* scales_t, void* y, OutType y_type,
+                       cudaStream_t stream);
 
   void* lt_ = nullptr;  // cublasLtHandle_t
   uint8_t* codes_ = nullptr;
@@ -179,6 +201,9 @@ class GemmRunner {
   int64_t max_tokens_ = 0, max_in_columns_ = 0;
   std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int>, std::shared_ptr<Plan>>
       plans_;
+  bool autotune_ = false;
+  // Tuned plan per shape class (M bits, N, K, G*K, y row stride, y type).
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int>, std::shared_ptr<Plan>> tuned_;
 };
 
 }  // namespace ds::cuda
