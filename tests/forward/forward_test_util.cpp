@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -117,6 +118,26 @@ class UlpPerturbedOps final : private CpuOpsHolder, public ForwardingOps {
 
 std::unique_ptr<Ops> make_ulp_perturbed_cpu_ops(const DeepSeekV4Config& config, uint64_t seed) {
   return std::make_unique<UlpPerturbedOps>(config, seed);
+}
+
+Divergence divergence(const std::vector<float>& a, const std::vector<float>& b, int64_t vocab) {
+  Divergence d;
+  const int64_t rows = int64_t(b.size()) / vocab;
+  if (rows == 0 || a.size() != b.size()) return {INFINITY, 0};
+  int64_t same = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = a.data() + r * vocab;
+    const float* y = b.data() + r * vocab;
+    double diff = 0, scale = 1e-6;
+    for (int64_t v = 0; v < vocab; ++v) {
+      diff = std::isfinite(x[v]) ? std::max(diff, double(std::fabs(x[v] - y[v]))) : INFINITY;
+      scale = std::max(scale, double(std::fabs(y[v])));
+    }
+    d.mean_rel += diff / scale / double(rows);
+    same += std::max_element(x, x + vocab) - x == std::max_element(y, y + vocab) - y;
+  }
+  d.argmax = double(same) / double(rows);
+  return d;
 }
 
 }  // namespace ds::dsv4::test

@@ -44,4 +44,13 @@ namespace ds::dsv4::test {
 // how far two correct implementations can drift apart: the baseline for comparing backends.
 std::unique_ptr<Ops> make_ulp_perturbed_cpu_ops(const DeepSeekV4Config& config, uint64_t seed);
 
+// How far logits `a` are from `b` (both [rows, vocab]): the mean over rows of
+// max|a - b| / max|b|, and the fraction of rows with the same argmax. Sizes that differ or no
+// rows: {inf, 0}.
+struct Divergence {
+  double mean_rel = 0;
+  double argmax = 0;
+};
+Divergence divergence(const std::vector<float>& a, const std::vector<float>& b, int64_t vocab);
+
 }  // namespace ds::dsv4::test

@@ -56,30 +56,8 @@ std::vector<int64_t> prefill_then_decode(int64_t prefill, int64_t decode_steps) 
   return sizes;
 }
 
-struct Divergence {
-  double mean_rel = 0;  // mean over rows of max|a - b| / max|b|
-  double argmax = 0;    // fraction of rows with the same argmax
-};
-
-Divergence divergence(const std::vector<float>& a, const std::vector<float>& b, int64_t vocab) {
-  Divergence d;
-  const int64_t rows = int64_t(b.size()) / vocab;
-  if (rows == 0 || a.size() != b.size()) return {INFINITY, 0};
-  int64_t same = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = a.data() + r * vocab;
-    const float* y = b.data() + r * vocab;
-    double diff = 0, scale = 1e-6;
-    for (int64_t v = 0; v < vocab; ++v) {
-      diff = std::isfinite(x[v]) ? std::max(diff, double(std::fabs(x[v] - y[v]))) : INFINITY;
-      scale = std::max(scale, double(std::fabs(y[v])));
-    }
-    d.mean_rel += diff / scale / double(rows);
-    same += std::max_element(x, x + vocab) - x == std::max_element(y, y + vocab) - y;
-  }
-  d.argmax = double(same) / double(rows);
-  return d;
-}
+using dsv4::test::Divergence;
+using dsv4::test::divergence;
 
 // `run` produces logits with a given forward; compares the GPU's against the CPU's with the
 // ulp-perturbed CPU backend's divergence as the yardstick (see the header).
