@@ -322,6 +322,7 @@ using dsv4::test::divergence;
 struct Reference {
   std::vector<float> single_gpu;
   Divergence yardstick;
+  size_t single_weight_bytes = 0;  // the unsharded model's device weights
 };
 const Reference& reference() {
   static const Reference ref = [] {
@@ -332,6 +333,7 @@ const Reference& reference() {
     if (!ops.ok()) return r;
     const Forward gpu(&m, reference_options(), ops->get());
     r.single_gpu = run_chunked(gpu, test_tokens(), test_schedule());
+    r.single_weight_bytes = (*ops)->weight_bytes();
     const Forward cpu(&m, reference_options());
     auto perturbed_ops = dsv4::test::make_ulp_perturbed_cpu_ops(m.config(), 1);
     const Forward perturbed(&m, reference_options(), perturbed_ops.get());
@@ -347,6 +349,7 @@ struct RankResult {
   std::vector<float> logits;
   int all_reduces = 0;
   int64_t graph_replays = 0;
+  size_t weight_bytes = 0;
 };
 
 class ShardedCudaForward : public ::testing::TestWithParam<Case> {};
@@ -409,6 +412,7 @@ TEST_P(ShardedCudaForward, RanksAgreeBitForBitAndMatchTheSingleRank) {
       out.logits = run_chunked(f, test_tokens(), test_schedule());
       out.all_reduces = rank_ops.calls;
       out.graph_replays = cuda->graph_replays();
+      out.weight_bytes = cuda->weight_bytes();
     });
   }
   for (std::thread& t : threads) t.join();
@@ -423,7 +427,14 @@ TEST_P(ShardedCudaForward, RanksAgreeBitForBitAndMatchTheSingleRank) {
     if (nccl) {
       EXPECT_GE(results[size_t(r)].graph_replays, 20) << "rank " << r;
     }
+    // Expert parallelism: a rank uploads only its own routed experts.
+    if (c.expert_parallel && world > 1) {
+      EXPECT_LT(results[size_t(r)].weight_bytes, ref.single_weight_bytes) << "rank " << r;
+    }
   }
+  std::printf("[ metric ] %s: device weights per rank %.2f MiB, unsharded %.2f MiB\n", c.name,
+              double(results[0].weight_bytes) / (1 << 20),
+              double(ref.single_weight_bytes) / (1 << 20));
   // Per forward call: one all-reduce per block after wo_b (tensor parallel) and one after the
   // MoE (every world > 1); the MTP layer is not run.
   const int layers = int(tiny_model().layers.size());

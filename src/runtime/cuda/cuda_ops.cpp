@@ -224,6 +224,12 @@ const T* CudaOps::upload(const std::vector<T>& host) {
   return d;
 }
 
+std::pair<int64_t, int64_t> CudaOps::expert_range(const dsv4::LayerWeights& layer) const {
+  const int64_t n = int64_t(layer.experts.size());
+  const int64_t last = model_.shard.expert_end < 0 ? n : std::min(model_.shard.expert_end, n);
+  return {std::clamp<int64_t>(model_.shard.expert_begin, 0, last), last};
+}
+
 Status CudaOps::register_weights() {
   const DeepSeekV4Config& c = config_;
   const int64_t D = c.hidden_size, hc = c.hc_mult, mixes = (2 + hc) * hc;
@@ -266,10 +272,12 @@ Status CudaOps::register_weights() {
     DS_RETURN_IF_ERROR(compressor(L.indexer_compressor));
     DS_RETURN_IF_ERROR(weights_.add(L.gate_bias, size_t(c.n_routed_experts) * 4));
     DS_RETURN_IF_ERROR(weights_.add(L.tid2eid.data(), L.tid2eid.size() * 4));
-    for (const cpu::ExpertWeights& e : L.experts) {
-      DS_RETURN_IF_ERROR(lin(e.w1));
-      DS_RETURN_IF_ERROR(lin(e.w2));
-      DS_RETURN_IF_ERROR(lin(e.w3));
+    // Expert parallelism (sharding.h): only the rank's routed experts cross to the device.
+    const auto [first, last] = expert_range(L);
+    for (int64_t e = first; e < last; ++e) {
+      DS_RETURN_IF_ERROR(lin(L.experts[size_t(e)].w1));
+      DS_RETURN_IF_ERROR(lin(L.experts[size_t(e)].w2));
+      DS_RETURN_IF_ERROR(lin(L.experts[size_t(e)].w3));
     }
     DS_RETURN_IF_ERROR(lin(L.shared.w1));
     DS_RETURN_IF_ERROR(lin(L.shared.w2));
@@ -1400,9 +1408,12 @@ Status CudaOps::build_moe_layers() {
   };
   auto build = [&](const dsv4::LayerWeights& L) -> Status {
     dsv4::MoeSite site = dsv4::moe_site(model_, L, fwd_);
+    // The experts outside the rank's range stay empty (MoeDeviceLayer reads only the range).
     std::vector<cpu::ExpertWeights> experts(L.experts.size());
-    for (size_t e = 0; e < experts.size(); ++e) {
-      experts[e] = {lin(L.experts[e].w1), lin(L.experts[e].w2), lin(L.experts[e].w3)};
+    const auto [first, last] = expert_range(L);
+    for (int64_t e = first; e < last; ++e) {
+      const cpu::ExpertWeights& w = L.experts[size_t(e)];
+      experts[size_t(e)] = {lin(w.w1), lin(w.w2), lin(w.w3)};
     }
     dsv4::MoeSite dev = site;
     dev.router.gate = lin(site.router.gate);

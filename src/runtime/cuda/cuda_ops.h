@@ -181,6 +181,8 @@ class CudaOps final : public dsv4::Ops {
   Status init();
   Status register_weights();
   Status build_moe_layers();
+  // The routed experts of `layer` this rank runs, [first, last) (all without expert parallelism).
+  std::pair<int64_t, int64_t> expert_range(const dsv4::LayerWeights& layer) const;
   Status check(Status status);  // records the first error; returns it
   bool failed() const { return !error_.ok(); }
   // Ops launch nothing after an error, and nothing while a captured graph stands in for them.
