@@ -24,6 +24,7 @@
 
 #include "kernels/cuda/attention/sparse_mla_decode.h"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/func_attributes.h"
 
 // Timing experiments only (NOTES.md, "where the time goes"); 0 in every real build. 1 drops the
 // QK^T mma, 2 drops the PV mma and fold, 3 drops the FP8 -> bf16 conversion (results are wrong).
@@ -621,10 +622,8 @@ __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const Sparse
 template <int kD, int kMT>
 Status launch_impl(const SparseMlaParams& p, cudaStream_t stream) {
   using C = Config<kD, kMT>;
-  static const cudaError_t attr_err =
-      cudaFuncSetAttribute(sparse_mla_decode_kernel<kD, kMT>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
-  DS_CUDA_RETURN_IF_ERROR(attr_err);
+  DS_CUDA_RETURN_IF_ERROR(
+      ensure_max_dynamic_smem(sparse_mla_decode_kernel<kD, kMT>, int(C::kSmemBytes)));
   const int groups = (p.num_heads + C::kHG - 1) / C::kHG;
   const dim3 grid(unsigned(p.plan.max_splits), unsigned(p.num_queries), unsigned(groups));
   sparse_mla_decode_kernel<kD, kMT><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);

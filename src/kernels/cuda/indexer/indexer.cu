@@ -23,6 +23,7 @@
 
 #include "core/dtype.h"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/func_attributes.h"
 #include "kernels/cuda/indexer/indexer.h"
 
 namespace ds::cuda {
@@ -490,10 +491,8 @@ __global__ void __launch_bounds__(kMergeThreads) indexer_merge_kernel(const Inde
 
 template <int kNT>
 Status launch_score(const IndexerSelectParams& p, cudaStream_t stream) {
-  static const cudaError_t attr_err =
-      cudaFuncSetAttribute(indexer_score_kernel<kNT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(score_smem_bytes(kIndexerMaxTopk)));
-  DS_CUDA_RETURN_IF_ERROR(attr_err);
+  DS_CUDA_RETURN_IF_ERROR(
+      ensure_max_dynamic_smem(indexer_score_kernel<kNT>, int(score_smem_bytes(kIndexerMaxTopk))));
   const dim3 grid(unsigned(p.plan.max_splits), unsigned(p.num_queries));
   indexer_score_kernel<kNT><<<grid, kThreads, score_smem_bytes(p.topk), stream>>>(p);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
