@@ -68,7 +68,7 @@ std::string describe_backend(const dsv4::Ops& ops) {
   if (const auto* cuda = dynamic_cast<const CudaOps*>(&ops)) {
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, cuda->options().device) != cudaSuccess) prop.name[0] = 0;
-    char buf[256];
+    char buf[512];
     std::snprintf(buf, sizeof(buf),
                   "cuda (%s; weights %.2f GiB, sequence state %.2f GiB: %lld KV pages of "
                   "%lld tokens and %lld sequence slots, up to %lld tokens per sequence; step "
