@@ -25,6 +25,7 @@ Writes a JSON summary and exits non-zero on a failed check.
 import argparse
 import concurrent.futures
 import json
+import os
 import subprocess
 import sys
 import time
@@ -156,6 +157,8 @@ def main():
         failures.append(f"mean common prefix: tight {tight_prefix:.3f} vs control "
                         f"{control_prefix:.3f}")
     summary = {
+        "commit": os.environ.get("DS_COMMIT", "unknown"),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "requests": args.requests, "concurrency": args.concurrency,
         "prompt_words": 100, "max_tokens": args.max_tokens,
         "runs": {name: {k: v for k, v in run.items() if k != "results"}

@@ -34,4 +34,9 @@ tar -C build/carry -cf - deepserve test_cuda_ops test_elementwise_cuda test_gemm
 rm -rf build/carry
 mkdir -p build/carry
 mv build/carry.tar.xz build/carry/backend.tar.xz
+# The tree the binaries were built from, for the results' provenance (DS_COMMIT; the GPU
+# machine's copy of the tree has no .git).
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD 2>/dev/null || commit="$commit+uncommitted"
+echo "$commit" > build/carry/COMMIT
 du -sh build/carry

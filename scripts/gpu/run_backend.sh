@@ -52,6 +52,11 @@ if [ -f build/carry/backend.tar.xz ]; then  # pack_backend.sh's compressed form
 fi
 export LD_LIBRARY_PATH="$(cd "$carry" && pwd)/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export DEEPSERVE_CACHE_DIR=/dev/shm/deepserve-cache
+# Provenance of the JSON results: the tree pack_backend.sh built the binaries from.
+if [ -z "${DS_COMMIT:-}" ] && [ -f build/carry/COMMIT ]; then
+  DS_COMMIT=$(cat build/carry/COMMIT)
+  export DS_COMMIT
+fi
 summary=()
 failed=0
 step() {  # name, command...

@@ -4,6 +4,8 @@
 // JSON report holds the same numbers, and bad requests are errors.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <nlohmann/json.hpp>
 
 #include "forward_test_util.h"
@@ -64,7 +66,12 @@ TEST(Profile, DecodeAndPrefillComponentsCoverTheStep) {
   const ComponentProfile& moe = result->decode.components[size_t(Component::kMoe)];
   for (const ComponentProfile& cp : result->decode.components) EXPECT_LE(cp.bytes, moe.bytes);
 
+  ASSERT_EQ(setenv("DS_COMMIT", "abc1234+uncommitted", 1), 0);
   const auto json = nlohmann::json::parse(profile_to_json(*result, "tiny"));
+  unsetenv("DS_COMMIT");
+  EXPECT_EQ(json["commit"], "abc1234+uncommitted");
+  EXPECT_EQ(json["date"].get<std::string>().size(), 20u) << json["date"];  // 2026-11-30T03:06:00Z
+  EXPECT_EQ(nlohmann::json::parse(profile_to_json(*result, "tiny"))["commit"], "unknown");
   EXPECT_EQ(json["decode"]["components"].size(), size_t(kNumComponents));
   EXPECT_DOUBLE_EQ(json["decode"]["step_s"].get<double>(), result->decode.step_s);
   EXPECT_EQ(json["decode"]["components"][size_t(Component::kMoe)]["component"], "moe");

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <ctime>
 #include <nlohmann/json.hpp>
 
 #include "core/rng.h"
@@ -245,7 +247,16 @@ std::string format_profile_report(const ProfileResult& r, const std::string& mod
 }
 
 std::string profile_to_json(const ProfileResult& r, const std::string& model_label) {
-  nlohmann::json j = {{"model", model_label},
+  // Which tree and when (bench/results provenance): DS_COMMIT as the kernel benchmarks read it
+  // (the GPU machine's copy of the tree has no .git; scripts/gpu/pack_backend.sh records it).
+  const char* commit = std::getenv("DS_COMMIT");
+  char date[32] = "unknown";
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  if (gmtime_r(&now, &utc) != nullptr) std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", &utc);
+  nlohmann::json j = {{"commit", commit != nullptr && *commit != 0 ? commit : "unknown"},
+                      {"date", date},
+                      {"model", model_label},
                       {"backend", r.backend},
                       {"gpu_for_floors", r.request.gpu.name},
                       {"batch", r.request.batch},
