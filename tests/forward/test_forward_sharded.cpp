@@ -12,7 +12,6 @@
 // whose top-2 margin is above that.
 #include <gtest/gtest.h>
 
-#include <barrier>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -29,31 +28,9 @@ namespace {
 
 using cpu::NumericsMode;
 
-// All-reduce among threads: every rank gets sum over ranks in rank order (identical bits).
-class CpuCommunicator {
- public:
-  explicit CpuCommunicator(int world) : world_(world), ptrs_(size_t(world)), barrier_(world) {}
-
-  void all_reduce_sum(int rank, float* x, int64_t n) {
-    ptrs_[size_t(rank)] = x;
-    barrier_.arrive_and_wait();  // every rank's input is posted
-    std::vector<float> sum(ptrs_[0], ptrs_[0] + n);
-    for (int r = 1; r < world_; ++r) {
-      for (int64_t i = 0; i < n; ++i) sum[size_t(i)] += ptrs_[size_t(r)][i];
-    }
-    barrier_.arrive_and_wait();  // everyone has read every input
-    std::copy(sum.begin(), sum.end(), x);
-  }
-
- private:
-  int world_;
-  std::vector<float*> ptrs_;
-  std::barrier<> barrier_;
-};
-
 class AllReduceOps final : public ForwardingOps {
  public:
-  AllReduceOps(Ops* inner, CpuCommunicator* comm, int rank)
+  AllReduceOps(Ops* inner, HostCommunicator* comm, int rank)
       : ForwardingOps(inner), comm_(comm), rank_(rank) {}
   void all_reduce_sum(float* x, int64_t n) override {
     ++calls;
@@ -62,7 +39,7 @@ class AllReduceOps final : public ForwardingOps {
   int calls = 0;
 
  private:
-  CpuCommunicator* comm_;
+  HostCommunicator* comm_;
   int rank_;
 };
 
@@ -84,7 +61,7 @@ ShardedRun run_sharded(const ShardSpec& base, NumericsMode mode,
     if (!shard.ok()) return {};
     shards.push_back(std::move(shard).value());
   }
-  CpuCommunicator comm(world);
+  HostCommunicator comm(world);
   ShardedRun run;
   run.logits.resize(size_t(world));
   run.all_reduces.resize(size_t(world));

@@ -225,28 +225,7 @@ TEST(NcclAllReduce, BadDevicesAreErrors) {
 
 // ---- The sharded forward ----
 
-// All-reduce among threads through host memory: every rank gets the rank-order sum (identical
-// bits), as the CPU test's communicator.
-class HostCommunicator {
- public:
-  explicit HostCommunicator(int world) : world_(world), ptrs_(size_t(world)), barrier_(world) {}
-
-  void all_reduce_sum(int rank, float* x, int64_t n) {
-    ptrs_[size_t(rank)] = x;
-    barrier_.arrive_and_wait();  // every rank's input is posted
-    std::vector<float> sum(ptrs_[0], ptrs_[0] + n);
-    for (int r = 1; r < world_; ++r) {
-      for (int64_t i = 0; i < n; ++i) sum[size_t(i)] += ptrs_[size_t(r)][i];
-    }
-    barrier_.arrive_and_wait();  // everyone has read every input
-    std::copy(sum.begin(), sum.end(), x);
-  }
-
- private:
-  int world_;
-  std::vector<float*> ptrs_;
-  std::barrier<> barrier_;
-};
+using dsv4::test::HostCommunicator;
 
 // Counts the forward's all-reduces and runs them on the CUDA backend (NCCL: its communicator) or
 // through the host communicator (copies over the backend's stream).
