@@ -106,6 +106,7 @@ struct EngineConfig {
   double kv_cache_memory_gib = 0;  // KV pages' size (CPU pool; CUDA: instead of the budget's)
   double gpu_memory_utilization = 0.9;  // CUDA backend: fraction of the GPU's memory to fill
   int64_t num_gpu_blocks_override = 0;  // CUDA backend: > 0 = exactly this many KV pages
+  int tensor_parallel_size = 1;  // ranks (GPUs 0..N-1 on CUDA; docs/parallelism.md)
   uint64_t seed = 0;                      // default seed of requests without one
   int num_threads = 0;                    // CPU compute threads; 0 = all cores
   bool full_scan = false;                 // validate every weight value at load (rule 23)

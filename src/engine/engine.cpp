@@ -34,6 +34,7 @@
 #include "model/embedded_model.h"
 #include "model/model_stats.h"
 #include "runtime/backend.h"
+#include "runtime/model_runner.h"
 #include "runtime/kv_cache.h"
 #include "scheduler/sampler.h"
 #include "scheduler/scheduler.h"
@@ -263,8 +264,7 @@ class EngineImpl final : public Engine {
   ModelInfo info_;
   std::vector<std::string> summary_;
   std::unique_ptr<dsv4::ModelWeights> weights_;
-  std::unique_ptr<dsv4::Ops> backend_;  // outlives forward_
-  std::unique_ptr<dsv4::Forward> forward_;
+  std::unique_ptr<rt::ModelRunner> runner_;  // the forward on one or more ranks
   std::unique_ptr<tok::Tokenizer> tokenizer_;
   std::unique_ptr<rt::KvCacheManager> kv_;
   std::optional<rt::DeviceKvCapacity> device_kv_;  // the CUDA backend's slots and pages
@@ -415,13 +415,15 @@ ds::Status EngineImpl::init(const EngineConfig& config) {
       limits.max_checkpoint_tokens =
           1 + std::clamp<int64_t>(config_.speculative.num_speculative_tokens, 1, 8);
     }
-    auto backend = ds::runtime::make_backend(config_.device, *weights_, fo, limits);
-    if (!backend.ok()) return backend.status().with_context("device " + config_.device);
-    backend_ = std::move(backend).value();
+    ds::runtime::ParallelConfig parallel;
+    parallel.tensor_parallel_size = config_.tensor_parallel_size;
+    auto runner = ds::runtime::make_model_runner(config_.device, *weights_, fo, limits, parallel);
+    if (!runner.ok()) return runner.status().with_context("device " + config_.device);
+    runner_ = std::move(runner).value();
     // The CUDA backend sizes its sequence slots from the memory budget: the scheduler never
     // runs more sequences than it holds.
     max_num_seqs_ = config_.max_num_seqs;
-    device_kv_ = ds::runtime::device_kv_capacity(*backend_);
+    device_kv_ = runner_->kv_capacity();
     if (device_kv_ && device_kv_->slots < max_num_seqs_) {
       spdlog::warn("engine: GPU memory holds {} sequence slots next to one sequence of {} tokens; "
                    "max_num_seqs lowered from {} (raise --gpu-memory-utilization or lower "
@@ -429,7 +431,6 @@ ds::Status EngineImpl::init(const EngineConfig& config) {
                    device_kv_->slots, limits.max_context, max_num_seqs_);
       max_num_seqs_ = device_kv_->slots;
     }
-    forward_ = std::make_unique<dsv4::Forward>(weights_.get(), fo, backend_.get());
   }
   vocab_ = c.vocab_size;
   eos_ = int32_t(c.eos_token_id);
@@ -517,7 +518,7 @@ ds::Status EngineImpl::init(const EngineConfig& config) {
                      std::to_string(c.vocab_size) + ", " + std::to_string(info_.num_parameters) +
                      " parameters) from " + dir);
   summary_.push_back("numerics: " + config_.numerics +
-                     ", device: " + ds::runtime::describe_backend(*backend_));
+                     ", device: " + runner_->describe());
   if (spec_) {
     summary_.push_back("speculative decoding: mtp, " +
                        std::to_string(config_.speculative.num_speculative_tokens) +
@@ -800,7 +801,7 @@ void EngineImpl::intake() {
     incoming.swap(inbox_);
   }
   for (auto& r : incoming) {
-    r->state = forward_->new_sequence();
+    r->state = runner_->new_sequence();
     Request* p = r.get();
     requests_.emplace(p->seq.id, std::move(r));
     order_.push_back(p);
@@ -855,7 +856,7 @@ void EngineImpl::finish(Request* r, FinishReason reason, std::optional<ApiError>
     if (reason == FinishReason::kError) ++metrics_.requests_failed_total;
   }
   const uint64_t id = r->seq.id;
-  forward_->ops()->release_sequence(&r->state);  // a device backend frees the state's slot
+  runner_->release_sequence(&r->state);  // a device backend frees the state's slot
   order_.erase(std::remove(order_.begin(), order_.end(), r), order_.end());
   requests_.erase(id);  // r is gone after this
   --active_;
@@ -986,7 +987,7 @@ void EngineImpl::step() {
   sched::StepPlan plan = scheduler_->schedule();
   for (sched::SchedSeq* s : plan.preempted) {
     Request* r = requests_.at(s->id).get();
-    forward_->ops()->release_sequence(&r->state);
+    runner_->release_sequence(&r->state);
     r->state.reset(weights_->config());
     r->mtp_backlog.clear();
   }
@@ -1030,7 +1031,7 @@ void EngineImpl::step() {
       v.insert(v.end(), sc.seq->draft.begin(), sc.seq->draft.begin() + sc.num_draft);
       chunks[i].tokens = std::span<const int32_t>(v);
       for (int64_t j = 0; j <= sc.num_draft; ++j) chunks[i].logit_rows.push_back(j);
-      ds::Status cs = forward_->checkpoint(&r->state, false, sc.count);
+      ds::Status cs = runner_->checkpoint(&r->state, false, sc.count);
       if (!cs.ok()) {
         spdlog::error("engine: speculative checkpoint failed: {}", cs.message());
         fail_everything("internal error");
@@ -1060,7 +1061,7 @@ void EngineImpl::step() {
     }
   }
   std::vector<dsv4::ChunkOutput>& outputs = step_outputs_;
-  ds::Status st = forward_->run(chunks, &outputs);
+  ds::Status st = runner_->run(chunks, &outputs);
   ++steps_;
   {
     std::lock_guard<std::mutex> lock(metrics_mu_);
@@ -1141,7 +1142,7 @@ void EngineImpl::step() {
     r->draft_q.clear();
     if (nd > 0) {
       // Undo the rejected drafts' rows: the state keeps [last token, accepted drafts].
-      ds::Status rs = forward_->rollback(&r->state, false, sc.start + 1 + accepted);
+      ds::Status rs = runner_->rollback(&r->state, false, sc.start + 1 + accepted);
       if (!rs.ok()) {
         spdlog::error("engine: speculative rollback failed: {}", rs.message());
         finish(r, FinishReason::kError, make_error(ErrorKind::kInternal, "internal error"));
@@ -1205,7 +1206,7 @@ void EngineImpl::speculate(std::vector<SpecWork>* work) {
     Request* r = w.r;
     dsv4::SequenceState& st = r->state;
     if (st.mtp_position() > w.start && st.checkpoint(true).armed) {
-      ds::Status rs = forward_->rollback(&st, true, w.start);
+      ds::Status rs = runner_->rollback(&st, true, w.start);
       if (!rs.ok()) spdlog::warn("engine: MTP rollback failed: {}", rs.message());
     }
     const int64_t lag = int64_t(r->mtp_backlog.size()) / width;
@@ -1251,7 +1252,7 @@ void EngineImpl::speculate(std::vector<SpecWork>* work) {
       if (end > begin && n + rows > budget) break;
       n += rows;
     }
-    st = forward_->run_mtp(std::span<dsv4::MtpChunk>(chunks.data() + begin, end - begin), &outs,
+    st = runner_->run_mtp(std::span<dsv4::MtpChunk>(chunks.data() + begin, end - begin), &outs,
                            /*want_streams=*/true);
     if (!st.ok()) {
       spdlog::error("engine: MTP forward failed: {}", st.message());
@@ -1287,7 +1288,7 @@ void EngineImpl::speculate(std::vector<SpecWork>* work) {
         continue;
       }
       if (j == 2) {
-        ds::Status cs = forward_->checkpoint(&ch.r->state, true, ch.k - 1);
+        ds::Status cs = runner_->checkpoint(&ch.r->state, true, ch.k - 1);
         if (!cs.ok()) {
           ch.k = 1;
           continue;
@@ -1302,7 +1303,7 @@ void EngineImpl::speculate(std::vector<SpecWork>* work) {
       who.push_back(&ch);
     }
     if (next.empty()) break;
-    st = forward_->run_mtp(next, &outs, /*want_streams=*/true);
+    st = runner_->run_mtp(next, &outs, /*want_streams=*/true);
     if (!st.ok()) {
       spdlog::error("engine: MTP draft step failed: {}", st.message());
       break;  // the drafts so far stand; the next step rolls the MTP state back

@@ -33,7 +33,12 @@ Result<std::unique_ptr<dsv4::Ops>> make_backend(const std::string& device,
     (void)cudaGetLastError();
     return failed_precondition("--device cuda: no CUDA GPU is visible to this process");
   }
+  if (limits.device_index < 0 || limits.device_index >= n) {
+    return invalid_argument("--device cuda: GPU " + std::to_string(limits.device_index) +
+                            " is not visible (" + std::to_string(n) + " visible)");
+  }
   CudaOpsOptions o;
+  o.device = limits.device_index;
   o.max_sequences = limits.max_sequences;
   o.max_context = limits.max_context;
   o.max_step_tokens = limits.max_step_tokens;

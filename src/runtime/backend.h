@@ -29,6 +29,8 @@ struct BackendLimits {
   uint64_t kv_cache_bytes = 0;
   // CUDA: > 0: exactly this many KV pages (vLLM's --num-gpu-blocks-override; before the above).
   int64_t kv_pages = 0;
+  // CUDA: the GPU (tensor-parallel rank r runs on GPU r: model_runner.h).
+  int device_index = 0;
 };
 
 // True when this binary was built with the CUDA backend.

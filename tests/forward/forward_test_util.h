@@ -12,6 +12,7 @@
 
 #include "model/deepseek_v4/forward.h"
 #include "model/deepseek_v4/weights.h"
+#include "runtime/host_communicator.h"
 
 namespace ds::dsv4::test {
 
@@ -55,27 +56,7 @@ struct Divergence {
 };
 Divergence divergence(const std::vector<float>& a, const std::vector<float>& b, int64_t vocab);
 
-// All-reduce among `world` threads (tensor/expert-parallel ranks in tests) through host memory:
-// every rank gets the sum over ranks in rank order (identical bits). x must be host memory.
-class HostCommunicator {
- public:
-  explicit HostCommunicator(int world) : world_(world), ptrs_(size_t(world)), barrier_(world) {}
-
-  void all_reduce_sum(int rank, float* x, int64_t n) {
-    ptrs_[size_t(rank)] = x;
-    barrier_.arrive_and_wait();  // every rank's input is posted
-    std::vector<float> sum(ptrs_[0], ptrs_[0] + n);
-    for (int r = 1; r < world_; ++r) {
-      for (int64_t i = 0; i < n; ++i) sum[size_t(i)] += ptrs_[size_t(r)][i];
-    }
-    barrier_.arrive_and_wait();  // everyone has read every input
-    std::copy(sum.begin(), sum.end(), x);
-  }
-
- private:
-  int world_;
-  std::vector<float*> ptrs_;
-  std::barrier<> barrier_;
-};
+// All-reduce among tensor/expert-parallel ranks that are threads, through host memory.
+using runtime::HostCommunicator;
 
 }  // namespace ds::dsv4::test

@@ -22,6 +22,7 @@
 #include "model/deepseek_v4/weights.h"
 #include "model/embedded_model.h"
 #include "runtime/backend.h"
+#include "runtime/model_runner.h"
 #include "scheduler/sampler.h"
 #include "tokenizer/default_tokenizer.h"
 
@@ -71,6 +72,7 @@ void register_generate(CLI::App& app, CommandFn* run) {
     std::string numerics = "reference";
     bool ignore_eos = false;
     std::string device = "cpu";
+    int tensor_parallel_size = 1;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -106,6 +108,11 @@ void register_generate(CLI::App& app, CommandFn* run) {
   cmd->add_option("--device", args->device, "cpu (reference backend, default) or cuda")
       ->envname("DEEPSERVE_DEVICE")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--tensor-parallel-size,--tp", args->tensor_parallel_size,
+                  "ranks the model is split over (one GPU each with --device cuda; "
+                  "docs/parallelism.md)")
+      ->envname("DEEPSERVE_TENSOR_PARALLEL_SIZE")
+      ->check(CLI::Range(1, 64));
   cmd->callback([args, run] {
     *run = [args]() -> int {
       if (args->prompt.empty() == args->prompt_ids.empty()) {
@@ -164,9 +171,12 @@ void register_generate(CLI::App& app, CommandFn* run) {
       limits.max_context = int64_t(prompt.size()) + args->max_tokens;
       limits.max_step_tokens = std::max<int64_t>(int64_t(prompt.size()), 1);
       limits.max_logit_rows = 1;
-      auto backend = runtime::make_backend(args->device, **weights, fwd_options, limits);
-      if (!backend.ok()) return fail(backend.status());
-      dsv4::Forward forward(weights->get(), fwd_options, backend->get());
+      runtime::ParallelConfig parallel;
+      parallel.tensor_parallel_size = args->tensor_parallel_size;
+      auto runner =
+          runtime::make_model_runner(args->device, **weights, fwd_options, limits, parallel);
+      if (!runner.ok()) return fail(runner.status());
+      runtime::ModelRunner& forward = **runner;
       dsv4::SequenceState state = forward.new_sequence();
       deepserve::SamplingParams sp;
       sp.temperature = args->sampling.temperature;
@@ -200,7 +210,7 @@ void register_generate(CLI::App& app, CommandFn* run) {
 
       std::printf("model: %s (%s numerics), loaded in %.2f s\n", dir.c_str(),
                   args->numerics.c_str(), load_s);
-      std::printf("device: %s\n", runtime::describe_backend(**backend).c_str());
+      std::printf("device: %s\n", forward.describe().c_str());
       std::printf("prompt: %zu tokens\n", prompt.size());
       std::printf("generated ids:");
       for (int32_t id : generated) std::printf(" %d", id);

@@ -6,13 +6,16 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "commands.h"
 #include "kernels/cpu/numerics.h"
 #include "model/deepseek_v4/profile.h"
 #include "model/embedded_model.h"
 #include "runtime/backend.h"
+#include "runtime/model_runner.h"
 
 namespace ds::cli {
 
@@ -25,6 +28,7 @@ void register_profile(CLI::App& app, CommandFn* run) {
     dsv4::ProfileRequest request;
     bool json = false;
     std::string output;
+    int tensor_parallel_size = 1;
   };
   auto args = std::make_shared<Args>();
   args->request.context = 512;
@@ -56,6 +60,11 @@ void register_profile(CLI::App& app, CommandFn* run) {
       ->envname("DEEPSERVE_SEED");
   cmd->add_option("--gpu", args->gpu, "ceilings for the floors: h200, h100, b200, rtx-pro-6000")
       ->envname("DEEPSERVE_GPU");
+  cmd->add_option("--tensor-parallel-size,--tp", args->tensor_parallel_size,
+                  "ranks (GPUs with --device cuda) the model is split over; times are rank 0's "
+                  "and include the all-reduces (component \"collective\")")
+      ->envname("DEEPSERVE_TENSOR_PARALLEL_SIZE")
+      ->check(CLI::Range(1, 64));
   cmd->add_flag("--json", args->json, "print JSON instead of the table")
       ->envname("DEEPSERVE_PROFILE_JSON");
   cmd->add_option("--output", args->output, "also write the JSON to this file")
@@ -87,10 +96,29 @@ void register_profile(CLI::App& app, CommandFn* run) {
           std::max({rq.batch, rq.prefill_tokens, std::min<int64_t>(rq.context, 512), int64_t(1)});
       limits.max_logit_rows = std::max<int64_t>(rq.batch, 1);
       limits.synchronous_components = true;
-      auto backend = runtime::make_backend(args->device, **weights, fwd_options, limits);
-      if (!backend.ok()) return fail(backend.status());
-      auto result = dsv4::run_profile(**weights, fwd_options, backend->get(), args->device,
-                                      args->request);
+      // Every rank's component ranges are timed (so that each synchronizes the same way);
+      // the report is rank 0's.
+      const int world = args->tensor_parallel_size;
+      std::vector<std::unique_ptr<dsv4::ProfilingOps>> timers(static_cast<size_t>(world));
+      runtime::ParallelConfig parallel;
+      parallel.tensor_parallel_size = world;
+      auto runner = runtime::make_model_runner(
+          args->device, **weights, fwd_options, limits, parallel,
+          [&timers](int rank, dsv4::Ops* backend) -> dsv4::Ops* {
+            timers[size_t(rank)] = std::make_unique<dsv4::ProfilingOps>(backend);
+            return timers[size_t(rank)].get();
+          });
+      if (!runner.ok()) return fail(runner.status());
+      runtime::ModelRunner& r = **runner;
+      dsv4::ProfileTarget target;
+      target.new_sequence = [&r] { return r.new_sequence(); };
+      target.run = [&r](std::span<dsv4::SequenceChunk> batch,
+                        std::vector<dsv4::ChunkOutput>* out) { return r.run(batch, out); };
+      target.timer = timers[0].get();
+      target.world_size = world;
+      const std::string backend_name = world > 1 ? r.describe() : args->device;
+      auto result =
+          dsv4::run_profile((*weights)->config(), target, backend_name, args->request);
       if (!result.ok()) return fail(result.status(), 2);
       const std::string json = dsv4::profile_to_json(*result, label);
       if (!args->output.empty()) {

@@ -123,9 +123,6 @@ int run_serve(const ServeArgs& a) {
       return fail(invalid_argument("--model: " + a.model + " is not a readable directory"), 2);
     }
   }
-  if (a.tensor_parallel_size != 1) {
-    return fail(unimplemented("--tensor-parallel-size: only 1 is supported by this build"), 2);
-  }
   deepserve::SpeculativeConfig speculative;
   if (!a.speculative_config.empty()) {
     std::string error;
@@ -185,6 +182,7 @@ int run_serve(const ServeArgs& a) {
   config.kv_cache_memory_gib = a.kv_cache_memory_gib;
   config.gpu_memory_utilization = a.gpu_memory_utilization;
   config.num_gpu_blocks_override = a.num_gpu_blocks_override;
+  config.tensor_parallel_size = a.tensor_parallel_size;
   config.seed = a.seed;
   config.num_threads = a.num_threads;
   config.full_scan = a.full_scan;
@@ -399,7 +397,10 @@ void register_serve(CLI::App& app, CommandFn* run) {
       ->envname("DEEPSERVE_NUM_GPU_BLOCKS_OVERRIDE")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 40))
       ->group(kEngine);
-  cmd->add_option("--tensor-parallel-size,--tp", a->tensor_parallel_size, "GPUs per model (1)")
+  cmd->add_option("--tensor-parallel-size,--tp", a->tensor_parallel_size,
+                  "ranks the model is split over (one GPU each, GPUs 0..N-1; NCCL): attention "
+                  "heads and the shared expert by tensor parallelism, routed experts by expert "
+                  "parallelism (docs/parallelism.md)")
       ->capture_default_str()
       ->envname("DEEPSERVE_TENSOR_PARALLEL_SIZE")
       ->check(CLI::Range(1, 64))

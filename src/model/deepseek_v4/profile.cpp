@@ -56,7 +56,7 @@ double floor_of(double bytes, double fp8, double bf16, const GpuSpec& gpu) {
 // Component rows of a phase from the timer totals over `steps` steps and the roofline estimate.
 PhaseProfile make_phase(const char* phase, int64_t steps, int64_t tokens, double total_step_s,
                         const ProfilingOps& timer, const RooflineEstimate& estimate,
-                        const GpuSpec& gpu) {
+                        const GpuSpec& gpu, int world) {
   PhaseProfile p;
   p.phase = phase;
   p.steps = steps;
@@ -77,16 +77,26 @@ PhaseProfile make_phase(const char* phase, int64_t steps, int64_t tokens, double
     cp.fp8_flops += row.fp8_flops;
     cp.bf16_flops += row.bf16_flops;
   }
+  p.floor_s = 0;
   for (ComponentProfile& cp : p.components) {
+    // Per rank: the parts split across tensor/expert-parallel ranks (profile.h ProfileTarget).
+    if (world > 1 && (cp.component == Component::kAttentionProjections ||
+                      cp.component == Component::kMoe)) {
+      cp.bytes /= world;
+      cp.fp8_flops /= world;
+      cp.bf16_flops /= world;
+    }
     cp.floor_s = floor_of(cp.bytes, cp.fp8_flops, cp.bf16_flops, gpu);
+    p.floor_s += cp.floor_s;
   }
+  if (world == 1) p.floor_s = estimate.floor_s;
   return p;
 }
 
 // The outputs are reused from call to call, as the engine reuses its own (forward.cpp).
-Status run_chunks(const Forward& fwd, std::vector<SequenceChunk>& chunks,
+Status run_chunks(const ProfileTarget& target, std::vector<SequenceChunk>& chunks,
                   std::vector<ChunkOutput>* out) {
-  return fwd.run(std::span<SequenceChunk>(chunks), out);
+  return target.run(std::span<SequenceChunk>(chunks), out);
 }
 
 }  // namespace
@@ -94,7 +104,19 @@ Status run_chunks(const Forward& fwd, std::vector<SequenceChunk>& chunks,
 Result<ProfileResult> run_profile(const ModelWeights& weights, const ForwardOptions& options,
                                   Ops* ops, const std::string& backend,
                                   const ProfileRequest& req) {
-  const DeepSeekV4Config& c = weights.config();
+  ProfilingOps timer(ops);
+  const Forward fwd(&weights, options, &timer);
+  ProfileTarget target;
+  target.new_sequence = [&] { return fwd.new_sequence(); };
+  target.run = [&](std::span<SequenceChunk> batch, std::vector<ChunkOutput>* out) {
+    return fwd.run(batch, out);
+  };
+  target.timer = &timer;
+  return run_profile(weights.config(), target, backend, req);
+}
+
+Result<ProfileResult> run_profile(const DeepSeekV4Config& c, const ProfileTarget& target,
+                                  const std::string& backend, const ProfileRequest& req) {
   if (req.batch < 1 || req.batch > 4096) {
     return invalid_argument("profile: --batch must be in [1, 4096]");
   }
@@ -111,11 +133,14 @@ Result<ProfileResult> run_profile(const ModelWeights& weights, const ForwardOpti
   if (req.prefill_tokens < 0 || req.prefill_tokens > c.max_position_embeddings) {
     return invalid_argument("profile: --prefill-tokens must be in [0, max_position_embeddings]");
   }
+  if (target.timer == nullptr || !target.run || !target.new_sequence || target.world_size < 1) {
+    return invalid_argument("profile: incomplete target");
+  }
   ProfileResult result;
   result.request = req;
   result.backend = backend;
-  ProfilingOps timer(ops);
-  const Forward fwd(&weights, options, &timer);
+  result.world_size = target.world_size;
+  ProfilingOps& timer = *target.timer;
   std::vector<ChunkOutput> outputs;
   Rng rng(req.seed);
   auto random_ids = [&](int64_t n) {
@@ -126,7 +151,7 @@ Result<ProfileResult> run_profile(const ModelWeights& weights, const ForwardOpti
 
   // Decode: fill every sequence's cache to `context - 1` tokens, then time one-token steps.
   std::vector<SequenceState> states;
-  for (int64_t b = 0; b < req.batch; ++b) states.push_back(fwd.new_sequence());
+  for (int64_t b = 0; b < req.batch; ++b) states.push_back(target.new_sequence());
   constexpr int64_t kFillChunk = 512;
   for (SequenceState& s : states) {
     const std::vector<int32_t> ids = random_ids(req.context - 1);
@@ -134,7 +159,7 @@ Result<ProfileResult> run_profile(const ModelWeights& weights, const ForwardOpti
       const int64_t n = std::min<int64_t>(kFillChunk, int64_t(ids.size()) - at);
       std::vector<SequenceChunk> one = {
           {&s, std::span<const int32_t>(ids.data() + at, size_t(n)), {}}};
-      DS_RETURN_IF_ERROR(run_chunks(fwd, one, &outputs));
+      DS_RETURN_IF_ERROR(run_chunks(target, one, &outputs));
     }
   }
   double decode_s = 0;
@@ -146,7 +171,7 @@ Result<ProfileResult> run_profile(const ModelWeights& weights, const ForwardOpti
     }
     if (step == req.warmup_steps) timer.reset();
     const auto t0 = Clock::now();
-    DS_RETURN_IF_ERROR(run_chunks(fwd, chunks, &outputs));
+    DS_RETURN_IF_ERROR(run_chunks(target, chunks, &outputs));
     if (step >= req.warmup_steps) {
       decode_s += std::chrono::duration<double>(Clock::now() - t0).count();
     }
@@ -158,19 +183,20 @@ Result<ProfileResult> run_profile(const ModelWeights& weights, const ForwardOpti
   rr.prefill_tokens = std::max<int64_t>(req.prefill_tokens, 1);
   DS_ASSIGN_OR_RETURN(RooflineResult roof, compute_roofline(c, rr));
   result.decode =
-      make_phase("decode", req.steps, req.batch, decode_s, timer, roof.decode, req.gpu);
+      make_phase("decode", req.steps, req.batch, decode_s, timer, roof.decode, req.gpu,
+                 target.world_size);
 
   // Prefill: one sequence, empty cache, logits of the last token (as the roofline counts it).
   if (req.prefill_tokens > 0) {
-    SequenceState s = fwd.new_sequence();
+    SequenceState s = target.new_sequence();
     const std::vector<int32_t> ids = random_ids(req.prefill_tokens);
     std::vector<SequenceChunk> one = {{&s, ids, {req.prefill_tokens - 1}}};
     timer.reset();
     const auto t0 = Clock::now();
-    DS_RETURN_IF_ERROR(run_chunks(fwd, one, &outputs));
+    DS_RETURN_IF_ERROR(run_chunks(target, one, &outputs));
     const double prefill_s = std::chrono::duration<double>(Clock::now() - t0).count();
     result.prefill = make_phase("prefill", 1, req.prefill_tokens, prefill_s, timer, roof.prefill,
-                                req.gpu);
+                                req.gpu, target.world_size);
   }
   return result;
 }
@@ -235,7 +261,13 @@ std::string format_profile_report(const ProfileResult& r, const std::string& mod
                     " (wall-clock per component range)\nfloors: " + r.request.gpu.name + " (" +
                     fmt("%.2f TB/s, ", r.request.gpu.bandwidth_tb_s) +
                     fmt("BF16 %.0f TFLOP/s, ", r.request.gpu.bf16_tflops) +
-                    fmt("FP8 %.0f TFLOP/s)", r.request.gpu.fp8_tflops) + "\n\n";
+                    fmt("FP8 %.0f TFLOP/s)", r.request.gpu.fp8_tflops) + "\n";
+  if (r.world_size > 1) {
+    out += "ranks: " + std::to_string(r.world_size) +
+           " (times are rank 0's; floors per rank: attention projections and MoE / " +
+           std::to_string(r.world_size) + ", the rest replicated)\n";
+  }
+  out += "\n";
   out += "decode: batch " + std::to_string(r.request.batch) + ", context " +
          std::to_string(r.request.context) + "\n";
   format_phase(r.decode, &out);
@@ -258,6 +290,7 @@ std::string profile_to_json(const ProfileResult& r, const std::string& model_lab
                       {"date", date},
                       {"model", model_label},
                       {"backend", r.backend},
+                      {"world_size", r.world_size},
                       {"gpu_for_floors", r.request.gpu.name},
                       {"batch", r.request.batch},
                       {"context", r.request.context},

@@ -13,6 +13,8 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -70,14 +72,31 @@ struct PhaseProfile {
 
 struct ProfileResult {
   ProfileRequest request;
-  std::string backend;  // "cpu"
+  std::string backend;  // "cpu", "cuda", "cuda x2 (tensor parallel ...)"
+  int world_size = 1;   // ranks; the times are rank 0's
   PhaseProfile decode;
   PhaseProfile prefill;  // steps == 0 when not asked
 };
 
-// Runs the profile. `ops` is the backend (not owned); the forward runs in `options` numerics.
-// Errors: kInvalidArgument for a request out of range (batch, context, steps, prefill length
-// beyond max_position_embeddings).
+// What a profile runs: decode/prefill calls over fresh sequences, and the timer whose component
+// times it reports. One rank: a Forward over ProfilingOps around the backend. Tensor-parallel
+// ranks (runtime/model_runner.h): every rank runs each call; `timer` wraps rank 0's backend, and
+// the floors are per rank: the attention projections' and the MoE's bytes and FLOPs divided by
+// world_size (split by heads and experts), the rest replicated (an approximation: wq_a, wkv and
+// the router are replicated too, a few percent of those components' bytes).
+struct ProfileTarget {
+  std::function<SequenceState()> new_sequence;
+  std::function<Status(std::span<SequenceChunk>, std::vector<ChunkOutput>*)> run;
+  ProfilingOps* timer = nullptr;
+  int world_size = 1;
+};
+
+// Runs the profile on `target` for the whole model's `config`. Errors: kInvalidArgument for a
+// request out of range (batch, context, steps, prefill length beyond max_position_embeddings).
+Result<ProfileResult> run_profile(const DeepSeekV4Config& config, const ProfileTarget& target,
+                                  const std::string& backend, const ProfileRequest& request);
+
+// One rank: `ops` is the backend (not owned); the forward runs in `options` numerics.
 Result<ProfileResult> run_profile(const ModelWeights& weights, const ForwardOptions& options,
                                   Ops* ops, const std::string& backend,
                                   const ProfileRequest& request);

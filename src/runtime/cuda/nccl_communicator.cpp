@@ -33,6 +33,7 @@ using CommInitAllFn = NcclResult (*)(NcclComm* comms, int ndev, const int* devli
 using AllReduceFn = NcclResult (*)(const void* sendbuff, void* recvbuff, size_t count,
                                    int datatype, int op, NcclComm comm, cudaStream_t stream);
 using CommDestroyFn = NcclResult (*)(NcclComm comm);
+using CommAbortFn = NcclResult (*)(NcclComm comm);
 using GetErrorStringFn = const char* (*)(NcclResult result);
 using GetLastErrorFn = const char* (*)(NcclComm comm);  // NCCL 2.13+, optional
 
@@ -42,6 +43,7 @@ struct NcclApi {
   CommInitAllFn comm_init_all = nullptr;
   AllReduceFn all_reduce = nullptr;
   CommDestroyFn comm_destroy = nullptr;
+  CommAbortFn comm_abort = nullptr;
   GetErrorStringFn get_error_string = nullptr;
   GetLastErrorFn get_last_error = nullptr;
   int version = 0;
@@ -81,6 +83,7 @@ NcclApi load(const std::string& library) {
   resolve(api.comm_init_all, "ncclCommInitAll", true);
   resolve(api.all_reduce, "ncclAllReduce", true);
   resolve(api.comm_destroy, "ncclCommDestroy", true);
+  resolve(api.comm_abort, "ncclCommAbort", true);
   resolve(api.get_error_string, "ncclGetErrorString", true);
   resolve(api.get_last_error, "ncclGetLastError", false);
   if (!missing.empty()) {
@@ -174,12 +177,24 @@ Result<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator::create_
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  if (comm_ == nullptr) return;
+  NcclComm comm = comm_.exchange(nullptr);
+  if (comm == nullptr) return;
   // Destroy with the rank's device current (NCCL frees device memory of that device).
   int current = -1;
   if (cudaGetDevice(&current) != cudaSuccess) current = -1;
   (void)cudaSetDevice(device_);
-  const Status st = nccl_check(nccl().comm_destroy(comm_), "ncclCommDestroy", nullptr);
+  const Status st = nccl_check(nccl().comm_destroy(comm), "ncclCommDestroy", nullptr);
+  if (!st.ok()) std::fprintf(stderr, "deepserve: %s\n", st.message().c_str());
+  if (current >= 0) (void)cudaSetDevice(current);
+}
+
+void NcclCommunicator::abort() {
+  NcclComm comm = comm_.exchange(nullptr);
+  if (comm == nullptr) return;
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess) current = -1;
+  (void)cudaSetDevice(device_);
+  const Status st = nccl_check(nccl().comm_abort(comm), "ncclCommAbort", nullptr);
   if (!st.ok()) std::fprintf(stderr, "deepserve: %s\n", st.message().c_str());
   if (current >= 0) (void)cudaSetDevice(current);
 }
@@ -187,8 +202,13 @@ NcclCommunicator::~NcclCommunicator() {
 Status NcclCommunicator::all_reduce_sum(float* x, int64_t n, cudaStream_t stream) {
   if (n < 0) return invalid_argument("NCCL all-reduce of a negative count");
   if (n == 0) return ok_status();
-  return nccl_check(nccl().all_reduce(x, x, size_t(n), kNcclFloat32, kNcclSum, comm_, stream),
-                    "ncclAllReduce", comm_);
+  NcclComm comm = comm_.load();
+  if (comm == nullptr) {
+    return failed_precondition("NCCL all-reduce on an aborted communicator (rank " +
+                               std::to_string(rank_) + ")");
+  }
+  return nccl_check(nccl().all_reduce(x, x, size_t(n), kNcclFloat32, kNcclSum, comm, stream),
+                    "ncclAllReduce", comm);
 }
 
 }  // namespace ds::runtime

@@ -15,12 +15,13 @@
 // communicator's rank-order sum) by fp32 rounding.
 //
 // Failure: a rank that stops calling the collectives (an error in its step) leaves the others
-// waiting inside the all-reduce; the caller must then abort the whole group (not done yet: the
-// engine integration owns that, issue 11).
+// waiting inside the all-reduce; the caller then aborts the whole group (abort(), which
+// model_runner.h's tensor-parallel runner calls on every rank's communicator).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -62,11 +63,16 @@ class NcclCommunicator {
   // order relative to its other collectives. n == 0 does nothing.  x [n] device memory
   Status all_reduce_sum(float* x, int64_t n, cudaStream_t stream);
 
+  // ncclCommAbort: ends this rank's outstanding collectives (a rank waiting for a peer that
+  // will never arrive returns) and frees the communicator; later all-reduces fail. Callable from
+  // any thread while the rank's own thread waits. Idempotent.
+  void abort();
+
  private:
   NcclCommunicator(void* comm, int rank, int world_size, int device)
       : comm_(comm), rank_(rank), world_size_(world_size), device_(device) {}
 
-  void* comm_;  // ncclComm_t
+  std::atomic<void*> comm_;  // ncclComm_t; null once aborted
   int rank_;
   int world_size_;
   int device_;
