@@ -1,13 +1,14 @@
 // Benchmark of the lightning indexer (score + top-k) at DeepSeek-V4-Flash shapes: 64 index heads
 // x 128, topk 512, 132-byte FP8 index-key entries (one per 4 tokens), 1 query token per sequence:
-// batch 1, 16, 64 x context 4K, 8K, 32K, 128K tokens (1K .. 32K visible entries). Each case is
+// batch 1, 16, 64 x context 512, 4K, 8K, 32K, 128K tokens (128 .. 32K visible entries). Each case is
 // timed eagerly (median, rotating over enough copies of the key pool that reads come from HBM)
 // and inside a CUDA graph (one launch per copy captured in one graph, time / copies).
 // Floor = max(bytes / copy ceiling, flops / FP8 mma.sync ceiling), both measured in this run;
 // bytes = the keys scored (visible x 132 B) + q (fp32) + weights + selected indices, flops =
 // 2 * heads * 128 per (query, key). A second series ("maxlen") runs the same real contexts (4K
 // and 8K) under plans made for a maximum model length of 8K and of 1M tokens: the time must not
-// follow the configured maximum. Correctness of the same run: the first query's selected set
+// follow the configured maximum. A third ("onesplit") runs B=1 with one split (no merge) to show
+// the score CTA's cost per key count. Correctness of the same run: the first query's selected set
 // against the CPU reference by score (max error / the test tolerance; <= 1 passes).
 #include <algorithm>
 #include <cmath>
@@ -69,6 +70,7 @@ T* to_device(const std::vector<T>& v) {
 struct Case {
   int batch, ctx, max_len;  // tokens
   std::string series;
+  int split_cap = 0;  // > 0: plan_indexer_select's max_splits_cap
 };
 
 }  // namespace
@@ -92,11 +94,13 @@ int main(int argc, char** argv) {
     records.push_back(r);
   }
   std::vector<Case> cases;
-  for (int ctx : {4096, 8192, 32768, 131072})
+  for (int ctx : {512, 4096, 8192, 32768, 131072})
     for (int batch : {1, 16, 64}) cases.push_back({batch, ctx, 1 << 20, "main"});
   for (int max_len : {8192, 1 << 20})
     for (int ctx : {4096, 8192})
       for (int batch : {1, 64}) cases.push_back({batch, ctx, max_len, "maxlen"});
+  // One CTA per query (no merge kernel): how the score CTA's time grows with its key count.
+  for (int ctx : {4096, 8192, 32768}) cases.push_back({1, ctx, 1 << 20, "onesplit", 1});
 
   // 256 e4m3 codes of normal values (no NaN) to fill the pools quickly.
   Rng rng(7);
@@ -147,7 +151,7 @@ int main(int argc, char** argv) {
     DS_BENCH_CHECK(cudaMalloc(&d_sel, size_t(cs.batch) * kTopk * 4));
     DS_BENCH_CHECK(cudaMalloc(&d_cnt, size_t(cs.batch) * 4));
     const cuda::IndexerPlan plan =
-        cuda::plan_indexer_select(cs.batch, max_visible, kTopk, dev.sm_count);
+        cuda::plan_indexer_select(cs.batch, max_visible, kTopk, dev.sm_count, cs.split_cap);
     const size_t ws_bytes = cuda::indexer_workspace_bytes(plan);
     void* d_ws = nullptr;
     if (ws_bytes) DS_BENCH_CHECK(cudaMalloc(&d_ws, ws_bytes));
@@ -234,7 +238,8 @@ int main(int argc, char** argv) {
         1e6;
     for (int g = 0; g < 2; ++g) {
       bench::Record r;
-      r.kernel = cs.series == "main" ? "indexer_select" : "indexer_select_maxlen";
+      r.kernel = cs.series == "main" ? std::string("indexer_select")
+                                     : "indexer_select_" + cs.series;
       r.shape = "B=" + std::to_string(cs.batch) + " ctx=" + std::to_string(cs.ctx) +
                 " entries=" + std::to_string(entries) + " maxlen=" + std::to_string(cs.max_len) +
                 " splits=" + std::to_string(plan.max_splits);

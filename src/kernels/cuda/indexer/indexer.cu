@@ -33,7 +33,13 @@ constexpr int kThreads = 256;  // score kernel
 constexpr int kWarps = kThreads / 32;
 constexpr int kTile = 16;       // keys per MMA tile
 constexpr int kChunk = 2048;    // keys scored between two selections
-constexpr int kMergeThreads = 512;
+constexpr int kChunkTiles = kChunk / kTile;
+constexpr int kChunkIters = kChunkTiles / kWarps;  // iterations of every warp per chunk
+static_assert(kChunkTiles % kWarps == 0, "a warp's tiles never straddle two chunks per iteration");
+constexpr int kMergeThreads = 1024;
+// Merge candidates held in shared memory (96 KB of keys; + SelectShared <= 99 KB). The planner
+// keeps max_splits * topk within it.
+constexpr int kMergeSmemKeys = 24 * 1024;
 constexpr float kE4M3MaxF = 448.0f;
 constexpr float kAmaxFloor = 1e-4f;  // as cpu::quantize_fp8_blocks
 
@@ -62,10 +68,13 @@ __device__ __forceinline__ uint32_t to_e4m3(float x) {
   return uint32_t(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)) & 0xFFu;
 }
 
-// Order-preserving image of a score: a larger float gives a larger uint32 (-0 counted as +0).
+// Order-preserving image of a score: a larger float gives a larger uint32 (-0 counted as +0). Only
+// a NaN with every bit set would map to 0, which the select reserves for "filtered out"
+// (kFiltered); it is moved to 1.
+constexpr uint32_t kFiltered = 0;
 __device__ __forceinline__ uint32_t order_key(float s) {
   const uint32_t u = __float_as_uint(s + 0.0f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (u & 0x80000000u) ? max(~u, 1u) : (u | 0x80000000u);
 }
 
 // D = A(16x32 e4m3, row) * B(32x8 e4m3, col) + C, fp32 (sm_89+).
@@ -114,8 +123,9 @@ __device__ uint64_t block_exclusive_scan(uint64_t v, SelectShared& sh, uint64_t&
   return before + x - v;
 }
 
-// The k-th largest key of key_at(0 .. n-1) (1 <= k <= n): thr, and how many elements equal to thr
-// belong to the top k (`ties`, >= 1). Four 8-bit digit passes; all threads of the block call it.
+// The k-th largest key of key_at(0 .. n-1): thr, and how many elements equal to thr belong to the
+// top k (`ties`, >= 1). Keys equal to kFiltered (0) are not counted; at least k keys must be
+// nonzero. Four 8-bit digit passes; all threads of the block call it.
 template <int kNT, class KeyAt>
 __device__ void radix_threshold(const KeyAt& key_at, int n, int k, SelectShared& sh, uint32_t& thr,
                                 uint32_t& ties) {
@@ -132,7 +142,7 @@ __device__ void radix_threshold(const KeyAt& key_at, int n, int k, SelectShared&
       uint32_t d = 256u + uint32_t(lane);  // distinct dummy digit for idle lanes
       if (live) {
         const uint32_t u = key_at(i);
-        live = (u & mask) == prefix;
+        live = u != 0 && (u & mask) == prefix;  // 0 = filtered out (kFiltered)
         if (live) d = (u >> shift) & 0xFFu;
       }
       const uint32_t peers = __match_any_sync(0xFFFFFFFFu, d);
@@ -343,48 +353,70 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(const IndexerSe
   const IndexKeySource& ks = p.keys;
   const int32_t* table = ks.page_table + int64_t(p.query_seq[q]) * ks.page_table_stride;
   const int64_t scale_off = int64_t(ks.page_size) * kIndexKeyDataBytes;
-  int cur = 0, cand_n = 0;
-  for (int c0 = begin; c0 < end; c0 += kChunk) {
-    const int m = min(kChunk, end - c0);
-    const int tiles = (m + kTile - 1) / kTile;
-    // Issues tile t of this warp into ring stage st (rows past m are zero-filled).
-    auto issue = [&](int t, int st) {
-      uint4* data = reinterpret_cast<uint4*>(ring + st * kStageBytes);
-      float* sc = reinterpret_cast<float*>(ring + st * kStageBytes + 4 * 32 * 16);
+  const int n_keys = end - begin;
+  const int num_tiles = (n_keys + kTile - 1) / kTile;
+  // Every warp runs the same number of iterations (the chunk-end barriers are block-wide); warp w
+  // scores tiles w, w + kWarps, ... Iteration i belongs to chunk i / kChunkIters.
+  const int iters = (num_tiles + kWarps - 1) / kWarps;
+  // Page of rows g and g + 8 of tile t (-1: past the split), loaded one iteration before the tile
+  // is issued so the page-table latency does not sit in front of the cp.async.
+  auto page_of = [&](int t, int (&pg)[2]) {
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int j = t * kTile + g + 8 * hh;
-        if (j < m) {
-          const int e = c0 + j;
-          const int32_t page = __ldg(table + e / ks.page_size);
-          const int slot = e % ks.page_size;
-          const uint8_t* base = ks.pool + int64_t(page) * ks.page_bytes;
-          const uint4* src = reinterpret_cast<const uint4*>(base + int64_t(slot) * kIndexKeyDataBytes);
-          cp_async16(&data[(2 * hh) * 32 + lane], src + c);
-          cp_async16(&data[(2 * hh + 1) * 32 + lane], src + 4 + c);
-          cp_async4(&sc[hh * 32 + lane], reinterpret_cast<const float*>(base + scale_off) + slot);
-        } else {
-          data[(2 * hh) * 32 + lane] = make_uint4(0, 0, 0, 0);
-          data[(2 * hh + 1) * 32 + lane] = make_uint4(0, 0, 0, 0);
-          sc[hh * 32 + lane] = 0.0f;
-        }
-      }
-    };
-#pragma unroll
-    for (int i = 0; i < kStages - 1; ++i) {
-      const int t = warp + i * kWarps;
-      if (t < tiles) issue(t, i);
-      cp_async_commit();
+    for (int hh = 0; hh < 2; ++hh) {
+      const int j = t * kTile + g + 8 * hh;
+      pg[hh] = j < n_keys ? __ldg(table + (begin + j) / ks.page_size) : -1;
     }
-    for (int i = 0;; ++i) {
-      const int t = warp + i * kWarps;
-      if (t >= tiles) break;
-      {
-        const int ta = t + (kStages - 1) * kWarps;
-        if (ta < tiles) issue(ta, (i + kStages - 1) % kStages);
-        cp_async_commit();
+  };
+  // Issues tile t of this warp into ring stage st (rows past the split are zero-filled).
+  auto issue = [&](int t, int st, const int (&pg)[2]) {
+    uint4* data = reinterpret_cast<uint4*>(ring + st * kStageBytes);
+    float* sc = reinterpret_cast<float*>(ring + st * kStageBytes + 4 * 32 * 16);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      if (pg[hh] >= 0) {
+        const int slot = (begin + t * kTile + g + 8 * hh) % ks.page_size;
+        const uint8_t* base = ks.pool + int64_t(pg[hh]) * ks.page_bytes;
+        const uint4* src = reinterpret_cast<const uint4*>(base + int64_t(slot) * kIndexKeyDataBytes);
+        cp_async16(&data[(2 * hh) * 32 + lane], src + c);
+        cp_async16(&data[(2 * hh + 1) * 32 + lane], src + 4 + c);
+        cp_async4(&sc[hh * 32 + lane], reinterpret_cast<const float*>(base + scale_off) + slot);
+      } else {
+        data[(2 * hh) * 32 + lane] = make_uint4(0, 0, 0, 0);
+        data[(2 * hh + 1) * 32 + lane] = make_uint4(0, 0, 0, 0);
+        sc[hh * 32 + lane] = 0.0f;
       }
-      cp_async_wait<kStages - 1>();
+    }
+  };
+  int pg[2];
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    page_of(warp + i * kWarps, pg);
+    issue(warp + i * kWarps, i, pg);
+    cp_async_commit();
+  }
+  page_of(warp + (kStages - 1) * kWarps, pg);
+
+  int cur = 0, cand_n = 0;
+  // Threshold filter: once the running top-k is full, a chunk key <= its k-th key (thr_f) cannot
+  // enter it (equal keys lose to the lower indices already held), so it is stored as kFiltered;
+  // a chunk with no survivor skips the select. thr_f = 0 keeps everything (real keys are >= 1).
+  uint32_t thr_f = 0;
+  int survivor = 0;
+  // The ring keeps kStages - 1 tiles per warp in flight across chunk ends: the select below does
+  // not touch the rings, so the next chunk's loads overlap it.
+  for (int i = 0; i < iters; ++i) {
+    const int t = warp + i * kWarps;
+    {
+      const int ta = t + (kStages - 1) * kWarps;
+      issue(ta, (i + kStages - 1) % kStages, pg);
+      cp_async_commit();
+      page_of(ta + kWarps, pg);
+    }
+    cp_async_wait<kStages - 1>();
+    const int chunk = i / kChunkIters;
+    const int c0 = begin + chunk * kChunk;
+    const int m = min(kChunk, n_keys - chunk * kChunk);
+    if (t < num_tiles) {
       const uint8_t* stage = ring + (i % kStages) * kStageBytes;
       uint4 dr[4];
 #pragma unroll
@@ -414,39 +446,47 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(const IndexerSe
       s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, 2);
       s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 1);
       s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 2);
-      const int j0 = t * kTile + g;
-      if (c == 0 && j0 < m) chunk_key[j0] = order_key(s0 * sc0);
-      if (c == 1 && j0 + 8 < m) chunk_key[j0 + 8] = order_key(s1 * sc1);
+      // Lane c == 0 owns row g, lane c == 1 row g + 8.
+      const int j = (t % kChunkTiles) * kTile + g + (c == 1 ? 8 : 0);
+      if (c < 2 && j < m) {
+        uint32_t u = order_key(c == 0 ? s0 * sc0 : s1 * sc1);
+        if (u <= thr_f) u = kFiltered;
+        survivor |= u != kFiltered;
+        chunk_key[j] = u;
+      }
     }
-    cp_async_wait<0>();  // no copy may land in the ring after this chunk
-    __syncthreads();
+    if ((i + 1) % kChunkIters != 0 && i + 1 != iters) continue;
 
-    // ---- merge the chunk into the running top-k (ascending index order kept) ----
+    // ---- chunk end: merge the chunk into the running top-k (ascending index order kept) ----
+    const bool any = __syncthreads_or(survivor) != 0;  // also publishes chunk_key
+    survivor = 0;
     const int total = cand_n + m;
-    if (total <= k) {
-      for (int i = tid; i < m; i += kThreads) {
-        cand_key[cur][cand_n + i] = chunk_key[i];
-        cand_idx[cur][cand_n + i] = c0 + i;
+    if (total <= k) {  // still filling (thr_f == 0: nothing was filtered)
+      for (int x = tid; x < m; x += kThreads) {
+        cand_key[cur][cand_n + x] = chunk_key[x];
+        cand_idx[cur][cand_n + x] = c0 + x;
       }
       cand_n = total;
-    } else {
+    } else if (any) {
       const uint32_t* ck = cand_key[cur];
       const int32_t* ci = cand_idx[cur];
       uint32_t* ok = cand_key[cur ^ 1];
       int32_t* oi = cand_idx[cur ^ 1];
       const int n_old = cand_n;
-      auto key_at = [&](int i) { return i < n_old ? ck[i] : chunk_key[i - n_old]; };
+      auto key_at = [&](int x) { return x < n_old ? ck[x] : chunk_key[x - n_old]; };
       uint32_t thr, ties;
       radix_threshold<kThreads>(key_at, total, k, sh, thr, ties);
-      ordered_emit<kThreads>(key_at, total, thr, ties, sh, [&](int i, uint32_t pos) {
-        ok[pos] = key_at(i);
-        oi[pos] = i < n_old ? ci[i] : c0 + (i - n_old);
+      ordered_emit<kThreads>(key_at, total, thr, ties, sh, [&](int x, uint32_t pos) {
+        ok[pos] = key_at(x);
+        oi[pos] = x < n_old ? ci[x] : c0 + (x - n_old);
       });
       cur ^= 1;
       cand_n = k;
-    }
-    __syncthreads();
+      thr_f = thr;
+    }  // else: every chunk key was filtered out; the top-k is unchanged
+    __syncthreads();  // chunk_key and the candidate lists are rewritten from here on
   }
+  cp_async_wait<0>();  // tiles issued past the split (zero-filled rows only) must land
 
   // cand_n == k here: v > k, and with several splits every split has >= min_keys >= 2k keys.
   if (splits == 1) {
@@ -465,8 +505,13 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(const IndexerSe
 }
 
 // Final top-k over the splits' candidate lists (consecutive in the workspace, in index order).
+// The keys are first copied to shared memory with every load in flight at once (the select
+// passes over L2 were latency-bound: ~6 dependent rounds per 1024 candidates); the indices are
+// read only for the selected. More than kMergeSmemKeys candidates (plans made by hand; the
+// planner caps the splits) select straight from the workspace.
 __global__ void __launch_bounds__(kMergeThreads) indexer_merge_kernel(const IndexerSelectParams p) {
   __shared__ SelectShared sh;
+  extern __shared__ __align__(16) uint32_t merge_keys[];
   const int q = blockIdx.x;
   const int k = p.topk;
   const int v = p.visible[q];
@@ -481,11 +526,33 @@ __global__ void __launch_bounds__(kMergeThreads) indexer_merge_kernel(const Inde
                        base;
   int32_t* sel = p.selected + int64_t(q) * k;
   const int n = splits * k;
-  auto key_at = [&](int i) { return __ldcg(keys + i); };
   uint32_t thr, ties;
-  radix_threshold<kMergeThreads>(key_at, n, k, sh, thr, ties);
-  ordered_emit<kMergeThreads>(key_at, n, thr, ties, sh,
-                              [&](int i, uint32_t pos) { sel[pos] = __ldcg(idx + i); });
+  if (int64_t(p.plan.max_splits) * k <= kMergeSmemKeys) {  // as the launch sized merge_keys
+    constexpr int kUnroll = 8;
+    for (int i0 = 0; i0 < n; i0 += kMergeThreads * kUnroll) {
+      uint32_t r[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int i = i0 + u * kMergeThreads + int(threadIdx.x);
+        r[u] = i < n ? __ldcg(keys + i) : 0u;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int i = i0 + u * kMergeThreads + int(threadIdx.x);
+        if (i < n) merge_keys[i] = r[u];
+      }
+    }
+    __syncthreads();
+    auto key_at = [&](int i) { return merge_keys[i]; };
+    radix_threshold<kMergeThreads>(key_at, n, k, sh, thr, ties);
+    ordered_emit<kMergeThreads>(key_at, n, thr, ties, sh,
+                                [&](int i, uint32_t pos) { sel[pos] = __ldcg(idx + i); });
+  } else {
+    auto key_at = [&](int i) { return __ldcg(keys + i); };
+    radix_threshold<kMergeThreads>(key_at, n, k, sh, thr, ties);
+    ordered_emit<kMergeThreads>(key_at, n, thr, ties, sh,
+                                [&](int i, uint32_t pos) { sel[pos] = __ldcg(idx + i); });
+  }
   if (threadIdx.x == 0 && p.count) p.count[q] = k;
 }
 
@@ -552,8 +619,12 @@ IndexerPlan plan_indexer_select(int32_t num_queries, int32_t max_visible, int32_
   plan.min_keys = std::max(2 * std::max(topk, 1), 256);
   const int64_t queries = std::max<int32_t>(num_queries, 1);
   const int64_t sms = std::max<int32_t>(num_sms, 1);
-  int64_t splits = (2 * sms + queries - 1) / queries;  // about two CTAs per SM
+  // At most two CTAs per SM (one is resident per SM: registers), rounded down so that the last
+  // wave is not a small tail.
+  int64_t splits = std::max<int64_t>(1, 2 * sms / queries);
   splits = std::min<int64_t>(splits, std::max<int64_t>(1, max_visible / plan.min_keys));
+  // The merge keeps every candidate in shared memory.
+  splits = std::min<int64_t>(splits, std::max<int64_t>(1, kMergeSmemKeys / std::max(topk, 1)));
   if (max_splits_cap > 0) splits = std::min<int64_t>(splits, max_splits_cap);
   plan.max_splits = int32_t(std::max<int64_t>(1, splits));
   return plan;
@@ -594,7 +665,11 @@ Status launch_indexer_select(const IndexerSelectParams& p, cudaStream_t stream) 
                                         : launch_score<8>(p, stream);
   if (!st.ok()) return st;
   if (p.plan.max_splits > 1) {
-    indexer_merge_kernel<<<unsigned(p.num_queries), kMergeThreads, 0, stream>>>(p);
+    const int64_t cands = int64_t(p.plan.max_splits) * p.topk;
+    const size_t merge_smem = cands <= kMergeSmemKeys ? size_t(cands) * 4 : 0;
+    DS_CUDA_RETURN_IF_ERROR(
+        ensure_max_dynamic_smem(indexer_merge_kernel, int(kMergeSmemKeys) * 4));
+    indexer_merge_kernel<<<unsigned(p.num_queries), kMergeThreads, merge_smem, stream>>>(p);
     DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   return ok_status();
