@@ -6,12 +6,15 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
@@ -247,11 +250,22 @@ Status write_synthetic_checkpoint(const DeepSeekV4Config& config, const Syntheti
   for (const auto& s : shards) total += s.bytes;
 
   nlohmann::json weight_map = nlohmann::json::object();
-  uint64_t done = 0;
   const int num_shards = int(shards.size());
-  for (int si = 0; si < num_shards; ++si) {
+  auto shard_name = [num_shards](int si) {
     char fname[64];
     std::snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", si + 1, num_shards);
+    return std::string(fname);
+  };
+  for (int si = 0; si < num_shards; ++si) {
+    for (size_t idx : shards[size_t(si)].tensors) weight_map[specs[idx].name] = shard_name(si);
+  }
+  // Shards are independent (each tensor's values depend only on the seed and its name), so they
+  // are generated and written in parallel, one shard per thread at a time.
+  std::mutex progress_mu;
+  uint64_t done = 0;
+  int shards_done = 0;
+  auto write_shard = [&](int si) -> Status {
+    const std::string fname = shard_name(si);
     SafetensorsWriter writer;
     DS_RETURN_IF_ERROR(writer.set_metadata("format", "pt"));
     std::shared_ptr<Fp8Pair> pending_fp8;
@@ -260,7 +274,6 @@ Status write_synthetic_checkpoint(const DeepSeekV4Config& config, const Syntheti
     uint64_t pending_fp8_seed = 0;
     for (size_t idx : shards[size_t(si)].tensors) {
       const TensorSpec& t = specs[idx];
-      weight_map[t.name] = fname;
       const uint64_t seed = tensor_seed(options.seed, t.name);
       std::vector<uint64_t> shape(t.shape.begin(), t.shape.end());
       SafetensorsFillFn fill;
@@ -336,9 +349,25 @@ Status write_synthetic_checkpoint(const DeepSeekV4Config& config, const Syntheti
     }
     DS_RETURN_IF_ERROR(writer.write((fs::path(out_dir) / fname).string()));
     for (const auto& pair : fp8_pairs) DS_RETURN_IF_ERROR(pair->status);
+    std::lock_guard<std::mutex> lock(progress_mu);
     done += shards[size_t(si)].bytes;
-    if (options.on_progress) options.on_progress({si + 1, num_shards, done, total});
-  }
+    ++shards_done;
+    if (options.on_progress) options.on_progress({shards_done, num_shards, done, total});
+    return ok_status();
+  };
+  const int threads = std::clamp(options.threads > 0 ? options.threads
+                                                     : int(std::thread::hardware_concurrency()),
+                                 1, num_shards);
+  std::atomic<int> next{0};
+  std::vector<Status> results(static_cast<size_t>(num_shards));
+  auto worker = [&] {
+    for (int si = next++; si < num_shards; si = next++) results[size_t(si)] = write_shard(si);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+  for (const Status& st : results) DS_RETURN_IF_ERROR(st);
 
   nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
   {

@@ -31,7 +31,9 @@ struct SyntheticOptions {
   int num_layers = -1;           // main layers; -1 = the preset's (tiny 4, flash 43)
   uint64_t seed = 0;
   uint64_t max_shard_bytes = 0;  // 0 = the preset's (tiny 48 MiB so it is sharded, flash 4 GiB)
-  // Called after each shard is written.
+  int threads = 0;               // shards written in parallel; 0 = one per core
+  // Called after each shard is written (shard = shards written so far; from the writing
+  // threads, one call at a time).
   std::function<void(const SyntheticProgress&)> on_progress;
 };
 
