@@ -424,6 +424,19 @@ TEST(SparseMlaCuda, FlashBatch128) {
   check_problem(s, 501, {1, 2}, {64});
 }
 
+// More than 48 tiles (the kernel's address-table chunk) per query: the pipeline restarts at a
+// chunk boundary, inside a split or exactly at one, and both splits and the fold cross it.
+TEST(SparseMlaCuda, LongKeySetsCrossAddressChunks) {
+  DS_REQUIRE_GPU();
+  Shape s;
+  s.num_seqs = 2;
+  s.compressed_width = 1024;
+  s.compressed_entries = 1100;
+  s.min_len = 900;
+  s.max_len = 1152;  // 57..72 tiles
+  check_problem(s, 801, {1, 2, 3}, {16, 64});
+}
+
 TEST(SparseMlaCuda, ProHeads128) {
   DS_REQUIRE_GPU();
   Shape s;

@@ -2,9 +2,10 @@
 //
 // CTA (split k, query q, head group g), kD/64 warps; warp w owns head dims [64w, 64w+64) for every
 // head of the group. Per tile of 16 keys:
-//   0. (every 32 tiles) all threads resolve indices and page-table entries into shared memory;
-//   1. each thread dequantizes 32 dims of one entry (raw bytes streamed 3 tiles ahead with a
-//      4-stage cp.async pipeline) into a swizzled bf16 tile in shared memory;
+//   0. (every 48 tiles) all threads resolve indices and page-table entries into shared memory;
+//   1. warp w copies (4-stage cp.async pipeline, 3 tiles ahead) and dequantizes dims
+//      [64w, 64w+64) of the 16 entries into a swizzled bf16 tile in shared memory: only the
+//      columns its own QK^T and PV read, so this phase needs no block barrier (v4);
 //   2. QK^T: warp w multiplies its 64 dims of Q (A fragments held in registers for the whole
 //      kernel) by the tile (ldmatrix) and writes a partial score; the partials of the warps are
 //      added in warp order (fixed, independent of the head-group size);
@@ -93,8 +94,8 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
 }
-__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(dst)), "l"(src));
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n");
@@ -147,11 +148,17 @@ struct Config {
   static constexpr int kThreadsPerEntry = kThreads / kTile;      // each thread: 32 dims of an entry
   static constexpr int kKeysPerThread = kTile * kHG / kThreads;  // softmax: keys per thread
   static constexpr int kThreadsPerRow = kTile / kKeysPerThread;
-  static constexpr int kPStride = 24;                    // bf16 per P row (48 B: no conflicts)
-  static constexpr int kStages = 4;                      // raw tiles in flight (cp.async)
-  static constexpr int kStageEntry = kDataBytes + 16;    // data, then the scale bytes
+  static constexpr int kPStride = 24;  // bf16 per P row (48 B: no conflicts)
+  static constexpr int kStages = 4;    // raw tiles in flight (cp.async)
+  // Data, then one 4-byte scale slot per warp (each warp copies the scale word it needs, so
+  // that no warp reads bytes another warp copied: the dequantization needs no block barrier).
+  static constexpr int kScaleSlots = (4 * kWarps + 15) / 16 * 16;
+  static constexpr int kStageEntry = kDataBytes + kScaleSlots;
   static constexpr bool kScaleAsync = kScaleBytes == 8;  // scales 8-byte aligned: cp.async
-  static constexpr int kAddrTiles = 32;                  // tiles per resolved address chunk
+  // Tiles per resolved address chunk: 48 covers the 40 tiles of a 640-key query in one chunk
+  // (no pipeline drain and second index/page-table round trip in the middle of the keys).
+  static constexpr int kAddrTiles = 48;
+  static constexpr int kResolveIters = (kAddrTiles * kTile + kThreads - 1) / kThreads;
   // Shared memory layout (bytes).
   static constexpr int kKvBytes = kTile * kD * 2;
   static constexpr int kStageBytes = kStages * kTile * kStageEntry;
@@ -166,6 +173,7 @@ struct Config {
   static constexpr int kOffAddr = kOffStat + kStatBytes;
   static constexpr int kSmemBytes = kOffAddr + kAddrBytes;
   static_assert(kThreadsPerEntry * 32 == kD, "one thread per 32 dims of an entry");
+  static_assert(kTile * 2 == 32, "loader: a warp covers its 64 dims of the 16 keys, 2 lanes/key");
   static_assert(kKeysPerThread >= 1 && kTile % kKeysPerThread == 0, "softmax mapping");
   static_assert(kNope % 64 == 0 && kNope > 0, "nope dims: a positive multiple of 64");
   static_assert(kSmemBytes <= 99 * 1024, "portable path: at most 99 KB of shared memory");
@@ -237,9 +245,13 @@ __global__ void __launch_bounds__(Config<kD, kMT>::kThreads, kMT == 1 ? 2 : 1)
 #pragma unroll
       for (int i = 0; i < 4; ++i) o[mt][nb][i] = 0.0f;
 
-  // Loader role: entry `ld_entry` of the tile, dims [32 ld_part, 32 ld_part + 32).
-  const int ld_entry = tid / C::kThreadsPerEntry;
-  const int ld_part = tid % C::kThreadsPerEntry;
+  // Loader role: entry `ld_entry` of the tile, dims [32 ld_part, 32 ld_part + 32). Warp w copies
+  // and dequantizes exactly the dims [64w, 64w + 64) that its own QK^T and PV read (the swizzle
+  // keeps them in the warp's own 16-byte chunks), so a tile needs only __syncwarp between the
+  // copy, the dequantization and the mma phases; the block barriers are left to the cross-warp
+  // score reduction (v4, NOTES.md).
+  const int ld_entry = lane >> 1;
+  const int ld_part = warp * 2 + (lane & 1);
   const bool ld_nope = ld_part * 32 < C::kNope;
   const int ld_off = ld_nope ? ld_part * 32 : C::kNope + 2 * (ld_part * 32 - C::kNope);
   const int ld_chunks = ld_nope ? 2 : 4;
@@ -255,25 +267,37 @@ __global__ void __launch_bounds__(Config<kD, kMT>::kThreads, kMT == 1 ? 2 : 1)
   };
 
   // Resolves indices and page-table entries of tiles [c0, c1) into `addr` (all threads).
+  // All index loads are issued before the page-table loads that depend on them (two memory
+  // round trips per chunk, not two per loop iteration).
   auto resolve = [&](int c0, int c1) {
-    for (int k = tid; k < (c1 - c0) * kTile; k += C::kThreads) {
+    const int count = (c1 - c0) * kTile;
+    int idx[C::kResolveIters];
+#pragma unroll
+    for (int i = 0; i < C::kResolveIters; ++i) {
+      const int k = tid + i * C::kThreads;
       const int j = c0 * kTile + k;
-      const bool from_window = j < wn;
-      int idx = -1;
-      if (from_window)
-        idx = p.window_idx[int64_t(q) * p.window_width + j];
+      idx[i] = -1;
+      if (k >= count) continue;
+      if (j < wn)
+        idx[i] = p.window_idx[int64_t(q) * p.window_width + j];
       else if (j < qs.n)
-        idx = p.compressed_idx[int64_t(q) * p.compressed_width + (j - wn)];
+        idx[i] = p.compressed_idx[int64_t(q) * p.compressed_width + (j - wn)];
+    }
+#pragma unroll
+    for (int i = 0; i < C::kResolveIters; ++i) {
+      const int k = tid + i * C::kThreads;
+      if (k >= count) continue;
+      const bool from_window = c0 * kTile + k < wn;
       int2 a = make_int2(-1, 0);
-      if (idx >= 0) {
+      if (idx[i] >= 0) {
         // Fields picked by value (taking the address of the kernel parameter would copy it to
         // the stack).
         const int32_t* table = from_window ? p.window.page_table : p.compressed.page_table;
         const int stride =
             from_window ? p.window.page_table_stride : p.compressed.page_table_stride;
         const int page_size = from_window ? p.window.page_size : p.compressed.page_size;
-        a.x = table[int64_t(seq) * stride + idx / page_size];
-        a.y = (idx % page_size) | (from_window ? int(0x80000000u) : 0);
+        a.x = table[int64_t(seq) * stride + idx[i] / page_size];
+        a.y = (idx[i] % page_size) | (from_window ? int(0x80000000u) : 0);
       }
       addr[k] = a;
     }
@@ -287,9 +311,9 @@ __global__ void __launch_bounds__(Config<kD, kMT>::kThreads, kMT == 1 ? 2 : 1)
     const uint8_t* data = page_ptr + int64_t(slot) * C::kDataBytes + ld_off;
     uint8_t* dst = stage + (st * kTile + ld_entry) * C::kStageEntry;
     for (int c = 0; c < ld_chunks; ++c) cp_async16(dst + ld_off + 16 * c, data + 16 * c);
-    if (C::kScaleAsync && ld_part == 0)
-      cp_async8(dst + C::kDataBytes,
-                page_ptr + int64_t(page_size) * C::kDataBytes + int64_t(slot) * C::kScaleBytes);
+    if (C::kScaleAsync && ld_nope && (lane & 1) == 0)  // the 4-byte word holding scale `warp`
+      cp_async4(dst + C::kDataBytes + 4 * warp, page_ptr + int64_t(page_size) * C::kDataBytes +
+                                                    int64_t(slot) * C::kScaleBytes + (warp & ~3));
   };
 
   auto dequant_tile = [&](int t, int c0, int st) {
@@ -308,7 +332,7 @@ __global__ void __launch_bounds__(Config<kD, kMT>::kThreads, kMT == 1 ? 2 : 1)
     if (ld_nope) {
       uint32_t sbyte;
       if (C::kScaleAsync) {
-        sbyte = src[C::kDataBytes + ld_part / 2];
+        sbyte = src[C::kDataBytes + 4 * warp + (warp & 3)];  // ld_part / 2 == warp
       } else {
         int slot, page_size;
         const uint8_t* page_ptr = page_ptr_of(a, slot, page_size);
@@ -358,12 +382,14 @@ __global__ void __launch_bounds__(Config<kD, kMT>::kThreads, kMT == 1 ? 2 : 1)
     }
     for (int t = c0; t < c1; ++t) {
       cp_async_wait<C::kStages - 2>();  // this thread's copies for tile t have landed
-      __syncthreads();  // everyone's copies visible; the previous tile's readers are done
+      // The warp's copies (the scale word) visible to the warp; its PV reads of the previous
+      // tile's columns are done. Other warps never touch this warp's stage bytes or columns.
+      __syncwarp();
       dequant_tile(t, c0, (t - c0) % C::kStages);
       if (t + C::kStages - 1 < c1)
         issue_tile(t + C::kStages - 1, c0, (t - c0 + C::kStages - 1) % C::kStages);
       cp_async_commit();
-      __syncthreads();
+      __syncwarp();  // the warp's dequantized columns visible to its ldmatrix
 
       // ---- QK^T: partial scores over this warp's 64 dims ----
       {
