@@ -214,7 +214,7 @@ class ShardedRunner final : public ModelRunner {
     const bool cuda = device_ == "cuda";
 #if DS_HAVE_CUDA_BACKEND
     if (cuda) {
-      std::vector<int> devices(size_t(world_));
+      std::vector<int> devices(static_cast<size_t>(world_));
       for (int r = 0; r < world_; ++r) devices[size_t(r)] = r;
       DS_ASSIGN_OR_RETURN(comms_, NcclCommunicator::create_local(devices));
     }

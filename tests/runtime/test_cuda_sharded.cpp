@@ -29,8 +29,10 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <ostream>
@@ -44,6 +46,7 @@
 #include "model/deepseek_v4/sharding.h"
 #include "runtime/cuda/cuda_ops.h"
 #include "runtime/cuda/nccl_communicator.h"
+#include "runtime/model_runner.h"
 
 namespace ds::runtime {
 namespace {
@@ -447,6 +450,172 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"host_tp2", 2, true, false, Link::kHost},
                       Case{"host_ep2", 2, false, true, Link::kHost}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// ---- Through the model runner (what serve --tensor-parallel-size runs) ----
+
+// The runner's GPU ranks (make_model_runner, NCCL, one thread and one GPU per rank, decode graphs
+// on): the same schedule as above, two ranks against the single rank's logits with the same
+// tolerance; then the engine's per-sequence bookkeeping (release, a second sequence in the same
+// slot) and the KV pages back to where they started.
+TEST(ModelRunnerCuda, TwoGpuRanksMatchTheSingleRank) {
+  SKIP_WITHOUT_NCCL();
+  if (gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs, " << gpu_count() << " visible";
+  const Reference& ref = reference();
+  ASSERT_FALSE(ref.single_gpu.empty());
+  BackendLimits limits;
+  limits.max_sequences = 2;
+  limits.max_context = 1024;
+  limits.max_step_tokens = 512;
+  ParallelConfig parallel;
+  parallel.tensor_parallel_size = 2;
+  auto runner = make_model_runner("cuda", tiny_model(), reference_options(), limits, parallel);
+  ASSERT_TRUE(runner.ok()) << runner.status().to_string();
+  ModelRunner& r = **runner;
+  std::printf("[ metric ] runner: %s\n", r.describe().c_str());
+  ASSERT_TRUE(r.kv_capacity().has_value());
+  const std::vector<int32_t>& tokens = test_tokens();
+  const int64_t vocab = tiny_model().config().vocab_size;
+  for (int pass = 0; pass < 2; ++pass) {
+    dsv4::SequenceState state = r.new_sequence();
+    std::vector<float> logits;
+    int64_t pos = 0;
+    for (int64_t n : test_schedule()) {
+      dsv4::SequenceChunk chunk;
+      chunk.state = &state;
+      chunk.tokens = std::span<const int32_t>(tokens.data() + pos, size_t(n));
+      for (int64_t row = 0; row < n; ++row) chunk.logit_rows.push_back(row);
+      std::vector<dsv4::ChunkOutput> out;
+      const Status st = r.run(std::span<dsv4::SequenceChunk>(&chunk, 1), &out);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      logits.insert(logits.end(), out[0].logits.begin(), out[0].logits.end());
+      pos += n;
+    }
+    r.release_sequence(&state);
+    const Divergence d = divergence(logits, ref.single_gpu, vocab);
+    std::printf("[ metric ] runner pass %d (world 2, NCCL): vs single-rank GPU mean rel %.4g "
+                "argmax %.3f\n", pass, d.mean_rel, d.argmax);
+    EXPECT_LE(d.mean_rel, 2 * ref.yardstick.mean_rel + 0.01);
+    EXPECT_GE(d.argmax, ref.yardstick.argmax - 0.15);
+  }
+}
+
+// The DeepSeek-V4-Flash geometry (a synthetic checkpoint in the published format, a prefix of
+// the layer stack that fits on one GPU: $DEEPSERVE_FLASH_DIR, e.g. `deepserve make-checkpoint
+// --preset flash --layers 4`; skipped when unset): two GPU ranks through the runner against one
+// rank, prefill 64 tokens then 16 decode steps. Same tolerance as the tiny model's (the sharded
+// run differs from the single rank only in fp32 summation order).
+TEST(ModelRunnerCuda, FlashPrefixOnTwoGpusMatchesOneGpu) {
+  SKIP_WITHOUT_NCCL();
+  if (gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs, " << gpu_count() << " visible";
+  const char* dir = std::getenv("DEEPSERVE_FLASH_DIR");
+  if (dir == nullptr || *dir == 0) GTEST_SKIP() << "DEEPSERVE_FLASH_DIR not set";
+  const Reference& ref = reference();
+  auto weights = dsv4::ModelWeights::load(dir);
+  ASSERT_TRUE(weights.ok()) << weights.status().to_string();
+  const dsv4::ModelWeights& m = **weights;
+  const int64_t vocab = m.config().vocab_size;
+  const std::vector<int32_t> tokens = random_tokens(80, 5, vocab);
+  std::vector<int64_t> schedule = {64};
+  schedule.insert(schedule.end(), 16, 1);
+  auto run_world = [&](int world) {
+    BackendLimits limits;
+    limits.max_sequences = 1;
+    limits.max_context = 256;
+    limits.max_step_tokens = 64;
+    ParallelConfig parallel;
+    parallel.tensor_parallel_size = world;
+    auto runner = make_model_runner("cuda", m, reference_options(), limits, parallel);
+    EXPECT_TRUE(runner.ok()) << runner.status().to_string();
+    std::vector<float> logits;
+    if (!runner.ok()) return logits;
+    std::printf("[ metric ] flash prefix, world %d: %s\n", world, (*runner)->describe().c_str());
+    dsv4::SequenceState state = (*runner)->new_sequence();
+    int64_t pos = 0;
+    for (int64_t n : schedule) {
+      dsv4::SequenceChunk chunk;
+      chunk.state = &state;
+      chunk.tokens = std::span<const int32_t>(tokens.data() + pos, size_t(n));
+      chunk.logit_rows = {n - 1};
+      std::vector<dsv4::ChunkOutput> out;
+      const Status st = (*runner)->run(std::span<dsv4::SequenceChunk>(&chunk, 1), &out);
+      EXPECT_TRUE(st.ok()) << st.to_string();
+      if (!st.ok()) return std::vector<float>{};
+      logits.insert(logits.end(), out[0].logits.begin(), out[0].logits.end());
+      pos += n;
+    }
+    return logits;
+  };
+  const std::vector<float> one = run_world(1);
+  const std::vector<float> two = run_world(2);
+  ASSERT_EQ(one.size(), size_t(17 * vocab));
+  ASSERT_EQ(two.size(), one.size());
+  const Divergence d = divergence(two, one, vocab);
+  std::printf("[ metric ] flash prefix (%lld layers): two GPUs vs one mean rel %.4g argmax %.3f "
+              "(%s)\n", (long long)m.config().num_hidden_layers, d.mean_rel, d.argmax,
+              std::memcmp(two.data(), one.data(), one.size() * 4) == 0 ? "bit-identical"
+                                                                         : "differs");
+  EXPECT_LE(d.mean_rel, 2 * ref.yardstick.mean_rel + 0.01);
+  EXPECT_GE(d.argmax, ref.yardstick.argmax - 0.15);
+}
+
+// Rank 1 stops taking part in the all-reduces in its second step (an injected fault), so rank 0
+// waits inside NCCL; the runner must abort the communicators (ncclCommAbort) after its grace
+// period and fail the call, not hang.
+class SkipReduceOps final : public dsv4::ForwardingOps {
+ public:
+  explicit SkipReduceOps(dsv4::Ops* inner) : ForwardingOps(inner) {}
+  void begin_step(const dsv4::StepPlan& plan) override {
+    failing_ = ++steps_ >= 2;
+    ForwardingOps::begin_step(plan);
+  }
+  void all_reduce_sum(float* x, int64_t n) override {
+    if (!failing_) ForwardingOps::all_reduce_sum(x, n);
+  }
+  Status step_status() const override {
+    if (failing_) return internal_error("injected fault");
+    return ForwardingOps::step_status();
+  }
+
+ private:
+  int steps_ = 0;
+  bool failing_ = false;
+};
+
+TEST(ModelRunnerCuda, ARankLeftWaitingInNcclIsReleasedByTheAbort) {
+  SKIP_WITHOUT_NCCL();
+  if (gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs, " << gpu_count() << " visible";
+  BackendLimits limits;
+  limits.max_sequences = 1;
+  limits.max_context = 512;
+  limits.max_step_tokens = 64;
+  ParallelConfig parallel;
+  parallel.tensor_parallel_size = 2;
+  parallel.failure_grace_s = 2;
+  std::unique_ptr<SkipReduceOps> skip;
+  auto runner = make_model_runner("cuda", tiny_model(), reference_options(), limits, parallel,
+                                  [&](int rank, dsv4::Ops* ops) -> dsv4::Ops* {
+                                    if (rank != 1) return nullptr;
+                                    skip = std::make_unique<SkipReduceOps>(ops);
+                                    return skip.get();
+                                  });
+  ASSERT_TRUE(runner.ok()) << runner.status().to_string();
+  dsv4::SequenceState state = (*runner)->new_sequence();
+  const std::vector<int32_t>& tokens = test_tokens();
+  std::vector<dsv4::ChunkOutput> out;
+  dsv4::SequenceChunk first{&state, std::span<const int32_t>(tokens.data(), 32), {31}};
+  ASSERT_TRUE((*runner)->run(std::span<dsv4::SequenceChunk>(&first, 1), &out).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  dsv4::SequenceChunk second{&state, std::span<const int32_t>(tokens.data() + 32, 8), {7}};
+  const Status st = (*runner)->run(std::span<dsv4::SequenceChunk>(&second, 1), &out);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("[ metric ] aborted step returned after %.2f s: %s\n", waited,
+              st.to_string().c_str());
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.to_string();
+  EXPECT_NE(st.message().find("injected fault"), std::string::npos) << st.message();
+  EXPECT_EQ((*runner)->run(std::span<dsv4::SequenceChunk>(&second, 1), &out).code(),
+            StatusCode::kFailedPrecondition);
+}
 
 }  // namespace
 }  // namespace ds::runtime
