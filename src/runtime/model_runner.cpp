@@ -209,6 +209,10 @@ class ShardedRunner final : public ModelRunner {
       spec.rank = r;
       spec.tensor_parallel = true;
       spec.expert_parallel = parallel_.expert_parallel;
+      // The CUDA MoE kernels run the shared expert as one more expert of the routed experts'
+      // width, so on GPUs it stays whole, on rank 0 (a rank-0 surplus of one expert's bytes per
+      // layer); CPU ranks split it.
+      spec.split_shared_expert = device_ != "cuda";
       DS_ASSIGN_OR_RETURN(ranks_[size_t(r)].weights, dsv4::shard_model(full_, spec));
     }
     const bool cuda = device_ == "cuda";

@@ -62,7 +62,8 @@ constexpr int64_t kBlock = cpu::kFp8WeightBlock;
 
 bool shared_expert_splits(const DeepSeekV4Config& c, const ShardSpec& spec) {
   const int64_t inter = c.moe_intermediate_size * c.n_shared_experts;
-  return spec.tensor_parallel && spec.world_size > 1 && inter % (spec.world_size * kBlock) == 0;
+  return spec.tensor_parallel && spec.split_shared_expert && spec.world_size > 1 &&
+         inter % (spec.world_size * kBlock) == 0;
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

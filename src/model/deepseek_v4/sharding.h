@@ -32,6 +32,10 @@ struct ShardSpec {
   int rank = 0;
   bool tensor_parallel = true;  // attention heads and the shared expert split across the ranks
   bool expert_parallel = true;  // routed experts split across the ranks
+  // With tensor_parallel: the shared expert's intermediate rows split across the ranks too;
+  // false runs it whole on rank 0 (the CUDA MoE kernels need the shared expert as wide as the
+  // routed experts: model_runner.cpp).
+  bool split_shared_expert = true;
 };
 
 enum class ShardRule {
