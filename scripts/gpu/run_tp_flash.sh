@@ -6,13 +6,17 @@
 #   2. `deepserve generate --device cuda` on the tiny model with --tp 1 and --tp 2;
 #   3. the full Flash geometry (synthetic weights in the published format, LAYERS layers) on two
 #      GPUs: `deepserve profile --tp 2` at each batch (per-component times with the all-reduces
-#      as "collective"), JSON to OUT_DIR/profile_flash${LAYERS}_tp2_b${B}_c${CONTEXT}.json;
-#   4. `deepserve serve --tp 2` of it: /health, one /v1/completions request, shutdown.
+#      as "collectives"), JSON profile_flash${LAYERS}_tp2_b${B}_c${CONTEXT}.json;
+#   4. `deepserve serve --tp 2` of it: /health, one /v1/completions request, shutdown;
+#   with --single "B:CTX ...": first `deepserve profile` of the 4-layer checkpoint on one GPU at
+#   those batch:context pairs (profile_flash4_b${B}_c${CTX}.json).
+# JSON results go to OUT_DIR/json/, packed into OUT_DIR/json.tar at the end (the GPU tool returns
+# at most 8 files).
 # The checkpoints go to /dev/shm (RAM): the 43-layer one (~150 GB) does not fit the disk.
 # Binaries come from scripts/gpu/pack_backend.sh's archive (carry build/carry).
 #
 #   scripts/gpu/run_tp_flash.sh [OUT_DIR] [--layers N] [--batches "1 16 64"] [--context C]
-#                               [--no-serve]
+#                               [--no-serve] [--single "1:512 16:512 64:512"]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:-${OUT:-bench/results}}"
@@ -21,17 +25,19 @@ layers=43
 batches="1 16 64"
 context=512
 serve=1
+single=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --layers) layers="$2"; shift ;;
     --batches) batches="$2"; shift ;;
     --context) context="$2"; shift ;;
     --no-serve) serve=0 ;;
+    --single) single="$2"; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
 done
-mkdir -p "$out"
+mkdir -p "$out/json"
 log="$out/tp_flash.log"
 : >"$log"
 say() { echo "$*" | tee -a "$log"; }
@@ -69,6 +75,14 @@ step make_flash4 "$ds" make-checkpoint --preset flash --layers 4 --out "$shm/fla
 DEEPSERVE_FLASH_DIR="$shm/flash4" step test_cuda_sharded \
   scripts/gpu/run_multi_gpu.sh "$out" --binary "$carry/test_cuda_sharded" --timeout 300 |
   tee -a "$log"
+for bc in $single; do
+  b=${bc%%:*}; c=${bc##*:}
+  step "profile_flash4_b${b}_c$c" to "$out/p.txt" timeout 200 "$ds" profile --device cuda \
+    --model "$shm/flash4" --batch "$b" --context "$c" --steps 8 \
+    --output "$out/json/profile_flash4_b${b}_c${c}.json"
+  grep -E "^step|^moe|^sparse|^attention|^indexer" "$out/p.txt" | tee -a "$log"
+done
+rm -f "$out/p.txt"
 rm -rf "$shm/flash4"
 
 # 2. The tiny model, one and two GPUs: the same greedy ids.
@@ -95,7 +109,7 @@ step "make_flash$layers" "$ds" make-checkpoint --preset flash --layers "$layers"
 du -sh "$model" | tee -a "$log"
 free -g | head -2 | tee -a "$log"
 for b in $batches; do
-  json="$out/profile_flash${layers}_tp2_b${b}_c${context}.json"
+  json="$out/json/profile_flash${layers}_tp2_b${b}_c${context}.json"
   step "profile_tp2_b$b" to "$out/profile_b$b.txt" timeout 400 "$ds" profile --device cuda \
     --tp 2 --model "$model" --batch "$b" --context "$context" --steps 8 --output "$json"
   sed -n '1,40p' "$out/profile_b$b.txt" >>"$log"
@@ -120,8 +134,8 @@ if [ $serve -eq 1 ]; then
   if [ $up -eq 1 ]; then
     get /v1/completions \
       '{"model":"flash'"$layers"'","prompt":"The capital of France is","max_tokens":16,"temperature":0}' \
-      >"$out/serve_completion.json"
-    say "completion: $(head -c 600 "$out/serve_completion.json")"
+      >"$out/json/serve_completion.json"
+    say "completion: $(head -c 600 "$out/json/serve_completion.json")"
     get /metrics | grep -E "^deepserve:(generation_tokens_total|num_requests)" |
       tee -a "$log"
   fi
@@ -131,3 +145,4 @@ if [ $serve -eq 1 ]; then
   grep -E "device|tensor|error|rror" "$out/serve_tp2.log" | head -10 | tee -a "$log"
 fi
 rm -rf "$shm"
+tar -C "$out" -cf "$out/json.tar" json && rm -rf "$out/json"
