@@ -8,8 +8,11 @@
 #      GPUs: `deepserve profile --tp 2` at each batch (per-component times with the all-reduces
 #      as "collectives"), JSON profile_flash${LAYERS}_tp2_b${B}_c${CONTEXT}.json;
 #   4. `deepserve serve --tp 2` of it: /health, one /v1/completions request, shutdown;
-#   with --single "B:CTX ...": first `deepserve profile` of the 4-layer checkpoint on one GPU at
-#   those batch:context pairs (profile_flash4_b${B}_c${CTX}.json).
+#   with --single "B:CTX ...": first `deepserve profile` of the 4-layer checkpoint at those
+#   batch:context pairs on --single-tps ranks (default "1": one GPU).
+# --modes: "sync" profiles time every component (synchronized ranges, no CUDA graphs); "graphs"
+# profiles replay decode steps from CUDA graphs as serving does and time the step only
+# (deepserve profile --graphs; file names end in _graphs.json). Default "sync graphs".
 # JSON results go to OUT_DIR/json/, packed into OUT_DIR/json.tar at the end (the GPU tool returns
 # at most 8 files).
 # The checkpoints go to /dev/shm (RAM): the 43-layer one (~150 GB) does not fit the disk.
@@ -17,6 +20,7 @@
 #
 #   scripts/gpu/run_tp_flash.sh [OUT_DIR] [--layers N] [--batches "1 16 64"] [--context C]
 #                               [--no-serve] [--single "1:512 16:512 64:512"]
+#                               [--single-tps "1 2"] [--modes "sync graphs"] [--no-tests]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:-${OUT:-bench/results}}"
@@ -26,6 +30,9 @@ batches="1 16 64"
 context=512
 serve=1
 single=""
+single_tps="1"
+modes="sync graphs"
+tests=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --layers) layers="$2"; shift ;;
@@ -33,6 +40,9 @@ while [ $# -gt 0 ]; do
     --context) context="$2"; shift ;;
     --no-serve) serve=0 ;;
     --single) single="$2"; shift ;;
+    --single-tps) single_tps="$2"; shift ;;
+    --modes) modes="$2"; shift ;;
+    --no-tests) tests=0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -72,15 +82,27 @@ to() {  # to FILE COMMAND...: runs it with its output in FILE
 
 # 1. The sharded tests, with a Flash-geometry prefix.
 step make_flash4 "$ds" make-checkpoint --preset flash --layers 4 --out "$shm/flash4" >/dev/null
-DEEPSERVE_FLASH_DIR="$shm/flash4" step test_cuda_sharded \
-  scripts/gpu/run_multi_gpu.sh "$out" --binary "$carry/test_cuda_sharded" --timeout 300 |
-  tee -a "$log"
+if [ $tests -eq 1 ]; then
+  DEEPSERVE_FLASH_DIR="$shm/flash4" step test_cuda_sharded \
+    scripts/gpu/run_multi_gpu.sh "$out" --binary "$carry/test_cuda_sharded" --timeout 300 |
+    tee -a "$log"
+fi
+# The flags and the file-name suffix of a profile mode.
+mode_flags() { [ "$1" = graphs ] && echo "--graphs --warmup 2" || echo ""; }
+mode_suffix() { [ "$1" = graphs ] && echo "_graphs" || echo ""; }
 for bc in $single; do
   b=${bc%%:*}; c=${bc##*:}
-  step "profile_flash4_b${b}_c$c" to "$out/p.txt" timeout 200 "$ds" profile --device cuda \
-    --model "$shm/flash4" --batch "$b" --context "$c" --steps 8 \
-    --output "$out/json/profile_flash4_b${b}_c${c}.json"
-  grep -E "^step|^moe|^sparse|^attention|^indexer" "$out/p.txt" | tee -a "$log"
+  for tp in $single_tps; do
+    for mode in $modes; do
+      tag="tp${tp}_"; [ "$tp" = 1 ] && tag=""
+      name="profile_flash4_${tag}b${b}_c${c}$(mode_suffix $mode)"
+      # shellcheck disable=SC2046
+      step "$name" to "$out/p.txt" timeout 200 "$ds" profile --device cuda --tp "$tp" \
+        --model "$shm/flash4" --batch "$b" --context "$c" --steps 8 $(mode_flags $mode) \
+        --output "$out/json/$name.json"
+      grep -E "^step|^moe|^sparse|^attention|^indexer|^collectives" "$out/p.txt" | tee -a "$log"
+    done
+  done
 done
 rm -f "$out/p.txt"
 rm -rf "$shm/flash4"
@@ -109,12 +131,16 @@ step "make_flash$layers" "$ds" make-checkpoint --preset flash --layers "$layers"
 du -sh "$model" | tee -a "$log"
 free -g | head -2 | tee -a "$log"
 for b in $batches; do
-  json="$out/json/profile_flash${layers}_tp2_b${b}_c${context}.json"
-  step "profile_tp2_b$b" to "$out/profile_b$b.txt" timeout 400 "$ds" profile --device cuda \
-    --tp 2 --model "$model" --batch "$b" --context "$context" --steps 8 --output "$json"
-  sed -n '1,40p' "$out/profile_b$b.txt" >>"$log"
-  grep -E "^(collective|moe|attention|step)" "$out/profile_b$b.txt"
-  rm -f "$out/profile_b$b.txt"
+  for mode in $modes; do
+    name="profile_flash${layers}_tp2_b${b}_c${context}$(mode_suffix $mode)"
+    # shellcheck disable=SC2046
+    step "$name" to "$out/profile_b$b.txt" timeout 400 "$ds" profile --device cuda --tp 2 \
+      --model "$model" --batch "$b" --context "$context" --steps 8 $(mode_flags $mode) \
+      --output "$out/json/$name.json"
+    sed -n '1,40p' "$out/profile_b$b.txt" >>"$log"
+    grep -E "^(collective|moe|attention|step)" "$out/profile_b$b.txt"
+    rm -f "$out/profile_b$b.txt"
+  done
 done
 
 # 4. serve --tp 2.

@@ -502,14 +502,16 @@ TEST(ModelRunnerCuda, TwoGpuRanksMatchTheSingleRank) {
 // The DeepSeek-V4-Flash geometry (a synthetic checkpoint in the published format, a prefix of
 // the layer stack that fits on one GPU: $DEEPSERVE_FLASH_DIR, e.g. `deepserve make-checkpoint
 // --preset flash --layers 4`; skipped when unset): two GPU ranks through the runner against one
-// rank, prefill 64 tokens then 16 decode steps. Same tolerance as the tiny model's (the sharded
-// run differs from the single rank only in fp32 summation order).
+// rank, prefill 64 tokens then 16 decode steps, the logits of all 80 positions. The sharded run
+// differs from the single rank in fp32 summation order only (wo_b's and the MoE's partial sums
+// added by NCCL); how far such a difference carries in this model is measured on the same
+// tokens as the tiny tests do it: the CPU backend with every linear output nudged by one ulp
+// against the plain CPU backend (the yardstick), and the same bound applies.
 TEST(ModelRunnerCuda, FlashPrefixOnTwoGpusMatchesOneGpu) {
   SKIP_WITHOUT_NCCL();
   if (gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs, " << gpu_count() << " visible";
   const char* dir = std::getenv("DEEPSERVE_FLASH_DIR");
   if (dir == nullptr || *dir == 0) GTEST_SKIP() << "DEEPSERVE_FLASH_DIR not set";
-  const Reference& ref = reference();
   auto weights = dsv4::ModelWeights::load(dir);
   ASSERT_TRUE(weights.ok()) << weights.status().to_string();
   const dsv4::ModelWeights& m = **weights;
@@ -535,7 +537,7 @@ TEST(ModelRunnerCuda, FlashPrefixOnTwoGpusMatchesOneGpu) {
       dsv4::SequenceChunk chunk;
       chunk.state = &state;
       chunk.tokens = std::span<const int32_t>(tokens.data() + pos, size_t(n));
-      chunk.logit_rows = {n - 1};
+      for (int64_t row = 0; row < n; ++row) chunk.logit_rows.push_back(row);
       std::vector<dsv4::ChunkOutput> out;
       const Status st = (*runner)->run(std::span<dsv4::SequenceChunk>(&chunk, 1), &out);
       EXPECT_TRUE(st.ok()) << st.to_string();
@@ -547,15 +549,24 @@ TEST(ModelRunnerCuda, FlashPrefixOnTwoGpusMatchesOneGpu) {
   };
   const std::vector<float> one = run_world(1);
   const std::vector<float> two = run_world(2);
-  ASSERT_EQ(one.size(), size_t(17 * vocab));
+  ASSERT_EQ(one.size(), size_t(80 * vocab));
   ASSERT_EQ(two.size(), one.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  const Forward cpu(&m, reference_options());
+  auto perturbed_ops = dsv4::test::make_ulp_perturbed_cpu_ops(m.config(), 1);
+  const Forward perturbed(&m, reference_options(), perturbed_ops.get());
+  const Divergence yardstick = divergence(run_chunked(perturbed, tokens, schedule),
+                                          run_chunked(cpu, tokens, schedule), vocab);
   const Divergence d = divergence(two, one, vocab);
-  std::printf("[ metric ] flash prefix (%lld layers): two GPUs vs one mean rel %.4g argmax %.3f "
-              "(%s)\n", (long long)m.config().num_hidden_layers, d.mean_rel, d.argmax,
+  std::printf("[ metric ] flash prefix (%lld layers, 80 positions): two GPUs vs one mean rel %.4g "
+              "argmax %.3f (%s) | ulp-perturbed cpu vs cpu mean rel %.4f argmax %.3f (%.0f s)\n",
+              (long long)m.config().num_hidden_layers, d.mean_rel, d.argmax,
               std::memcmp(two.data(), one.data(), one.size() * 4) == 0 ? "bit-identical"
-                                                                         : "differs");
-  EXPECT_LE(d.mean_rel, 2 * ref.yardstick.mean_rel + 0.01);
-  EXPECT_GE(d.argmax, ref.yardstick.argmax - 0.15);
+                                                                         : "differs",
+              yardstick.mean_rel, yardstick.argmax,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  EXPECT_LE(d.mean_rel, 2 * yardstick.mean_rel + 0.01);
+  EXPECT_GE(d.argmax, yardstick.argmax - 0.15);
 }
 
 // Rank 1 stops taking part in the all-reduces in its second step (an injected fault), so rank 0

@@ -3,8 +3,10 @@
 // per-rank states and error handling), keeps ranks' sequence states in step across releases and
 // restarts, reports an error every rank sees alike and stays usable, and when one rank fails
 // alone it releases the rank left waiting in an all-reduce (no hang) and refuses later calls.
-// Configurations a model or machine cannot take are clear errors.
+// The profiler through two ranks. Configurations a model or machine cannot take are clear errors.
 #include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <cstring>
@@ -15,6 +17,7 @@
 #include "forward/forward_test_util.h"
 #include "model/deepseek_v4/cpu_ops.h"
 #include "model/deepseek_v4/forwarding_ops.h"
+#include "model/deepseek_v4/profile.h"
 #include "model/deepseek_v4/sharding.h"
 #include "runtime/model_runner.h"
 
@@ -200,6 +203,65 @@ TEST(ModelRunner, ARankFailingAloneAbortsTheGroupInsteadOfHanging) {
   EXPECT_EQ(again.code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(runner->checkpoint(&s, false, 1).code(), StatusCode::kFailedPrecondition);
   runner->release_sequence(&s);  // no hang, nothing to do
+}
+
+// `deepserve profile --tp 2` on CPU ranks: the per-component times are rank 0's and include the
+// all-reduces ("collectives"); the per-rank floors halve the split components (attention
+// projections, MoE) and keep the replicated ones; --graphs reports the step time only.
+TEST(ModelRunner, ProfileThroughTwoRanksTimesTheCollectives) {
+  auto profile = [](int world, bool step_only) {
+    std::vector<std::unique_ptr<dsv4::ProfilingOps>> timers(static_cast<size_t>(world));
+    ParallelConfig p;
+    p.tensor_parallel_size = world;
+    auto runner = make_model_runner("cpu", tiny_model(), options(), BackendLimits{}, p,
+                                    [&](int rank, dsv4::Ops* ops) -> dsv4::Ops* {
+                                      timers[size_t(rank)] =
+                                          std::make_unique<dsv4::ProfilingOps>(ops);
+                                      return timers[size_t(rank)].get();
+                                    });
+    EXPECT_TRUE(runner.ok()) << runner.status().to_string();
+    dsv4::ProfileTarget target;
+    ModelRunner& r = **runner;
+    target.new_sequence = [&r] { return r.new_sequence(); };
+    target.run = [&r](std::span<SequenceChunk> b, std::vector<ChunkOutput>* o) {
+      return r.run(b, o);
+    };
+    target.timer = timers[0].get();
+    target.world_size = world;
+    dsv4::ProfileRequest req;
+    req.batch = 2;
+    req.context = 40;
+    req.steps = 2;
+    req.step_time_only = step_only;
+    auto result = dsv4::run_profile(tiny_model().config(), target, "cpu", req);
+    EXPECT_TRUE(result.ok()) << result.status().to_string();
+    return std::move(result).value();
+  };
+  const dsv4::ProfileResult one = profile(1, false), two = profile(2, false);
+  auto row = [](const dsv4::ProfileResult& r, dsv4::Component c) {
+    return r.decode.components[size_t(c)];
+  };
+  EXPECT_EQ(row(one, dsv4::Component::kCollective).ranges, 0);
+  EXPECT_GT(row(two, dsv4::Component::kCollective).ranges, 0);
+  EXPECT_GT(row(two, dsv4::Component::kCollective).seconds, 0);
+  for (auto c : {dsv4::Component::kAttentionProjections, dsv4::Component::kMoe}) {
+    EXPECT_DOUBLE_EQ(row(two, c).bytes, row(one, c).bytes / 2) << dsv4::component_name(c);
+  }
+  EXPECT_DOUBLE_EQ(row(two, dsv4::Component::kMhc).bytes, row(one, dsv4::Component::kMhc).bytes);
+  EXPECT_LT(two.decode.floor_s, one.decode.floor_s);
+  EXPECT_EQ(two.world_size, 2);
+  const std::string text = dsv4::format_profile_report(two, "tiny");
+  EXPECT_NE(text.find("ranks: 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("collectives"), std::string::npos) << text;
+
+  const dsv4::ProfileResult fast = profile(2, true);
+  const std::string brief = dsv4::format_profile_report(fast, "tiny");
+  EXPECT_EQ(brief.find("time/floor"), std::string::npos) << brief;
+  EXPECT_NE(brief.find("components not timed"), std::string::npos) << brief;
+  const auto json = nlohmann::json::parse(dsv4::profile_to_json(fast, "tiny"));
+  EXPECT_FALSE(json["components_timed"].get<bool>());
+  EXPECT_FALSE(json["decode"].contains("components"));
+  EXPECT_GT(json["decode"]["step_s"].get<double>(), 0);
 }
 
 TEST(ModelRunner, SplitsTheModelOrMachineCannotTakeAreClearErrors) {

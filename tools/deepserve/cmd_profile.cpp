@@ -29,6 +29,7 @@ void register_profile(CLI::App& app, CommandFn* run) {
     bool json = false;
     std::string output;
     int tensor_parallel_size = 1;
+    bool graphs = false;
   };
   auto args = std::make_shared<Args>();
   args->request.context = 512;
@@ -65,6 +66,10 @@ void register_profile(CLI::App& app, CommandFn* run) {
                   "and include the all-reduces (component \"collective\")")
       ->envname("DEEPSERVE_TENSOR_PARALLEL_SIZE")
       ->check(CLI::Range(1, 64));
+  cmd->add_flag("--graphs", args->graphs,
+                "cuda: leave the component ranges unsynchronized so that decode steps replay from "
+                "CUDA graphs as when serving; reports the step time only")
+      ->envname("DEEPSERVE_PROFILE_GRAPHS");
   cmd->add_flag("--json", args->json, "print JSON instead of the table")
       ->envname("DEEPSERVE_PROFILE_JSON");
   cmd->add_option("--output", args->output, "also write the JSON to this file")
@@ -95,7 +100,8 @@ void register_profile(CLI::App& app, CommandFn* run) {
       limits.max_step_tokens =
           std::max({rq.batch, rq.prefill_tokens, std::min<int64_t>(rq.context, 512), int64_t(1)});
       limits.max_logit_rows = std::max<int64_t>(rq.batch, 1);
-      limits.synchronous_components = true;
+      limits.synchronous_components = !args->graphs;
+      args->request.step_time_only = args->graphs;
       // Every rank's component ranges are timed (so that each synchronizes the same way);
       // the report is rank 0's.
       const int world = args->tensor_parallel_size;

@@ -214,9 +214,15 @@ std::string pad(std::string s, size_t width) {
   return s;
 }
 
-void format_phase(const PhaseProfile& p, std::string* out) {
+void format_phase(const PhaseProfile& p, bool step_time_only, std::string* out) {
   *out += p.phase + ": " + std::to_string(p.tokens) + " token(s) per step, " +
           std::to_string(p.steps) + " timed step(s)\n";
+  if (step_time_only) {
+    *out += "step " + human_time(p.step_s) + " measured (components not timed: --graphs); floor " +
+            human_time(p.floor_s) +
+            " (" + fmt("%.1fx", p.floor_s > 0 ? p.step_s / p.floor_s : 0) + ")\n";
+    return;
+  }
   *out += pad("component", 24) + pad("time/step", 12) + pad("share", 8) + pad("bytes", 12) +
           pad("FLOPs", 14) + pad("floor", 12) + "time/floor\n";
   for (const ComponentProfile& cp : p.components) {
@@ -234,10 +240,11 @@ void format_phase(const PhaseProfile& p, std::string* out) {
           ")\n";
 }
 
-nlohmann::json phase_json(const PhaseProfile& p) {
+nlohmann::json phase_json(const PhaseProfile& p, bool step_time_only) {
   nlohmann::json j = {{"phase", p.phase},       {"steps", p.steps},
                       {"tokens_per_step", p.tokens}, {"step_s", p.step_s},
                       {"covered_s", p.covered_s}, {"floor_s", p.floor_s}};
+  if (step_time_only) return j;
   nlohmann::json rows = nlohmann::json::array();
   for (const ComponentProfile& cp : p.components) {
     rows.push_back({{"component", component_name(cp.component)},
@@ -270,10 +277,10 @@ std::string format_profile_report(const ProfileResult& r, const std::string& mod
   out += "\n";
   out += "decode: batch " + std::to_string(r.request.batch) + ", context " +
          std::to_string(r.request.context) + "\n";
-  format_phase(r.decode, &out);
+  format_phase(r.decode, r.request.step_time_only, &out);
   if (r.prefill.steps > 0) {
     out += "\n";
-    format_phase(r.prefill, &out);
+    format_phase(r.prefill, r.request.step_time_only, &out);
   }
   return out;
 }
@@ -294,8 +301,9 @@ std::string profile_to_json(const ProfileResult& r, const std::string& model_lab
                       {"gpu_for_floors", r.request.gpu.name},
                       {"batch", r.request.batch},
                       {"context", r.request.context},
-                      {"decode", phase_json(r.decode)}};
-  if (r.prefill.steps > 0) j["prefill"] = phase_json(r.prefill);
+                      {"components_timed", !r.request.step_time_only},
+                      {"decode", phase_json(r.decode, r.request.step_time_only)}};
+  if (r.prefill.steps > 0) j["prefill"] = phase_json(r.prefill, r.request.step_time_only);
   return j.dump(2);
 }
 

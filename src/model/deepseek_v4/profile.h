@@ -48,6 +48,9 @@ struct ProfileRequest {
   int64_t warmup_steps = 1;    // untimed decode steps before them
   int64_t prefill_tokens = 0;  // > 0: also time one prefill of this many tokens
   uint64_t seed = 0;           // prompt token ids
+  // The backend ran unsynchronized (a device backend's decode steps replayed from CUDA graphs):
+  // only the step time means anything; the component rows are not reported.
+  bool step_time_only = false;
   GpuSpec gpu = kGpuPresets[0];  // ceilings for the floors
 };
 
