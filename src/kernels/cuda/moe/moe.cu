@@ -1,5 +1,4 @@
-// MoE kernels (see moe.h and NOTES.md). One forward is 8 launches (6 at T <= 64: quant x runs
-// inside the router-logits launch, route + plan as one kernel):
+// MoE kernels (see moe.h and NOTES.md). One forward is 8 launches:
 //   1. router_logits: logits[T, E] = x @ gate^T in fp32 (T <= 64: a CTA per expert with the
 //      warps splitting D; else a warp per expert, 8 tokens per CTA);
 //   2. route: a warp per token: sqrt-softplus, top-k of score + bias (ties to the lower index, as
@@ -89,8 +88,6 @@ Layout make_layout(int64_t T, const MoeDeviceLayer& l) {
 
 // ---- small device helpers ----------------------------------------------------------------------
 
-__device__ __forceinline__ int64_t ceil_div_dev(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 __device__ __forceinline__ float sqrt_softplus_dev(float logit) {
   const float sp = logit > 20.0f ? logit : log1pf(expf(logit));
   return sqrtf(sp);
@@ -162,42 +159,11 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
-// Programmatic dependent launch (forward's launches after the first, MoeTuning::pdl): let the
-// next kernel of the stream launch now (its CTAs become resident and wait below, hiding the
-// launch gap), then wait until the previous kernel has completed and its writes are visible.
-// Every kernel calls this before touching global memory, so no read or write overlaps another
-// kernel of the chain (or of the previous step). Without the launch attribute both are no-ops.
-__device__ __forceinline__ void pdl_enter() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when
-// pdl is set (graph-capturable: the edge becomes a programmatic dependency).
-template <typename... P, typename... A>
-cudaError_t launch_k(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
-                     cudaStream_t stream, A... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
-}
-
 // ---- 1. router logits --------------------------------------------------------------------------
 
 template <bool kBf16>
 __global__ void router_logits_kernel(const float* __restrict__ x, const void* __restrict__ gate,
                                      int64_t T, int64_t D, int64_t E, float* __restrict__ logits) {
-  pdl_enter();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t e = int64_t(blockIdx.x) * 8 + warp;
   const int64_t t0 = int64_t(blockIdx.y) * 8;
@@ -241,36 +207,13 @@ __global__ void router_logits_kernel(const float* __restrict__ x, const void* __
   }
 }
 
-__device__ __forceinline__ void quant_rows_warp(const float* __restrict__ in, int64_t len,
-                                                int64_t rows, uint16_t* __restrict__ out, bool fp8,
-                                                uint8_t* __restrict__ out8,
-                                                float* __restrict__ scale8, int64_t warp);
-
-// Step 4 (quant x) folded into the small-T router launch (forward, T <= 64): the same outputs as
-// quant_rows_kernel over the T rows of x.
-struct XQuantArgs {
-  uint16_t* out = nullptr;  // nullptr: no quantization in this launch (MoeRunner::route)
-  bool fp8 = true;
-  uint8_t* out8 = nullptr;
-  float* scale8 = nullptr;
-};
-
 // Small T (decode): a CTA per (expert, 8 tokens) with the 8 warps splitting D, so that the
-// gate (E x D) streams with E x 8 warps in flight; partial sums reduced in warp order. With
-// q.out set, the CTAs' warps first quantize x (a warp per two 128-blocks, grid-strided).
+// gate (E x D) streams with E x 8 warps in flight; partial sums reduced in warp order.
 template <bool kBf16>
 __global__ void router_logits_small_kernel(const float* __restrict__ x,
                                            const void* __restrict__ gate, int64_t T, int64_t D,
-                                           int64_t E, float* __restrict__ logits, XQuantArgs q) {
+                                           int64_t E, float* __restrict__ logits) {
   __shared__ float part[8][8];
-  pdl_enter();
-  if (q.out) {
-    const int64_t qwarps = ceil_div_dev(T * (D / kChunk), 2);
-    const int64_t stride = int64_t(gridDim.x) * gridDim.y * 8;
-    for (int64_t w = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * 8 + (threadIdx.x >> 5);
-         w < qwarps; w += stride)
-      quant_rows_warp(x, D, T, q.out, q.fp8, q.out8, q.scale8, w);
-  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t e = blockIdx.x;
   const int64_t t0 = int64_t(blockIdx.y) * 8;
@@ -334,9 +277,9 @@ struct RouteArgs {
   float* weights;
 };
 
-// Token t's routing by one warp (every lane calls it).
-__device__ __forceinline__ void route_token(const RouteArgs& a, int64_t t) {
+__global__ void route_kernel(RouteArgs a) {
   const int lane = threadIdx.x & 31;
+  const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   if (t >= a.T) return;
   const float* lg = a.logits + t * a.E;
   int32_t* ex = a.experts + t * a.k;
@@ -390,11 +333,6 @@ __device__ __forceinline__ void route_token(const RouteArgs& a, int64_t t) {
   }
 }
 
-__global__ void route_kernel(RouteArgs a) {
-  pdl_enter();
-  route_token(a, int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5));
-}
-
 // ---- 3. plan -----------------------------------------------------------------------------------
 
 struct PlanArgs {
@@ -442,8 +380,7 @@ __device__ int block_exclusive_scan(int v, int* scratch /*[32]*/, int* total) {
   return out;
 }
 
-// The plan by one CTA of kPlanThreads threads (every thread calls it).
-__device__ __forceinline__ void plan_block(const PlanArgs& a) {
+__global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanArgs a) {
   __shared__ int count[kPlanThreads];
   __shared__ int cursor[kPlanThreads];
   __shared__ int scratch[33];
@@ -492,34 +429,20 @@ __device__ __forceinline__ void plan_block(const PlanArgs& a) {
   }
 }
 
-__global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanArgs a) {
-  pdl_enter();
-  plan_block(a);
-}
-
-// Steps 2 and 3 in one CTA (forward, T <= 64): its 32 warps route the tokens, then plan. The
-// barrier makes the block's global writes (experts, weights) visible to the whole block.
-__global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(RouteArgs ra, PlanArgs pa) {
-  pdl_enter();
-  for (int64_t t = threadIdx.x >> 5; t < ra.T; t += kPlanThreads / 32) route_token(ra, t);
-  __syncthreads();
-  plan_block(pa);
-}
-
 // ---- 4/6. activation quantization --------------------------------------------------------------
 
 // Half a warp per 128-element block: bf16 of the FP8 simulation (exact in bf16) or of the value.
 // With out8 (FP8 path) the e4m3 codes go to out8 [rows, len] and the scales to scale8
 // [rows, len / 128]; out (bf16) is then nullable.
-// Warp `warp` of the quantization of rows [0, rows) (blocks 2 warp and 2 warp + 1). Every lane
-// of the warp calls it (shuffles).
-__device__ __forceinline__ void quant_rows_warp(const float* __restrict__ in, int64_t len,
-                                                int64_t rows, uint16_t* __restrict__ out, bool fp8,
-                                                uint8_t* __restrict__ out8,
-                                                float* __restrict__ scale8, int64_t warp) {
+__global__ void quant_rows_kernel(const float* __restrict__ in, int64_t len, int64_t rows_bound,
+                                  const int32_t* rows_dev, uint16_t* __restrict__ out, bool fp8,
+                                  uint8_t* __restrict__ out8 = nullptr,
+                                  float* __restrict__ scale8 = nullptr) {
   const int lane = threadIdx.x & 31, sub = lane & 15;
   const int64_t bpr = len / kChunk;
+  const int64_t warp = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   const int64_t block = warp * 2 + (lane >> 4);
+  const int64_t rows = rows_dev ? int64_t(*rows_dev) : rows_bound;
   const bool active = block < rows * bpr;
   const int64_t row = active ? block / bpr : 0;
   const int64_t col = active ? (block % bpr) * kChunk + sub * 8 : 0;
@@ -566,16 +489,6 @@ __device__ __forceinline__ void quant_rows_warp(const float* __restrict__ in, in
   *reinterpret_cast<uint4*>(out + row * len + col) = o;
 }
 
-__global__ void quant_rows_kernel(const float* __restrict__ in, int64_t len, int64_t rows_bound,
-                                  const int32_t* rows_dev, uint16_t* __restrict__ out, bool fp8,
-                                  uint8_t* __restrict__ out8 = nullptr,
-                                  float* __restrict__ scale8 = nullptr) {
-  pdl_enter();
-  const int64_t rows = rows_dev ? int64_t(*rows_dev) : rows_bound;
-  const int64_t warp = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
-  quant_rows_warp(in, len, rows, out, fp8, out8, scale8, warp);
-}
-
 // ---- 5/7. grouped expert GEMMs -----------------------------------------------------------------
 //
 // A warp owns two sets of 16 weight rows (gate/up: w1 and w3 rows of the same 16 inter columns;
@@ -607,7 +520,6 @@ struct GemmArgs {
   // FP8 path: e4m3 activation codes (rows as act) and their scales per 128 K.
   const uint8_t* act8 = nullptr;
   const float* act_scale = nullptr;
-  int col_blocks = 1;  // FP8 path: consecutive column blocks per CTA (f8_tile)
 };
 
 __device__ __forceinline__ int swizzle_unit(int u, int r) {
@@ -872,7 +784,6 @@ template <int NT, bool kFused, int KS>
 __global__ void __launch_bounds__(kGemmThreads, NT == 1 ? 4 : 1)
     expert_gemm_kernel(GemmArgs a) {
   __shared__ __align__(16) uint16_t smem[2 * KS * 8 * NT * kChunk];
-  pdl_enter();
   if (int(blockIdx.x) >= *a.num_tiles) return;
   const int2 tile = a.tiles[blockIdx.x];
   const int g = tile.x, row0 = tile.y;
@@ -915,13 +826,9 @@ __global__ void __launch_bounds__(kGemmThreads, NT == 1 ? 4 : 1)
 constexpr int ring_scale_bytes(int ring) { return ring / 2048 * 128; }
 constexpr int kF8ActPad = 32;  // activation row stride K + 32: conflict-free 8-byte loads
 
-// Split-K partial sums of the warps with warp_k > 0: (KS - 1) x WN warps x 2 x NT x 4 fp32 a lane.
-constexpr int f8_red_bytes(int nt, int ks) { return (ks - 1) * (4 / ks) * 2 * nt * 4 * 32 * 4; }
-
-size_t f8_smem_bytes(int nt, int ks, int64_t K, int ring) {
+size_t f8_smem_bytes(int nt, int64_t K, int ring) {
   return size_t(4) * size_t(ring + ring_scale_bytes(ring)) +
-         size_t(8 * nt) * size_t(K + kF8ActPad) + size_t(8 * nt) * size_t(K / kChunk) * 4 +
-         size_t(f8_red_bytes(nt, ks));
+         size_t(8 * nt) * size_t(K + kF8ActPad) + size_t(8 * nt) * size_t(K / kChunk) * 4;
 }
 
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
@@ -1003,11 +910,6 @@ __device__ __forceinline__ void f8_epilogue(const GemmArgs& a, float (&acc)[2][N
   }
 }
 
-// A CTA computes col_blocks consecutive column blocks (blockIdx.y * col_blocks + c) of one tile:
-// the activation tile is loaded once and each warp's ring streams the weights of all its column
-// blocks as one sequence (stage s = c * my_chunks + i), so the next block's first stages are in
-// flight during the split-K reduction and the epilogue of the current one (no per-CTA prologue
-// and drain per column block).
 template <int NT, bool kFused, int KS, bool kFp4, int kRing>
 __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert& ex, int g,
                                         int base, int row0, int rows, uint8_t* smem) {
@@ -1025,58 +927,28 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
   uint8_t* ring_scale = smem + 4 * kRing + warp * ring_scale_bytes(kRing);
   uint8_t* act = smem + 4 * (kRing + ring_scale_bytes(kRing));
   float* act_sc = reinterpret_cast<float*>(act + BT * act_stride);
-  float* red = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(act_sc) +
-                                        BT * (K / kChunk) * 4);
-  const int col_blocks = a.col_blocks;
 
-  // Weight rows of the warp in column block c: set j covers rows first_row(c, j) + [0, 16).
+  // Weight rows of the warp: set j covers rows base_row[j] + [0, 16).
   const uint8_t* data[2];
   const uint8_t* scale[2];
+  int64_t base_row[2];
   if constexpr (kFused) {
+    const int64_t n0 = int64_t(blockIdx.y) * (16 * WN) + 16 * warp_n;
     data[0] = ex.data[0];
     data[1] = ex.data[1];
     scale[0] = ex.scale[0];
     scale[1] = ex.scale[1];
+    base_row[0] = base_row[1] = n0;
   } else {
+    const int64_t n0 = int64_t(blockIdx.y) * (32 * WN) + 32 * warp_n;
     data[0] = data[1] = ex.data[2];
     scale[0] = scale[1] = ex.scale[2];
+    base_row[0] = n0;
+    base_row[1] = n0 + 16;
   }
-  auto first_row = [&](int64_t c, int j) -> int64_t {
-    const int64_t cb = int64_t(blockIdx.y) * col_blocks + c;
-    return kFused ? cb * (16 * WN) + 16 * warp_n : cb * (32 * WN) + 32 * warp_n + 16 * j;
-  };
+  const int64_t row_g[2] = {base_row[0] + gid, base_row[1] + gid};
 
-  const int64_t my_chunks = chunks > warp_k ? (chunks - warp_k + KS - 1) / KS : 0;
-  const int64_t my_stages = my_chunks * col_blocks;
-  // Stage s of the warp holds column block s / my_chunks, its chunk warp_k + KS * (s % my_chunks).
-  // The caller commits the group.
-  auto issue = [&](int64_t s) {
-    if (s < my_stages) {
-      const int64_t c = s / my_chunks;
-      const int64_t kc = (warp_k + KS * (s % my_chunks)) * kChunk;
-      const int64_t r0[2] = {first_row(c, 0), first_row(c, 1)};
-      uint8_t* st = ring + (s % kStages) * kStageBytes;
-      constexpr int kUnits = kRowBytes / 16;  // 16-byte units per row: 4 (FP4) or 8 (FP8)
-#pragma unroll
-      for (int q = lane; q < 32 * kUnits; q += 32) {
-        const int r = q / kUnits, u = q % kUnits, j = r >> 4;
-        const int64_t grow = r0[j] + (r & 15);
-        const int su = kFp4 ? (u ^ ((r >> 1) & 3)) : (u ^ (r & 7));
-        const uint8_t* src = kFp4 ? data[j] + grow * (K / 2) + kc / 2 + u * 16
-                                  : data[j] + grow * K + kc + u * 16;
-        cp_async16(st + r * kRowBytes + su * 16, src);
-      }
-      if constexpr (kFp4) {
-        const int j = lane >> 4;
-        cp_async4(ring_scale + (s % kStages) * 128 + lane * 4,
-                  scale[j] + (r0[j] + (lane & 15)) * (K / 32) + kc / 32);
-      }
-    }
-  };
-
-  // Prologue: the first weight stage is requested before the activation tile (valid rows) and
-  // its scales, which join its cp.async group; then the other stages but one.
-  issue(0);
+  // Activation tile (valid rows) and its scales, one cp.async group of the whole CTA.
   {
     const int64_t units = K / 16, nsc = K / kChunk;
     for (int64_t i = tid; i < int64_t(rows) * units; i += kGemmThreads) {
@@ -1094,172 +966,185 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
     }
     cp_async_commit();
   }
+
+  const int64_t my_chunks = chunks > warp_k ? (chunks - warp_k + KS - 1) / KS : 0;
+  // Stage i of the warp holds its chunk warp_k + KS * i.
+  auto issue = [&](int64_t i) {
+    if (i < my_chunks) {
+      const int64_t kc = (warp_k + KS * i) * kChunk;
+      uint8_t* st = ring + (i % kStages) * kStageBytes;
+      constexpr int kUnits = kRowBytes / 16;  // 16-byte units per row: 4 (FP4) or 8 (FP8)
 #pragma unroll
-  for (int s = 1; s < kStages - 1; ++s) {
-    issue(s);
+      for (int q = lane; q < 32 * kUnits; q += 32) {
+        const int r = q / kUnits, u = q % kUnits, j = r >> 4;
+        const int64_t grow = base_row[j] + (r & 15);
+        const int su = kFp4 ? (u ^ ((r >> 1) & 3)) : (u ^ (r & 7));
+        const uint8_t* src = kFp4 ? data[j] + grow * (K / 2) + kc / 2 + u * 16
+                                  : data[j] + grow * K + kc + u * 16;
+        cp_async16(st + r * kRowBytes + su * 16, src);
+      }
+      if constexpr (kFp4) {
+        const int j = lane >> 4;
+        cp_async4(ring_scale + (i % kStages) * 128 + lane * 4,
+                  scale[j] + (base_row[j] + (lane & 15)) * (K / 32) + kc / 32);
+      }
+    }
     cp_async_commit();  // possibly empty: keeps the group count uniform
-  }
-  cp_async_wait<kStages - 2>();  // stage 0 and the activation tile
+  };
+
+  float acc[2][NT][4];
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[j][n][c] = 0.0f;
+
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) issue(i);
+  cp_async_wait<kStages - 1>();  // the activation group
   __syncthreads();
 
   const int m = lane >> 3, mr = lane & 7;  // ldmatrix: this lane addresses matrix m, row mr
-  int64_t stg = 0;  // the warp's stage sequence over all its column blocks
-  for (int cblk = 0; cblk < col_blocks; ++cblk) {
-    const int64_t base_row[2] = {first_row(cblk, 0), first_row(cblk, 1)};
-    const int64_t row_g[2] = {base_row[0] + gid, base_row[1] + gid};
-    float acc[2][NT][4];
+  for (int64_t i = 0; i < my_chunks; ++i) {
+    __syncwarp();  // every lane is done reading the stage the next issue overwrites
+    issue(i + kStages - 1);
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+    const int64_t chunk = warp_k + KS * i;
+    const uint8_t* st = ring + (i % kStages) * kStageBytes;
+    float cacc[2][NT][4];
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int n = 0; n < NT; ++n)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) acc[j][n][c] = 0.0f;
+        for (int c = 0; c < 4; ++c) cacc[j][n][c] = 0.0f;
+    if constexpr (kFp4) {
+      const uint32_t* scw = reinterpret_cast<const uint32_t*>(ring_scale + (i % kStages) * 128);
+      uint32_t wsc[2][2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) wsc[j][h] = scw[16 * j + 8 * h + gid];
+#pragma unroll
+      for (int s = 0; s < 4; s += 2) {
+        uint32_t w[2][4];  // [set]: (row g, block s), (g+8, s), (g, s+1), (g+8, s+1)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int r = 16 * j + 8 * (m & 1) + mr, u = s + (m >> 1);
+          ldmatrix_x4(w[j], st + r * kRowBytes + (u ^ ((r >> 1) & 3)) * 16);
+        }
+#pragma unroll
+        for (int ss = 0; ss < 2; ++ss) {
+          uint32_t bf[NT][2];
+#pragma unroll
+          for (int n = 0; n < NT; ++n) {
+            const uint2 v = *reinterpret_cast<const uint2*>(
+                act + (n * 8 + gid) * act_stride + chunk * kChunk + 32 * (s + ss) + 8 * t4);
+            bf[n][0] = __byte_perm(v.x, v.y, 0x6420);
+            bf[n][1] = __byte_perm(v.x, v.y, 0x7531);
+          }
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            uint32_t af[4];
+            e2m1x8_to_e4m3(w[j][2 * ss], af[0], af[2]);
+            e2m1x8_to_e4m3(w[j][2 * ss + 1], af[1], af[3]);
+            // e8m0 code + 6 as an fp32 exponent: 2^(code - 127) * 2^6 (codes <= 248).
+            float f[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const uint32_t code = __byte_perm(wsc[j][h], 0u, 0x4440 + (s + ss));
+              f[h] = __uint_as_float((code + 6u) << 23);
+            }
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+              float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+              mma_e4m3(d, af, bf[n][0], bf[n][1]);
+#pragma unroll
+              for (int c = 0; c < 4; ++c) cacc[j][n][c] = fmaf(d[c], f[c >> 1], cacc[j][n][c]);
+            }
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        uint32_t bf[NT][2];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          const uint8_t* p = act + (n * 8 + gid) * act_stride + chunk * kChunk + 32 * s + 4 * t4;
+          bf[n][0] = *reinterpret_cast<const uint32_t*>(p);
+          bf[n][1] = *reinterpret_cast<const uint32_t*>(p + 16);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          uint32_t af[4];  // (row g, K 32s + [0,16)), (g+8, same), (g, 32s + [16,32)), (g+8, ..)
+          const int r = 16 * j + 8 * (m & 1) + mr, u = 2 * s + (m >> 1);
+          ldmatrix_x4(af, st + r * kRowBytes + (u ^ (r & 7)) * 16);
+#pragma unroll
+          for (int n = 0; n < NT; ++n) mma_e4m3(cacc[j][n], af, bf[n][0], bf[n][1]);
+        }
+      }
+      // The 128x128 block scale of each set (16 rows lie in one block).
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float sc = e8m0_to_float_dev(__ldg(scale[j] + (base_row[j] / 128) * chunks + chunk));
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) cacc[j][n][c] *= sc;
+      }
+    }
+    // The activation scale of the chunk per token column.
+    const int64_t nsc = chunks;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const float as0 = act_sc[(n * 8 + 2 * t4) * nsc + chunk];
+      const float as1 = act_sc[(n * 8 + 2 * t4 + 1) * nsc + chunk];
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          acc[j][n][c] = fmaf(cacc[j][n][c], (c & 1) ? as1 : as0, acc[j][n][c]);
+    }
+  }
+  cp_async_wait<0>();
 
-    for (int64_t i = 0; i < my_chunks; ++i, ++stg) {
-      __syncwarp();  // every lane is done reading the stage the next issue overwrites
-      issue(stg + kStages - 1);
-      cp_async_commit();  // possibly empty: keeps the group count uniform
-      cp_async_wait<kStages - 1>();
-      __syncwarp();
-      const int64_t chunk = warp_k + KS * i;
-      const uint8_t* st = ring + (stg % kStages) * kStageBytes;
-      float cacc[2][NT][4];
+  if constexpr (KS > 1) {
+    // Split-K reduction in warp_k order (deterministic) through the (now free) rings.
+    __syncthreads();
+    float* red = reinterpret_cast<float*>(smem);
+    constexpr int kAccPerLane = 2 * NT * 4;
+    if (warp_k > 0) {
+      float* dst = red + (((warp_k - 1) * WN + warp_n) * kAccPerLane) * 32 + lane;
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
-          for (int c = 0; c < 4; ++c) cacc[j][n][c] = 0.0f;
-      if constexpr (kFp4) {
-        const uint32_t* scw =
-            reinterpret_cast<const uint32_t*>(ring_scale + (stg % kStages) * 128);
-        uint32_t wsc[2][2];
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) wsc[j][h] = scw[16 * j + 8 * h + gid];
-#pragma unroll
-        for (int s = 0; s < 4; s += 2) {
-          uint32_t w[2][4];  // [set]: (row g, block s), (g+8, s), (g, s+1), (g+8, s+1)
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const int r = 16 * j + 8 * (m & 1) + mr, u = s + (m >> 1);
-            ldmatrix_x4(w[j], st + r * kRowBytes + (u ^ ((r >> 1) & 3)) * 16);
-          }
-#pragma unroll
-          for (int ss = 0; ss < 2; ++ss) {
-            uint32_t bf[NT][2];
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-              const uint2 v = *reinterpret_cast<const uint2*>(
-                  act + (n * 8 + gid) * act_stride + chunk * kChunk + 32 * (s + ss) + 8 * t4);
-              bf[n][0] = __byte_perm(v.x, v.y, 0x6420);
-              bf[n][1] = __byte_perm(v.x, v.y, 0x7531);
-            }
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-              uint32_t af[4];
-              e2m1x8_to_e4m3(w[j][2 * ss], af[0], af[2]);
-              e2m1x8_to_e4m3(w[j][2 * ss + 1], af[1], af[3]);
-              // e8m0 code + 6 as an fp32 exponent: 2^(code - 127) * 2^6 (codes <= 248).
-              float f[2];
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const uint32_t code = __byte_perm(wsc[j][h], 0u, 0x4440 + (s + ss));
-                f[h] = __uint_as_float((code + 6u) << 23);
-              }
-#pragma unroll
-              for (int n = 0; n < NT; ++n) {
-                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                mma_e4m3(d, af, bf[n][0], bf[n][1]);
-#pragma unroll
-                for (int c = 0; c < 4; ++c) cacc[j][n][c] = fmaf(d[c], f[c >> 1], cacc[j][n][c]);
-              }
-            }
-          }
-        }
-      } else {
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          uint32_t bf[NT][2];
-#pragma unroll
-          for (int n = 0; n < NT; ++n) {
-            const uint8_t* p = act + (n * 8 + gid) * act_stride + chunk * kChunk + 32 * s + 4 * t4;
-            bf[n][0] = *reinterpret_cast<const uint32_t*>(p);
-            bf[n][1] = *reinterpret_cast<const uint32_t*>(p + 16);
-          }
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            uint32_t af[4];  // (row g, K 32s + [0,16)), (g+8, same), (g, 32s + [16,32)), (g+8, ..)
-            const int r = 16 * j + 8 * (m & 1) + mr, u = 2 * s + (m >> 1);
-            ldmatrix_x4(af, st + r * kRowBytes + (u ^ (r & 7)) * 16);
-#pragma unroll
-            for (int n = 0; n < NT; ++n) mma_e4m3(cacc[j][n], af, bf[n][0], bf[n][1]);
-          }
-        }
-        // The 128x128 block scale of each set (16 rows lie in one block).
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const float sc =
-              e8m0_to_float_dev(__ldg(scale[j] + (base_row[j] / 128) * chunks + chunk));
-#pragma unroll
-          for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) cacc[j][n][c] *= sc;
-        }
-      }
-      // The activation scale of the chunk per token column.
-      const int64_t nsc = chunks;
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const float as0 = act_sc[(n * 8 + 2 * t4) * nsc + chunk];
-        const float as1 = act_sc[(n * 8 + 2 * t4 + 1) * nsc + chunk];
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int c = 0; c < 4; ++c)
-            acc[j][n][c] = fmaf(cacc[j][n][c], (c & 1) ? as1 : as0, acc[j][n][c]);
-      }
+          for (int c = 0; c < 4; ++c) dst[((j * NT + n) * 4 + c) * 32] = acc[j][n][c];
     }
-    if constexpr (KS > 1) {
-      // Split-K reduction in warp_k order (deterministic) through its own buffer (the rings hold
-      // the next column block's stages). The first barrier also orders the previous block's reads
-      // of the buffer before these writes.
-      __syncthreads();
-      constexpr int kAccPerLane = 2 * NT * 4;
-      if (warp_k > 0) {
-        float* dst = red + (((warp_k - 1) * WN + warp_n) * kAccPerLane) * 32 + lane;
+    __syncthreads();
+    if (warp_k > 0) return;
 #pragma unroll
-        for (int j = 0; j < 2; ++j)
+    for (int q = 1; q < KS; ++q) {
+      const float* src = red + (((q - 1) * WN + warp_n) * kAccPerLane) * 32 + lane;
 #pragma unroll
-          for (int n = 0; n < NT; ++n)
+      for (int j = 0; j < 2; ++j)
 #pragma unroll
-            for (int c = 0; c < 4; ++c) dst[((j * NT + n) * 4 + c) * 32] = acc[j][n][c];
-      }
-      __syncthreads();
-      if (warp_k == 0) {
+        for (int n = 0; n < NT; ++n)
 #pragma unroll
-        for (int q = 1; q < KS; ++q) {
-          const float* src = red + (((q - 1) * WN + warp_n) * kAccPerLane) * 32 + lane;
-#pragma unroll
-          for (int j = 0; j < 2; ++j)
-#pragma unroll
-            for (int n = 0; n < NT; ++n)
-#pragma unroll
-              for (int c = 0; c < 4; ++c) acc[j][n][c] += src[((j * NT + n) * 4 + c) * 32];
-        }
-      }
+          for (int c = 0; c < 4; ++c) acc[j][n][c] += src[((j * NT + n) * 4 + c) * 32];
     }
-    if (KS == 1 || warp_k == 0) f8_epilogue<NT, kFused>(a, acc, row_g, g, base, row0, rows, t4);
-  }  // column blocks
-  cp_async_wait<0>();  // only empty groups remain: nothing left in flight at exit
+  }
+  f8_epilogue<NT, kFused>(a, acc, row_g, g, base, row0, rows, t4);
 }
 
 template <int NT, bool kFused, int KS, int kRing>
 __global__ void __launch_bounds__(kGemmThreads, kRing > 8192 ? 2 : 3)
     expert_gemm_f8_kernel(GemmArgs a) {
   extern __shared__ __align__(16) uint8_t f8_smem[];
-  pdl_enter();
   if (int(blockIdx.x) >= *a.num_tiles) return;
   const int2 tile = a.tiles[blockIdx.x];
   const int g = tile.x, row0 = tile.y;
@@ -1279,7 +1164,6 @@ __global__ void __launch_bounds__(kGemmThreads, kRing > 8192 ? 2 : 3)
 __global__ void combine_kernel(const float* __restrict__ ybuf, const int32_t* __restrict__ experts,
                                int64_t T, int64_t D, int64_t k, int64_t begin, int64_t end,
                                bool add_shared, float* __restrict__ y) {
-  pdl_enter();
   const int64_t t = blockIdx.x;
   const int64_t d = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * 4;
   if (d >= D) return;
@@ -1317,59 +1201,41 @@ __global__ void combine_kernel(const float* __restrict__ ybuf, const int32_t* __
 template <int NT, int KS>
 Status launch_gemms(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64_t inter,
                     int64_t dim, const float* h, uint16_t* hq, const int32_t* total_rows,
-                    int64_t rows_bound, bool fp8, bool pdl, cudaStream_t stream) {
+                    int64_t rows_bound, bool fp8, cudaStream_t stream) {
   constexpr int WN = 4 / KS;
-  DS_CUDA_RETURN_IF_ERROR(launch_k(pdl, expert_gemm_kernel<NT, true, KS>,
-                                   dim3(unsigned(tiles), unsigned(inter / (16 * WN))),
-                                   kGemmThreads, 0, stream, g1));
+  expert_gemm_kernel<NT, true, KS>
+      <<<dim3(unsigned(tiles), unsigned(inter / (16 * WN))), kGemmThreads, 0, stream>>>(g1);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   const int64_t qblocks = rows_bound * (inter / kChunk);
-  DS_CUDA_RETURN_IF_ERROR(launch_k(pdl, quant_rows_kernel, dim3(unsigned(ceil_div(qblocks, 16))),
-                                   256, 0, stream, h, inter, rows_bound, total_rows, hq, fp8,
-                                   static_cast<uint8_t*>(nullptr), static_cast<float*>(nullptr)));
-  DS_CUDA_RETURN_IF_ERROR(launch_k(pdl, expert_gemm_kernel<NT, false, KS>,
-                                   dim3(unsigned(tiles), unsigned(dim / (32 * WN))),
-                                   kGemmThreads, 0, stream, g2));
+  quant_rows_kernel<<<unsigned(ceil_div(qblocks, 16)), 256, 0, stream>>>(h, inter, rows_bound,
+                                                                          total_rows, hq, fp8);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  expert_gemm_kernel<NT, false, KS>
+      <<<dim3(unsigned(tiles), unsigned(dim / (32 * WN))), kGemmThreads, 0, stream>>>(g2);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ok_status();
-}
-
-// The largest power of two <= want that divides the column blocks ncb (f8_tile's col_blocks).
-int col_blocks_for(int want, int64_t ncb) {
-  int c = 1;
-  while (c * 2 <= want && ncb % (c * 2) == 0) c *= 2;
-  return c;
 }
 
 constexpr size_t kF8MaxSmem = 227 * 1024;  // sm_90 opt-in maximum per block
 
-// Defaults of the session-6 options, from the H200 sweep (bench_moe, NOTES.md): programmatic
-// dependent launch gained nothing in graphs (T = 1 81.2 vs 81.5 us, T = 16 / 64 slower), so it
-// stays off; 4 column blocks per CTA from T = 5 on (T = 16: 526 us with K split 4 vs 569 with
-// one block; T = 64: 1261 vs 1292 us), one at T <= 4 (7 tiles: fewer CTAs would leave SMs idle;
-// 101 us with 4 at T = 1).
-constexpr bool kPdlDefault = false;
-int col_blocks_default(int64_t T) { return T <= 4 ? 1 : 4; }
-
 template <int NT, int KS, int kRing>
 Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64_t inter,
                        int64_t dim, const float* h, uint8_t* hq8, float* hs,
-                       const int32_t* total_rows, int64_t rows_bound, int col_blocks, bool pdl,
-                       cudaStream_t stream) {
+                       const int32_t* total_rows, int64_t rows_bound, cudaStream_t stream) {
   constexpr int WN = 4 / KS;
-  const int64_t ncb1 = inter / (16 * WN), ncb2 = dim / (32 * WN);
-  GemmArgs a1 = g1, a2 = g2;
-  a1.col_blocks = col_blocks_for(col_blocks, ncb1);
-  a2.col_blocks = col_blocks_for(col_blocks, ncb2);
   // (The dynamic shared memory opt-in is done at load time: set_f8_smem_attributes.)
-  DS_CUDA_RETURN_IF_ERROR(launch_k(pdl, expert_gemm_f8_kernel<NT, true, KS, kRing>,
-                                   dim3(unsigned(tiles), unsigned(ncb1 / a1.col_blocks)),
-                                   kGemmThreads, f8_smem_bytes(NT, KS, dim, kRing), stream, a1));
+  expert_gemm_f8_kernel<NT, true, KS, kRing>
+      <<<dim3(unsigned(tiles), unsigned(inter / (16 * WN))), kGemmThreads,
+         f8_smem_bytes(NT, dim, kRing), stream>>>(g1);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   const int64_t qblocks = rows_bound * (inter / kChunk);
-  DS_CUDA_RETURN_IF_ERROR(launch_k(pdl, quant_rows_kernel, dim3(unsigned(ceil_div(qblocks, 16))),
-                                   256, 0, stream, h, inter, rows_bound, total_rows,
-                                   static_cast<uint16_t*>(nullptr), true, hq8, hs));
-  DS_CUDA_RETURN_IF_ERROR(launch_k(pdl, expert_gemm_f8_kernel<NT, false, KS, kRing>,
-                                   dim3(unsigned(tiles), unsigned(ncb2 / a2.col_blocks)),
-                                   kGemmThreads, f8_smem_bytes(NT, KS, inter, kRing), stream, a2));
+  quant_rows_kernel<<<unsigned(ceil_div(qblocks, 16)), 256, 0, stream>>>(
+      h, inter, rows_bound, total_rows, nullptr, true, hq8, hs);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  expert_gemm_f8_kernel<NT, false, KS, kRing>
+      <<<dim3(unsigned(tiles), unsigned(dim / (32 * WN))), kGemmThreads,
+         f8_smem_bytes(NT, inter, kRing), stream>>>(g2);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ok_status();
 }
 
@@ -1538,9 +1404,8 @@ Result<MoeDeviceLayer> MoeDeviceLayer::create(const cpu::MoeParams& p) {
     DS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     DS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
     f8 = f8 && major * 10 + minor >= 89;
-    // (K split 4 needs the largest reduction buffer.)
-    f8 = f8 && f8_smem_bytes(2, 4, std::max(l.dim, l.inter), 8192) <= kF8MaxSmem &&
-         f8_smem_bytes(1, 4, std::max(l.dim, l.inter), 16384) <= kF8MaxSmem;
+    f8 = f8 && f8_smem_bytes(2, std::max(l.dim, l.inter), 8192) <= kF8MaxSmem &&
+         f8_smem_bytes(1, std::max(l.dim, l.inter), 16384) <= kF8MaxSmem;
     if (f8) DS_CUDA_RETURN_IF_ERROR(set_f8_smem_attributes());
     l.fp8_mma = f8;
   }
@@ -1565,14 +1430,10 @@ int MoeRunner::tile_tokens(int64_t T, const MoeDeviceLayer& layer) {
   return 64;
 }
 
-namespace {
-
-// MoeRunner::route, and forward's first launches: pdl: the launches after the first are
-// programmatic; q (T <= 64): quant x joins the router-logits launch; plan (T <= 64): route and
-// plan run as one kernel (route_plan_kernel).
-Status route_launch(const MoeDeviceLayer& l, const float* x, const int32_t* token_ids, int64_t T,
-                    int32_t* experts, float* weights, void* workspace, cudaStream_t stream,
-                    bool pdl, const XQuantArgs& q = {}, const PlanArgs* plan = nullptr) {
+Status MoeRunner::route(const MoeDeviceLayer& l, const float* x, const int32_t* token_ids,
+                        int64_t T, int32_t* experts, float* weights, void* workspace,
+                        cudaStream_t stream) {
+  if (T <= 0) return ok_status();
   if (l.tid2eid && !token_ids) return invalid_argument("moe: hash routing needs token_ids");
   const Layout L = make_layout(T, l);
   auto* ws = static_cast<uint8_t*>(workspace);
@@ -1581,10 +1442,10 @@ Status route_launch(const MoeDeviceLayer& l, const float* x, const int32_t* toke
   const dim3 lg_small(unsigned(l.num_experts), unsigned(ceil_div(T, 8)));
   if (T <= 64 && l.gate_bf16) {
     router_logits_small_kernel<true>
-        <<<lg_small, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits, q);
+        <<<lg_small, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits);
   } else if (T <= 64) {
     router_logits_small_kernel<false>
-        <<<lg_small, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits, q);
+        <<<lg_small, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits);
   } else if (l.gate_bf16) {
     router_logits_kernel<true><<<lg, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits);
   } else {
@@ -1593,24 +1454,9 @@ Status route_launch(const MoeDeviceLayer& l, const float* x, const int32_t* toke
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   RouteArgs ra{logits,      l.bias,         l.tid2eid, token_ids, T,      l.num_experts, l.topk,
                l.route_scale, l.renorm_epsilon, experts,   weights};
-  if (plan) {
-    DS_CUDA_RETURN_IF_ERROR(
-        launch_k(pdl, route_plan_kernel, dim3(1), kPlanThreads, 0, stream, ra, *plan));
-  } else {
-    DS_CUDA_RETURN_IF_ERROR(
-        launch_k(pdl, route_kernel, dim3(unsigned(ceil_div(T, 8))), 256, 0, stream, ra));
-  }
+  route_kernel<<<unsigned(ceil_div(T, 8)), 256, 0, stream>>>(ra);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ok_status();
-}
-
-}  // namespace
-
-Status MoeRunner::route(const MoeDeviceLayer& l, const float* x, const int32_t* token_ids,
-                        int64_t T, int32_t* experts, float* weights, void* workspace,
-                        cudaStream_t stream) {
-  if (T <= 0) return ok_status();
-  if (l.tid2eid && !token_ids) return invalid_argument("moe: hash routing needs token_ids");
-  return route_launch(l, x, token_ids, T, experts, weights, workspace, stream, false);
 }
 
 Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t* token_ids,
@@ -1635,36 +1481,26 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   auto* hq = reinterpret_cast<uint16_t*>(ws + L.hq);
   auto* ybuf = reinterpret_cast<float*>(ws + L.ybuf);
 
-  // Programmatic dependent launch between forward's kernels (MoeTuning::pdl; measured on H200,
-  // NOTES.md).
-  const bool pdl = tuning.pdl == 1 || (tuning.pdl == 0 && kPdlDefault);
-  // T <= 64: quant x inside the router-logits launch and route + plan as one kernel (6 launches
-  // instead of 8; MoeTuning::fuse_small 2 keeps them apart).
-  const bool fuse = T <= 64 && tuning.fuse_small != 2;
-  if (l.tid2eid && !token_ids) return invalid_argument("moe: hash routing needs token_ids");
+  DS_RETURN_IF_ERROR(route(l, x, token_ids, T, experts, weights, workspace, stream));
+
   const int bt = tuning.tile_tokens > 0 ? tuning.tile_tokens : tile_tokens(T, l);
   if (bt != 8 && bt != 16 && bt != 32 && bt != 64)
     return invalid_argument("moe: tile_tokens must be 8, 16, 32 or 64");
   PlanArgs pa{experts,      weights,   T,         l.topk,    l.num_experts, l.expert_begin,
               l.expert_end, l.add_shared, bt,     group_offset, tiles,      num_tiles,
               row_token,    row_slot,  row_weight};
+  plan_kernel<<<1, kPlanThreads, 0, stream>>>(pa);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+
+  const int64_t xblocks = T * (l.dim / kChunk);
   auto* xq8 = reinterpret_cast<uint8_t*>(ws + L.xq8);
   auto* xs = reinterpret_cast<float*>(ws + L.xs);
   auto* hq8 = reinterpret_cast<uint8_t*>(ws + L.hq8);
   auto* hs = reinterpret_cast<float*>(ws + L.hs);
   const bool want_f8 = tuning.path == 2 || (tuning.path == 0 && l.fp8_mma);
-  XQuantArgs xqa;
-  if (fuse) xqa = {xq, l.quantize_activations, want_f8 ? xq8 : nullptr, xs};
-  DS_RETURN_IF_ERROR(route_launch(l, x, token_ids, T, experts, weights, workspace, stream, pdl,
-                                  xqa, fuse ? &pa : nullptr));
-  if (!fuse) {
-    DS_CUDA_RETURN_IF_ERROR(launch_k(pdl, plan_kernel, dim3(1), kPlanThreads, 0, stream, pa));
-    const int64_t xblocks = T * (l.dim / kChunk);
-    DS_CUDA_RETURN_IF_ERROR(launch_k(pdl, quant_rows_kernel,
-                                     dim3(unsigned(ceil_div(xblocks, 16))), 256, 0, stream, x,
-                                     l.dim, T, static_cast<const int32_t*>(nullptr), xq,
-                                     l.quantize_activations, want_f8 ? xq8 : nullptr, xs));
-  }
+  quant_rows_kernel<<<unsigned(ceil_div(xblocks, 16)), 256, 0, stream>>>(
+      x, l.dim, T, nullptr, xq, l.quantize_activations, want_f8 ? xq8 : nullptr, xs);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
 
   GemmArgs g1{l.experts, int(l.num_experts), tiles, num_tiles, group_offset, row_token, row_slot,
               row_weight, xq, l.dim, l.inter, h, l.swiglu_limit, l.shared_expert_clamp,
@@ -1685,14 +1521,13 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   if (tuning.path == 2 && (!l.fp8_mma || bt > 16))
     return invalid_argument("moe: the FP8 path needs fp8_mma and 8 or 16-row tiles");
   const bool use_f8 = tuning.path == 2 || (tuning.path == 0 && l.fp8_mma && bt <= 16);
-  int col_blocks = 1;  // FP8 path: column blocks per CTA (set below)
   // K split: measured on H200 (bench_moe): 8-token tiles are fastest with 2 (T = 1: 129 us vs
   // 163 us unsplit and 144 us with 4), 16-token tiles without a split.
   int ks = tuning.k_split > 0 ? tuning.k_split : (bt == 8 ? 2 : 1);
   if (bt >= 32 || (bt == 16 && ks > 2)) ks = 1;  // the instantiated (tile, split) pairs
   const auto run = [&](auto nt, auto kss) {
     return launch_gemms<decltype(nt)::value, decltype(kss)::value>(
-        g1, g2, tiles_bound, l.inter, l.dim, h, hq, total_rows, rows_bound, fp8, pdl, stream);
+        g1, g2, tiles_bound, l.inter, l.dim, h, hq, total_rows, rows_bound, fp8, stream);
   };
   using I1 = std::integral_constant<int, 1>;
   using I2 = std::integral_constant<int, 2>;
@@ -1700,20 +1535,16 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   using I8 = std::integral_constant<int, 8>;
   const auto run_f8 = [&](auto nt, auto kss, auto ring) {
     return launch_gemms_f8<decltype(nt)::value, decltype(kss)::value, decltype(ring)::value>(
-        g1, g2, tiles_bound, l.inter, l.dim, h, hq8, hs, total_rows, rows_bound, col_blocks, pdl,
-        stream);
+        g1, g2, tiles_bound, l.inter, l.dim, h, hq8, hs, total_rows, rows_bound, stream);
   };
   if (use_f8) {
     // K split and ring of the FP8 path, measured on H200 (bench_moe, session 5): K split 4 at
     // T = 1 (80.6 us vs 84.9 with 2: 896 CTAs instead of 448 for the 7 groups, < 2 waves at 3
     // CTAs per SM), 2 at T = 16 and 64 (536 / 1240 us vs 548 / 1306 with 4, 616 / 1420 with 1).
-    // Session 6, with 4 column blocks per CTA: K split 4 up to T = 16 (526 vs 536 us with 2),
-    // 2 above (T = 64: 1261 vs 1350 us with 4). Ring 8 KB per warp (4 FP4 stages, 3 CTAs per
-    // SM): the 16 KB ring (8 stages, 2 CTAs per SM) measured slower everywhere (T = 64: 1338
-    // vs 1244 us, session-5 kernel), i.e. more bytes in flight with fewer warps loses.
-    const int kf = tuning.k_split > 0 ? tuning.k_split : (T <= 16 ? 4 : 2);
+    // Ring 8 KB per warp (4 FP4 stages, 3 CTAs per SM); the 16 KB ring (8 stages, 2 CTAs per SM)
+    // is compiled and covered by the tests but not yet measured.
+    const int kf = tuning.k_split > 0 ? tuning.k_split : (T <= 4 ? 4 : 2);
     const int ring = tuning.ring_kb > 0 ? tuning.ring_kb : 8;
-    col_blocks = tuning.col_blocks > 0 ? tuning.col_blocks : col_blocks_default(T);
     using R8 = std::integral_constant<int, 8192>;
     using R16 = std::integral_constant<int, 16384>;
     if (bt == 8 && ring == 16) {
@@ -1738,11 +1569,9 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   } else {
     DS_RETURN_IF_ERROR(run(I8{}, I1{}));
   }
-  DS_CUDA_RETURN_IF_ERROR(launch_k(pdl, combine_kernel,
-                                   dim3(unsigned(T), unsigned(ceil_div(l.dim, 1024))), 256, 0,
-                                   stream, static_cast<const float*>(ybuf),
-                                   static_cast<const int32_t*>(experts), T, l.dim, l.topk,
-                                   l.expert_begin, l.expert_end, l.add_shared, y));
+  combine_kernel<<<dim3(unsigned(T), unsigned(ceil_div(l.dim, 1024))), 256, 0, stream>>>(
+      ybuf, experts, T, l.dim, l.topk, l.expert_begin, l.expert_end, l.add_shared, y);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ok_status();
 }
 

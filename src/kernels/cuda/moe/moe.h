@@ -86,9 +86,6 @@ struct MoeTuning {
   int k_split = 0;      // warps of a CTA splitting K: 1, 2 or 4 (only with 8 or 16-row tiles)
   int path = 0;         // 1: bf16 mma.sync GEMMs; 2: FP8 mma.sync (needs fp8_mma, 8/16-row tiles)
   int ring_kb = 0;      // FP8 path, 8-row tiles: weight ring per warp, 8 (default) or 16 KB
-  int col_blocks = 0;   // FP8 path: consecutive column blocks per CTA, 1, 2, 4, 8, ... (NOTES.md)
-  int pdl = 0;          // programmatic dependent launch between forward's kernels: 1 on, 2 off
-  int fuse_small = 0;   // T <= 64: quant x in the router launch, route + plan in one (2: apart)
 };
 
 // Runs the MoE forward. Stateless apart from the configuration: all scratch lives in the
