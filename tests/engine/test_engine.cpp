@@ -98,6 +98,15 @@ void expect_kv_baseline(Engine* e) {
   for (const auto& p : m.kv_pools) EXPECT_EQ(p.free, p.total) << p.name;
 }
 
+// Tiny-model KV sized for 4 sequence slots and 5 pages per pool (each sequence of the tests below
+// needs 2 pages: preemption, not failure), max_model_len 512.
+void set_five_pages(EngineConfig* c) {
+  c->max_num_seqs = 4;
+  const double page_set = 2 * 64 * 584 + 2 * 64 * 132 + 2 * 584, slot = 243328;
+  c->kv_cache_memory_gib = (4 * slot + 5 * page_set + 100) / double(1 << 30);
+  c->max_model_len = 512;
+}
+
 class EngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { engine_ = make_engine().release(); }
@@ -313,10 +322,7 @@ TEST(EngineConfigs, ChunkedPrefillAndPreemptionKeepGreedyOutput) {
   {
     // 5 pages per pool for 4 sequences that each need 2: preemption, not failure.
     EngineConfig c;
-    c.max_num_seqs = 4;
-    const double page_set = 2 * 64 * 584 + 2 * 64 * 132 + 2 * 584, slot = 243328;
-    c.kv_cache_memory_gib = (4 * slot + 5 * page_set + 100) / double(1 << 30);
-    c.max_model_len = 512;
+    set_five_pages(&c);
     auto e = make_engine(c);
     ASSERT_NE(e, nullptr);
     EXPECT_EQ(e->metrics().kv_capacity_tokens, 5 * 256);
@@ -492,10 +498,7 @@ TEST(EngineConfigs, TensorParallelTwoRanksGiveTheSingleRankGreedyOutput) {
   // Preemption (pages for fewer sequences than run) on two ranks: the restarted sequences keep
   // the two-rank greedy output.
   EngineConfig tight = two;
-  tight.max_num_seqs = 4;
-  const double page_set = 2 * 64 * 584 + 2 * 64 * 132 + 2 * 584, slot = 243328;
-  tight.kv_cache_memory_gib = (4 * slot + 5 * page_set + 100) / double(1 << 30);
-  tight.max_model_len = 512;
+  set_five_pages(&tight);
   {
     auto e = make_engine(tight);
     ASSERT_NE(e, nullptr);

@@ -453,10 +453,33 @@ INSTANTIATE_TEST_SUITE_P(
 
 // ---- Through the model runner (what serve --tensor-parallel-size runs) ----
 
+// One sequence through `runner` in chunks of `schedule`: the logits of every position. The
+// sequence is released at the end (as the engine does).
+std::vector<float> run_through(ModelRunner& runner, const std::vector<int32_t>& tokens,
+                               const std::vector<int64_t>& schedule) {
+  dsv4::SequenceState state = runner.new_sequence();
+  std::vector<float> logits;
+  int64_t pos = 0;
+  for (int64_t n : schedule) {
+    dsv4::SequenceChunk chunk;
+    chunk.state = &state;
+    chunk.tokens = std::span<const int32_t>(tokens.data() + pos, size_t(n));
+    for (int64_t row = 0; row < n; ++row) chunk.logit_rows.push_back(row);
+    std::vector<dsv4::ChunkOutput> out;
+    const Status st = runner.run(std::span<dsv4::SequenceChunk>(&chunk, 1), &out);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    if (!st.ok()) return {};
+    logits.insert(logits.end(), out[0].logits.begin(), out[0].logits.end());
+    pos += n;
+  }
+  runner.release_sequence(&state);
+  return logits;
+}
+
 // The runner's GPU ranks (make_model_runner, NCCL, one thread and one GPU per rank, decode graphs
 // on): the same schedule as above, two ranks against the single rank's logits with the same
-// tolerance; then the engine's per-sequence bookkeeping (release, a second sequence in the same
-// slot) and the KV pages back to where they started.
+// tolerance, twice: the second pass is a new sequence after the first was released (the
+// engine's per-sequence bookkeeping on every rank).
 TEST(ModelRunnerCuda, TwoGpuRanksMatchTheSingleRank) {
   SKIP_WITHOUT_NCCL();
   if (gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs, " << gpu_count() << " visible";
@@ -476,21 +499,7 @@ TEST(ModelRunnerCuda, TwoGpuRanksMatchTheSingleRank) {
   const std::vector<int32_t>& tokens = test_tokens();
   const int64_t vocab = tiny_model().config().vocab_size;
   for (int pass = 0; pass < 2; ++pass) {
-    dsv4::SequenceState state = r.new_sequence();
-    std::vector<float> logits;
-    int64_t pos = 0;
-    for (int64_t n : test_schedule()) {
-      dsv4::SequenceChunk chunk;
-      chunk.state = &state;
-      chunk.tokens = std::span<const int32_t>(tokens.data() + pos, size_t(n));
-      for (int64_t row = 0; row < n; ++row) chunk.logit_rows.push_back(row);
-      std::vector<dsv4::ChunkOutput> out;
-      const Status st = r.run(std::span<dsv4::SequenceChunk>(&chunk, 1), &out);
-      ASSERT_TRUE(st.ok()) << st.to_string();
-      logits.insert(logits.end(), out[0].logits.begin(), out[0].logits.end());
-      pos += n;
-    }
-    r.release_sequence(&state);
+    const std::vector<float> logits = run_through(r, tokens, test_schedule());
     const Divergence d = divergence(logits, ref.single_gpu, vocab);
     std::printf("[ metric ] runner pass %d (world 2, NCCL): vs single-rank GPU mean rel %.4g "
                 "argmax %.3f\n", pass, d.mean_rel, d.argmax);
@@ -531,21 +540,7 @@ TEST(ModelRunnerCuda, FlashPrefixOnTwoGpusMatchesOneGpu) {
     std::vector<float> logits;
     if (!runner.ok()) return logits;
     std::printf("[ metric ] flash prefix, world %d: %s\n", world, (*runner)->describe().c_str());
-    dsv4::SequenceState state = (*runner)->new_sequence();
-    int64_t pos = 0;
-    for (int64_t n : schedule) {
-      dsv4::SequenceChunk chunk;
-      chunk.state = &state;
-      chunk.tokens = std::span<const int32_t>(tokens.data() + pos, size_t(n));
-      for (int64_t row = 0; row < n; ++row) chunk.logit_rows.push_back(row);
-      std::vector<dsv4::ChunkOutput> out;
-      const Status st = (*runner)->run(std::span<dsv4::SequenceChunk>(&chunk, 1), &out);
-      EXPECT_TRUE(st.ok()) << st.to_string();
-      if (!st.ok()) return std::vector<float>{};
-      logits.insert(logits.end(), out[0].logits.begin(), out[0].logits.end());
-      pos += n;
-    }
-    return logits;
+    return run_through(**runner, tokens, schedule);
   };
   const std::vector<float> one = run_world(1);
   const std::vector<float> two = run_world(2);
