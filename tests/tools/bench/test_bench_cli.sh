@@ -51,7 +51,9 @@ expect_js run_json "$work/run.json" "r.completed === 8 && r.failed === 0 && r.mo
 expect_js run_json "$work/run.json" "r.total_output_tokens === 40 && r.total_input_tokens === 56"
 # Scripted delays, +-5 ms for the wall clock of a loaded machine.
 expect_js run_json "$work/run.json" "Math.abs(r.mean_ttft_ms - 30) < 5 && Math.abs(r.median_tpot_ms - 10) < 5"
-expect_js run_json "$work/run.json" "Math.abs(r.mean_itl_ms - 10) < 5 && Math.abs(r.mean_e2el_ms - 70) < 5"
+# The end-to-end latency sums five scripted delays (30 + 4 x 10 ms), and a loaded machine only adds
+# to each (a CI run next to two compilers measured 77.8 ms): -5 / +20 ms.
+expect_js run_json "$work/run.json" "Math.abs(r.mean_itl_ms - 10) < 5 && r.mean_e2el_ms > 65 && r.mean_e2el_ms < 90"
 expect_js run_json "$work/run.json" "r.itls.length === 8 && r.itls.every(x => x.length === 4) && r.max_concurrent_requests <= 4"
 expect_js run_json "$work/run.json" "r.request_rate === 'inf' && r.max_concurrency === 4 && r.random_input_len === 64"
 
