@@ -7,7 +7,9 @@
 #   3. the full Flash geometry (synthetic weights in the published format, LAYERS layers) on two
 #      GPUs: `deepserve profile --tp 2` at each batch (per-component times with the all-reduces
 #      as "collectives"), JSON profile_flash${LAYERS}_tp2_b${B}_c${CONTEXT}.json;
-#   4. `deepserve serve --tp 2` of it: /health, one /v1/completions request, shutdown;
+#   4. `deepserve serve --tp 2` of it: /health, one /v1/completions request, with --bench "C ..."
+#      `deepserve bench` against it at those concurrencies (2 x C prompts of 256 tokens from
+#      README.md, 64 output tokens each; JSON bench_flash${LAYERS}_tp2_c${C}.json), shutdown;
 #   with --single "B:CTX ...": first `deepserve profile` of the 4-layer checkpoint at those
 #   batch:context pairs on --single-tps ranks (default "1": one GPU).
 # --modes: "sync" profiles time every component (synchronized ranges, no CUDA graphs); "graphs"
@@ -21,6 +23,7 @@
 #   scripts/gpu/run_tp_flash.sh [OUT_DIR] [--layers N] [--batches "1 16 64"] [--context C]
 #                               [--no-serve] [--single "1:512 16:512 64:512"]
 #                               [--single-tps "1 2"] [--modes "sync graphs"] [--no-tests]
+#                               [--no-profiles] [--bench "1 16 64"]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:-${OUT:-bench/results}}"
@@ -33,6 +36,8 @@ single=""
 single_tps="1"
 modes="sync graphs"
 tests=1
+profiles=1
+bench=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --layers) layers="$2"; shift ;;
@@ -43,6 +48,8 @@ while [ $# -gt 0 ]; do
     --single-tps) single_tps="$2"; shift ;;
     --modes) modes="$2"; shift ;;
     --no-tests) tests=0 ;;
+    --no-profiles) profiles=0 ;;
+    --bench) bench="$2"; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -130,6 +137,7 @@ step "make_flash$layers" "$ds" make-checkpoint --preset flash --layers "$layers"
   >/dev/null || exit 1
 du -sh "$model" | tee -a "$log"
 free -g | head -2 | tee -a "$log"
+[ $profiles -eq 1 ] || batches=""
 for b in $batches; do
   for mode in $modes; do
     name="profile_flash${layers}_tp2_b${b}_c${context}$(mode_suffix $mode)"
@@ -147,7 +155,7 @@ done
 if [ $serve -eq 1 ]; then
   port=8123
   "$ds" serve --device cuda --tp 2 --model "$model" --port $port --max-model-len 4096 \
-    --max-num-seqs 8 >"$out/serve_tp2.log" 2>&1 &
+    --max-num-seqs 64 >"$out/serve_tp2.log" 2>&1 &
   pid=$!
   up=0
   get() { python3 scripts/gpu/http_get.py "$port" "$@"; }
@@ -162,7 +170,17 @@ if [ $serve -eq 1 ]; then
       '{"model":"flash'"$layers"'","prompt":"The capital of France is","max_tokens":16,"temperature":0}' \
       >"$out/json/serve_completion.json"
     say "completion: $(head -c 600 "$out/json/serve_completion.json")"
-    get /metrics | grep -E "^deepserve:(generation_tokens_total|num_requests)" |
+    for c in $bench; do
+      step "bench_tp2_c$c" to "$out/bench_c$c.txt" timeout 300 "$ds" bench \
+        --base-url "http://127.0.0.1:$port" --model "flash$layers" --dataset-path README.md \
+        --num-prompts $((2 * c)) --random-input-len 256 --random-output-len 64 \
+        --max-concurrency "$c" --ignore-eos --disable-tqdm \
+        --result-filename "$out/json/bench_flash${layers}_tp2_c$c.json"
+      grep -E "Successful|Failed|throughput|Mean TTFT|Mean TPOT|Mean ITL" "$out/bench_c$c.txt" |
+        tee -a "$log"
+      rm -f "$out/bench_c$c.txt"
+    done
+    get /metrics | grep -E "^deepserve:(generation_tokens_total|num_requests|num_preemptions)" |
       tee -a "$log"
   fi
   kill -INT $pid 2>/dev/null
