@@ -288,12 +288,8 @@ int main(int argc, char** argv) {
         r.max_error = worst;
         records.push_back(r);
       }
-      // Plan sweep (eager): the other head-group sizes with the default split rule, to check
-      // the plan's choice.
-      for (int hpc : {16, 32, 64}) {
-        if (hpc == plan.heads_per_cta || batch < 16 || quick) continue;
-        cuda::SparseMlaPlan alt = plan;
-        alt.heads_per_cta = hpc;
+      // An alternative plan timed eagerly (the sweeps below; results not checked).
+      auto time_alt = [&](const cuda::SparseMlaPlan& alt, const char* sweep) {
         int it = 0;
         const double us = bench::time_us(
             [&](cudaStream_t s) {
@@ -307,7 +303,7 @@ int main(int argc, char** argv) {
         r.kernel = "sparse_mla_decode_alt";
         r.shape = "B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) +
                   " keys=" + std::to_string(keys) + " s" + std::to_string(alt.max_splits) + " h" +
-                  std::to_string(hpc);
+                  std::to_string(alt.heads_per_cta);
         r.mode = "eager";
         r.time_us = us;
         r.bytes = bytes;
@@ -316,39 +312,24 @@ int main(int argc, char** argv) {
         r.ratio = us / floor_us;
         r.achieved_gbps = bytes / (us * 1e-6) / 1e9;
         r.achieved_tflops = flops / (us * 1e-6) / 1e12;
-        r.error_metric = "not checked (plan sweep)";
+        r.error_metric = std::string("not checked (") + sweep + ")";
         records.push_back(r);
+      };
+      // Plan sweep: the other head-group sizes with the default split rule, to check the plan's
+      // choice.
+      for (int hpc : {16, 32, 64}) {
+        if (hpc == plan.heads_per_cta || batch < 16 || quick) continue;
+        cuda::SparseMlaPlan alt = plan;
+        alt.heads_per_cta = hpc;
+        time_alt(alt, "plan sweep");
       }
-      // Split sweep (eager, default head group) where the plan splits: the split rule's choice
-      // against 1..16 splits (each split but the first stores fp32 partials per tile).
+      // Split sweep (default head group) where the plan splits: the split rule's choice against
+      // 1..16 splits (each split but the first stores fp32 partials per tile).
       for (int sp : {1, 2, 4, 8, 16}) {
         if (plan.max_splits <= 1 || sp == plan.max_splits || sp > plan.max_tiles || quick) continue;
         cuda::SparseMlaPlan alt = plan;
         alt.max_splits = sp;
-        int it = 0;
-        const double us = bench::time_us(
-            [&](cudaStream_t s) {
-              cuda::SparseMlaParams p = params(it++ % kCopies);
-              p.plan = alt;
-              Status st = cuda::launch_sparse_mla_decode(p, s);
-              if (!st.ok()) std::exit(1);
-            },
-            stream, 20, 3);
-        bench::Record r;
-        r.kernel = "sparse_mla_decode_alt";
-        r.shape = "B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) +
-                  " keys=" + std::to_string(keys) + " s" + std::to_string(sp) + " h" +
-                  std::to_string(plan.heads_per_cta);
-        r.mode = "eager";
-        r.time_us = us;
-        r.bytes = bytes;
-        r.flops = flops;
-        r.floor_us = floor_us;
-        r.ratio = us / floor_us;
-        r.achieved_gbps = bytes / (us * 1e-6) / 1e9;
-        r.achieved_tflops = flops / (us * 1e-6) / 1e12;
-        r.error_metric = "not checked (split sweep)";
-        records.push_back(r);
+        time_alt(alt, "split sweep");
       }
       for (int c = 0; c < kCopies; ++c) {
         DS_BENCH_CHECK(cudaFree(wtab[size_t(c)]));
