@@ -263,13 +263,8 @@ class ShardedRunner final : public ModelRunner {
   Status run(std::span<SequenceChunk> batch, std::vector<ChunkOutput>* outputs,
              bool want_streams) override {
     DS_RETURN_IF_ERROR(broken_);
-    std::vector<std::vector<SequenceChunk>> per_rank(static_cast<size_t>(world_));
-    for (int r = 1; r < world_; ++r) {
-      per_rank[size_t(r)].assign(batch.begin(), batch.end());
-      for (SequenceChunk& c : per_rank[size_t(r)]) {
-        DS_ASSIGN_OR_RETURN(c.state, replica(c.state, r));
-      }
-    }
+    std::vector<std::vector<SequenceChunk>> per_rank;
+    DS_RETURN_IF_ERROR(rank_batches(batch, &per_rank));
     return on_ranks([&](int r) {
       if (r == 0) return ranks_[0].forward->run(batch, outputs, want_streams);
       return ranks_[size_t(r)].forward->run(std::span<SequenceChunk>(per_rank[size_t(r)]),
@@ -280,13 +275,8 @@ class ShardedRunner final : public ModelRunner {
   Status run_mtp(std::span<MtpChunk> batch, std::vector<ChunkOutput>* outputs,
                  bool want_streams) override {
     DS_RETURN_IF_ERROR(broken_);
-    std::vector<std::vector<MtpChunk>> per_rank(static_cast<size_t>(world_));
-    for (int r = 1; r < world_; ++r) {
-      per_rank[size_t(r)].assign(batch.begin(), batch.end());
-      for (MtpChunk& c : per_rank[size_t(r)]) {
-        DS_ASSIGN_OR_RETURN(c.state, replica(c.state, r));
-      }
-    }
+    std::vector<std::vector<MtpChunk>> per_rank;
+    DS_RETURN_IF_ERROR(rank_batches(batch, &per_rank));
     return on_ranks([&](int r) {
       if (r == 0) return ranks_[0].forward->run_mtp(batch, outputs, want_streams);
       return ranks_[size_t(r)].forward->run_mtp(std::span<MtpChunk>(per_rank[size_t(r)]),
@@ -380,6 +370,21 @@ class ShardedRunner final : public ModelRunner {
                             ", rank 0's at " + std::to_string(state->position()));
     }
     return &s;
+  }
+
+  // The batch as ranks >= 1 see it: the same chunks over their own states (rank 0's entry,
+  // unused, stays empty). Chunk is SequenceChunk or MtpChunk.
+  template <typename Chunk>
+  Status rank_batches(std::span<Chunk> batch, std::vector<std::vector<Chunk>>* out) {
+    out->assign(size_t(world_), {});
+    for (int r = 1; r < world_; ++r) {
+      std::vector<Chunk>& chunks = (*out)[size_t(r)];
+      chunks.assign(batch.begin(), batch.end());
+      for (Chunk& c : chunks) {
+        DS_ASSIGN_OR_RETURN(c.state, replica(c.state, r));
+      }
+    }
+    return ok_status();
   }
 
   Status rank_states(SequenceState* state, std::vector<SequenceState*>* out) {
