@@ -14,7 +14,9 @@
 namespace ds::dsv4::test {
 namespace {
 
-bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
+// Any two float vectors (the logits are HostVectors, the states std::vectors).
+template <typename A, typename B>
+bool same_floats(const A& a, const B& b) {
   return a.size() == b.size() &&
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }

@@ -201,7 +201,8 @@ TEST_F(CudaOpsTest, MtpMatchesCpu) {
     st = f.run_mtp(mb, &mo);
     EXPECT_TRUE(st.ok()) << st.to_string();
     f.ops()->release_sequence(&s);
-    return st.ok() ? mo[0].logits : std::vector<float>{};
+    return st.ok() ? std::vector<float>(mo[0].logits.begin(), mo[0].logits.end())
+                   : std::vector<float>{};
   });
 }
 
@@ -288,6 +289,76 @@ TEST_F(CudaOpsTest, GraphDecodeEqualsEagerDecode) {
   EXPECT_GE((*graph_ops)->graph_replays() - replays, 15);
 }
 
+bool is_pinned(const void* p) {
+  cudaPointerAttributes a{};
+  return cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeHost;
+}
+
+// The step's logits land in page-locked memory (Ops::host_memory), each chunk's rows in its own
+// buffer, through one copy_many_to_host per step; a buffer a caller brings from the heap is
+// replaced. The copies themselves: random device values, poisoned destinations, exact equality.
+TEST_F(CudaOpsTest, LogitsAreCopiedIntoPinnedHostMemory) {
+  const std::shared_ptr<HostMemorySource> host = ops_->host_memory();
+  ASSERT_NE(host, nullptr);
+  const std::vector<int64_t> sizes = {129280, 1, 3 * 1024 + 7};
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  std::vector<float> src(static_cast<size_t>(total));
+  uint64_t x = 88172645463325252ull;  // xorshift64: fresh values, none zero
+  for (float& v : src) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    v = float(int64_t(x % 2000001) - 1000000) * 1e-3f + 0.5f;
+  }
+  float* dev = nullptr;
+  ASSERT_EQ(cudaMalloc(&dev, size_t(total) * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dev, src.data(), size_t(total) * sizeof(float), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  std::vector<HostVector<float>> dst;
+  std::vector<dsv4::Ops::HostCopy> copies;
+  int64_t at = 0;
+  for (int64_t n : sizes) {
+    dst.emplace_back(size_t(n), std::nanf(""), HostAllocator<float>(host));
+    ASSERT_TRUE(is_pinned(dst.back().data()));
+    copies.push_back({dev + at, n, dst.back().data()});
+    at += n;
+  }
+  ops_->copy_many_to_host(copies);
+  ASSERT_TRUE(ops_->step_status().ok()) << ops_->step_status().to_string();
+  at = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_TRUE(std::equal(dst[i].begin(), dst[i].end(), src.begin() + at)) << "copy " << i;
+    at += sizes[i];
+  }
+  cudaFree(dev);
+
+  // Through the forward: three sequences in one step, outputs brought in from the heap.
+  Forward fwd(&tiny_model(), options_, ops_.get());
+  std::vector<SequenceState> states;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SequenceChunk> batch;
+  for (int i = 0; i < 3; ++i) {
+    states.push_back(fwd.new_sequence());
+    prompts.push_back(random_tokens(20 + 7 * i, 90 + uint64_t(i)));
+  }
+  for (int i = 0; i < 3; ++i) {
+    batch.push_back(
+        {&states[size_t(i)], prompts[size_t(i)], {0, int64_t(prompts[i].size()) - 1}, {}});
+  }
+  std::vector<dsv4::ChunkOutput> out(3);
+  for (auto& o : out) o.logits.assign(5, 1.0f);  // heap buffers of another size
+  const Status st = fwd.run(batch, &out);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  const int64_t vocab = tiny_model().config().vocab_size;
+  for (const auto& o : out) {
+    ASSERT_EQ(int64_t(o.logits.size()), 2 * vocab);
+    EXPECT_TRUE(is_pinned(o.logits.data()));
+    EXPECT_EQ(o.logits.get_allocator().source(), host);
+    EXPECT_TRUE(
+        std::all_of(o.logits.begin(), o.logits.end(), [](float v) { return std::isfinite(v); }));
+  }
+  for (auto& s : states) fwd.ops()->release_sequence(&s);
+}
+
 // ---- Speculative checkpoint / rollback (docs/speculative.md, docs/cuda_backend.md) ----
 
 // One forward call of `tokens` for one sequence; the logits of every row.
@@ -298,7 +369,8 @@ std::vector<float> feed(const Forward& f, SequenceState* s, std::span<const int3
   std::vector<dsv4::ChunkOutput> out;
   const Status st = f.run(batch, &out);
   EXPECT_TRUE(st.ok()) << st.to_string();
-  return st.ok() ? out[0].logits : std::vector<float>{};
+  return st.ok() ? std::vector<float>(out[0].logits.begin(), out[0].logits.end())
+                 : std::vector<float>{};
 }
 
 // prefix n tokens; checkpoint; verify chunk tokens[n, n + k] with rows j.. replaced by

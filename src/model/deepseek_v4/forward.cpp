@@ -329,11 +329,13 @@ void Forward::head(const float* x, const std::vector<int64_t>& rows,
   // §4: fp32 logits; the head is a bf16 linear (input never quantized).
   float* out = alloc(R * c.vocab_size);  // [R, vocab]
   ops.linear(y, R, weights_->head, false, out);
+  std::vector<Ops::HostCopy> copies;
   int64_t done = 0;
   for (const auto& [dst, n] : logits) {
-    ops.copy_to_host(out + done * c.vocab_size, n * c.vocab_size, dst);
+    copies.push_back({out + done * c.vocab_size, n * c.vocab_size, dst});
     done += n;
   }
+  ops.copy_many_to_host(copies);
 }
 
 // Fills one ChunkOutput per chunk with the logits (and pre-head streams) of its requested rows.
@@ -351,14 +353,18 @@ void Forward::outputs_for(std::span<const std::vector<int64_t>> logit_rows, cons
   {
     // The host buffers: a caller that passes the previous step's outputs again keeps their
     // capacity (no allocation, no page faults); every element is overwritten below.
+    // The logits come from the backend's host memory (page-locked on a GPU), so their copy runs
+    // at the link's speed; a buffer from another source is replaced once.
     ComponentScope scope(ops_, Component::kStep);
+    const std::shared_ptr<HostMemorySource> host = ops_->host_memory();
     outputs->resize(logit_rows.size());
     for (size_t i = 0; i < logit_rows.size(); ++i) {
       for (int64_t r : logit_rows[i]) all_rows.push_back(plan.seqs[i].begin + r);
       ChunkOutput& o = (*outputs)[i];
       o.streams.clear();
       o.row_streams.clear();
-      std::vector<float>& l = o.logits;
+      HostVector<float>& l = o.logits;
+      if (l.get_allocator().source() != host) l = HostVector<float>(HostAllocator<float>(host));
       l.resize(logit_rows[i].size() * size_t(c.vocab_size));
       if (!l.empty()) destinations.emplace_back(l.data(), int64_t(logit_rows[i].size()));
     }

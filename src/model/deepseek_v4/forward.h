@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/host_memory.h"
 #include "core/status.h"
 #include "kernels/cpu/numerics.h"
 #include "model/deepseek_v4/ops.h"
@@ -50,7 +51,8 @@ struct SequenceChunk {
 };
 
 struct ChunkOutput {
-  std::vector<float> logits;   // [logit_rows.size(), vocab_size] fp32
+  // [logit_rows.size(), vocab_size] fp32, in the backend's host memory (Ops::host_memory)
+  HostVector<float> logits;
   std::vector<float> streams;  // [logit_rows.size(), hc_mult, hidden] pre-head streams (if asked)
   std::vector<float> row_streams;  // [stream_rows.size(), hc_mult, hidden] (SequenceChunk)
 };

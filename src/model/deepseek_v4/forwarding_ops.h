@@ -30,6 +30,11 @@ class ForwardingOps : public Ops {
     before_op("copy_to_host");
     inner_->copy_to_host(src, n, dst);
   }
+  void copy_many_to_host(std::span<const HostCopy> copies) override {
+    before_op("copy_to_host");
+    inner_->copy_many_to_host(copies);
+  }
+  std::shared_ptr<HostMemorySource> host_memory() const override { return inner_->host_memory(); }
   void copy_from_host(const float* src, int64_t n, float* dst) override {
     before_op("copy_from_host");
     inner_->copy_from_host(src, n, dst);

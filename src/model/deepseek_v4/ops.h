@@ -20,8 +20,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <vector>
 
+#include "core/host_memory.h"
 #include "core/status.h"
 #include "kernels/cpu/compressor.h"
 #include "kernels/cpu/linear.h"
@@ -110,6 +113,19 @@ class Ops {
   // Host <-> backend copies of fp32 values (identity copies on the CPU).
   virtual void copy_to_host(const float* src, int64_t n, float* dst) = 0;
   virtual void copy_from_host(const float* src, int64_t n, float* dst) = 0;
+  // Several copies to the host, all complete on return (a device backend issues them together and
+  // waits once). Default: one copy_to_host each.
+  struct HostCopy {
+    const float* src = nullptr;  // [n] in the backend's memory
+    int64_t n = 0;
+    float* dst = nullptr;  // [n] host
+  };
+  virtual void copy_many_to_host(std::span<const HostCopy> copies) {
+    for (const HostCopy& c : copies) copy_to_host(c.src, c.n, c.dst);
+  }
+  // Where host buffers that receive copy_to_host results should come from (page-locked memory
+  // on a device backend); null: the heap. The forward allocates the step's logits from it.
+  virtual std::shared_ptr<HostMemorySource> host_memory() const { return nullptr; }
 
   // ---- Token-wise ops (rows = the plan's tokens unless a count is given) ----
   // §4: x[i, c, :] = embed[ids[i]] for c < copies.  x [num_tokens, copies, dim]

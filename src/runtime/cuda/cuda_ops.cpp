@@ -5,11 +5,15 @@
 #include "runtime/cuda/cuda_ops.h"
 
 #include <nvtx3/nvToolsExt.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <new>
 #include <string>
+#include <unordered_set>
 
 #include "kernels/cpu/kv_entry.h"
 #include "kernels/cpu/moe.h"
@@ -113,6 +117,41 @@ namespace {
 // overlapping CSA compressor, d for HCA (kernels/cuda/compressor/compressor.h).
 int64_t ring_width(int64_t ratio, int64_t d) { return (ratio == 4 ? 2 : 1) * d; }
 
+// Page-locked host buffers (Ops::host_memory). When the driver cannot pin more memory the buffer
+// comes from the heap instead (its copies are then only slower), remembered so that it goes back
+// to the heap.
+class PinnedHostMemory final : public HostMemorySource {
+ public:
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocPortable);
+    if (e == cudaSuccess) return p;
+    (void)cudaGetLastError();  // not sticky; clear it for the next call's check
+    spdlog::warn("cuda: cudaHostAlloc of {} bytes failed ({}); using pageable memory", bytes,
+                 cudaGetErrorString(e));
+    p = ::operator new(bytes);
+    std::lock_guard<std::mutex> lock(mutex_);
+    heap_.insert(p);
+    return p;
+  }
+  void deallocate(void* p, size_t) noexcept override {
+    if (p == nullptr) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (heap_.erase(p) != 0) {
+        ::operator delete(p);
+        return;
+      }
+    }
+    const cudaError_t e = cudaFreeHost(p);
+    if (e != cudaSuccess) spdlog::error("cuda: cudaFreeHost failed: {}", cudaGetErrorString(e));
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_set<void*> heap_;  // buffers that fell back to the heap
+};
+
 }  // namespace
 
 // The open step's plan in device memory (pointers into the arena, valid until end_step).
@@ -153,7 +192,11 @@ struct CudaOps::StepData {
 
 CudaOps::CudaOps(const dsv4::ModelWeights& weights, const dsv4::ForwardOptions& options,
                  const CudaOpsOptions& cuda_options)
-    : model_(weights), config_(weights.config()), fwd_(options), opt_(cuda_options) {}
+    : model_(weights),
+      config_(weights.config()),
+      fwd_(options),
+      opt_(cuda_options),
+      host_memory_(std::make_shared<PinnedHostMemory>()) {}
 
 CudaOps::~CudaOps() {
   for (auto& [n, g] : graphs_) {
@@ -1108,14 +1151,23 @@ void CudaOps::component_end(dsv4::Component component) {
 }
 
 void CudaOps::copy_to_host(const float* src, int64_t n, float* dst) {
+  const HostCopy copy{src, n, dst};
+  copy_many_to_host(std::span<const HostCopy>(&copy, 1));
+}
+
+void CudaOps::copy_many_to_host(std::span<const HostCopy> copies) {
   // The logits copy ends a decode step's graph: the work before it is captured or replayed.
   finish_graph_step();
   if (failed()) return;
-  if (check(cuda_check(cudaMemcpyAsync(dst, src, size_t(n) * 4, cudaMemcpyDeviceToHost, stream_),
-                       "cudaMemcpyAsync(to host)"))
-          .ok()) {
-    (void)check(cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(to host)"));
+  for (const HostCopy& c : copies) {
+    if (!check(cuda_check(cudaMemcpyAsync(c.dst, c.src, size_t(c.n) * 4, cudaMemcpyDeviceToHost,
+                                          stream_),
+                          "cudaMemcpyAsync(to host)"))
+             .ok()) {
+      break;  // the copies issued so far still complete before the sync below
+    }
   }
+  (void)check(cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(to host)"));
 }
 
 void CudaOps::copy_from_host(const float* src, int64_t n, float* dst) {

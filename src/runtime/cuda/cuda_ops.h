@@ -134,6 +134,10 @@ class CudaOps final : public dsv4::Ops {
   void component_begin(dsv4::Component component) override;
   void component_end(dsv4::Component component) override;
   void copy_to_host(const float* src, int64_t n, float* dst) override;
+  void copy_many_to_host(std::span<const HostCopy> copies) override;
+  // Page-locked memory (cudaHostAlloc, portable to every device), so the logits copy runs at the
+  // link's speed.
+  std::shared_ptr<HostMemorySource> host_memory() const override { return host_memory_; }
   void copy_from_host(const float* src, int64_t n, float* dst) override;
 
   void embed(const cpu::LinearWeight& table, int64_t copies, float* x) override;
@@ -277,6 +281,7 @@ class CudaOps final : public dsv4::Ops {
   std::unordered_map<int64_t, Graph> graphs_;
   int64_t graph_captures_ = 0, graph_replays_ = 0;
   NcclCommunicator* comm_ = nullptr;  // set_communicator
+  std::shared_ptr<HostMemorySource> host_memory_;  // pinned host buffers (host_memory)
 };
 
 }  // namespace ds::runtime
