@@ -59,6 +59,8 @@ double measure_fp8_mma_tflops(cudaStream_t stream, int sms) {
   return mmas * 2.0 * 16 * 8 * 32 / (us * 1e-6) / 1e12;
 }
 
+__global__ void empty_kernel() {}
+
 template <typename T>
 T* to_device(const std::vector<T>& v) {
   T* d;
@@ -90,6 +92,27 @@ int main(int argc, char** argv) {
     r.shape = "mma.sync m16n8k32 e4m3, 8 chains/warp";
     r.mode = "eager";
     r.achieved_tflops = mma_tflops;
+    r.error_metric = "none";
+    records.push_back(r);
+  }
+  {
+    // Launch floor at B = 1: two dependent empty kernels (as score + merge) per step, 8 steps
+    // in one graph, time / 8: what a graph replay of the indexer costs with no work at all.
+    const double us = bench::time_us(
+                          [&](cudaStream_t s) {
+                            for (int c = 0; c < 8; ++c) {
+                              empty_kernel<<<1, 32, 0, s>>>();
+                              empty_kernel<<<1, 32, 0, s>>>();
+                            }
+                          },
+                          stream, 20, 3, true) /
+                      8;
+    std::printf("launch floor: 2 empty kernels in a graph %.2f us\n", us);
+    bench::Record r;
+    r.kernel = "launch_floor_2_empty_kernels";
+    r.shape = "2 x <<<1,32>>> empty, graph";
+    r.mode = "graph";
+    r.time_us = us;
     r.error_metric = "none";
     records.push_back(r);
   }
