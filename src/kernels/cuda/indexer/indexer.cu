@@ -80,6 +80,30 @@ __device__ __forceinline__ uint32_t order_key(float s) {
   return (u & 0x80000000u) ? max(~u, 1u) : (u | 0x80000000u);
 }
 
+// DS_INDEXER_F16_MMA (session 7 experiment, NOTES.md): 1 = the score loop converts the e4m3 key
+// bytes to f16 once (cvt.rn.f16x2.e4m3x2) and multiplies with mma.sync m16n8k16 f16 (q held as
+// f16 in registers), instead of mma.sync m16n8k32 e4m3. The e4m3 values are exact in f16 and the
+// accumulation is fp32 in both, so the scores agree within the tests' tolerance.
+#ifndef DS_INDEXER_F16_MMA
+#define DS_INDEXER_F16_MMA 0
+#endif
+
+// Two e4m3 codes (low byte first) -> f16x2 (low half first), exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xFFFFu), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+// D = A(16x16 f16, row) * B(16x8 f16, col) + C, fp32.
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 // D = A(16x32 e4m3, row) * B(32x8 e4m3, col) + C, fp32 (sm_89+).
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -247,6 +271,12 @@ __global__ void __launch_bounds__(256) pack_index_keys_kernel(const PackIndexKey
 // thread's 2 x 32 bytes of rows g and g+8) and float scale[2][32]; every thread reads back only
 // the slots it wrote itself, so the ring needs no barrier, only cp.async.wait_group.
 constexpr int kStages = 4;  // tiles per warp in flight: kStages - 1
+// DS_INDEXER_PAGE_AHEAD (session 7 experiment): iterations between a tile's page-table load and
+// its use (1: the session-6 schedule).
+#ifndef DS_INDEXER_PAGE_AHEAD
+#define DS_INDEXER_PAGE_AHEAD 1
+#endif
+constexpr int kPageAhead = DS_INDEXER_PAGE_AHEAD;
 constexpr int kStageBytes = 4 * 32 * 16 + 2 * 32 * 4;
 constexpr int kOffW = kIndexerMaxHeads * kIndexHeadDim;
 constexpr int kRingBytes = kWarps * kStages * kStageBytes;
@@ -277,8 +307,29 @@ __device__ __forceinline__ void cp_async_wait() {
 #ifndef DS_INDEXER_SCORE_MIN_BLOCKS
 #define DS_INDEXER_SCORE_MIN_BLOCKS 1
 #endif
+// Timing experiments only (session 7, NOTES.md; every one gives WRONG results, default 0): leave
+// one stage of the score loop out. NOPAGE: pages from the slot index instead of the page table
+// (no dependent load per iteration); NOLOAD: no key loads at all; NOMMA: no MMAs; NOSELECT: no
+// chunk selects.
+#ifndef DS_IDX_EXP_NOPAGE
+#define DS_IDX_EXP_NOPAGE 0
+#endif
+#ifndef DS_IDX_EXP_NOLOAD
+#define DS_IDX_EXP_NOLOAD 0
+#endif
+#ifndef DS_IDX_EXP_NOMMA
+#define DS_IDX_EXP_NOMMA 0
+#endif
+#ifndef DS_IDX_EXP_NOSELECT
+#define DS_IDX_EXP_NOSELECT 0
+#endif
+#if DS_INDEXER_SCORE_MIN_BLOCKS > 1
+#define DS_INDEXER_SCORE_BOUNDS __launch_bounds__(kThreads, DS_INDEXER_SCORE_MIN_BLOCKS)
+#else
+#define DS_INDEXER_SCORE_BOUNDS __launch_bounds__(kThreads)
+#endif
 template <int kNT>
-__global__ void __launch_bounds__(kThreads, DS_INDEXER_SCORE_MIN_BLOCKS) indexer_score_kernel(const IndexerSelectParams p) {
+__global__ void DS_INDEXER_SCORE_BOUNDS indexer_score_kernel(const IndexerSelectParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* q8 = smem;
   float* wq = reinterpret_cast<float*>(smem + kOffW);
@@ -341,15 +392,31 @@ __global__ void __launch_bounds__(kThreads, DS_INDEXER_SCORE_MIN_BLOCKS) indexer
   const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
   // B fragments (k-step s: b0 = dims c*16 + 4s .. +3, b1 = dims 64 + c*16 + 4s .. +3 of head
   // nt*8 + g; the A fragments below use the same dims).
+#if DS_INDEXER_F16_MMA
+  // f16 k-step s2 (0..7) takes the thread's 4-byte word s2 of each row (words 0..3: dims
+  // c*16 + 4*s2 ..; 4..7: dims 64 + c*16 + 4*(s2-4) ..): bytes 0,1 -> k 2c, 2c+1 and bytes 2,3 ->
+  // k 2c+8, 2c+9, for the key rows (A) and for q (B) alike.
+  uint32_t bh[kNT][8][2];
+#else
   uint32_t bq[kNT][4][2];
+#endif
   float wreg[kNT][2];
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt) {
     const uint8_t* row = q8 + (nt * 8 + g) * kIndexHeadDim;
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
+#if DS_INDEXER_F16_MMA
+      const uint32_t lo = *reinterpret_cast<const uint32_t*>(row + c * 16 + 4 * s);
+      const uint32_t hi = *reinterpret_cast<const uint32_t*>(row + 64 + c * 16 + 4 * s);
+      bh[nt][s][0] = e4m3x2_to_f16x2(lo);
+      bh[nt][s][1] = e4m3x2_to_f16x2(lo >> 16);
+      bh[nt][4 + s][0] = e4m3x2_to_f16x2(hi);
+      bh[nt][4 + s][1] = e4m3x2_to_f16x2(hi >> 16);
+#else
       bq[nt][s][0] = *reinterpret_cast<const uint32_t*>(row + c * 16 + 4 * s);
       bq[nt][s][1] = *reinterpret_cast<const uint32_t*>(row + 64 + c * 16 + 4 * s);
+#endif
     }
     wreg[nt][0] = wq[nt * 8 + 2 * c];
     wreg[nt][1] = wq[nt * 8 + 2 * c + 1];
@@ -371,7 +438,11 @@ __global__ void __launch_bounds__(kThreads, DS_INDEXER_SCORE_MIN_BLOCKS) indexer
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int j = t * kTile + g + 8 * hh;
+#if DS_IDX_EXP_NOPAGE
+      pg[hh] = j < n_keys ? (begin + j) / ks.page_size + int(table - ks.page_table) * 0 : -1;
+#else
       pg[hh] = j < n_keys ? __ldg(table + (begin + j) / ks.page_size) : -1;
+#endif
     }
   };
   // Issues tile t of this warp into ring stage st (rows past the split are zero-filled).
@@ -394,14 +465,17 @@ __global__ void __launch_bounds__(kThreads, DS_INDEXER_SCORE_MIN_BLOCKS) indexer
       }
     }
   };
-  int pg[2];
+  // pgs[j] = pages of the tile issued j iterations from now (the page-table loads run
+  // kPageAhead iterations ahead of their use).
+  int pgs[kPageAhead][2];
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    page_of(warp + i * kWarps, pg);
-    issue(warp + i * kWarps, i, pg);
+    page_of(warp + i * kWarps, pgs[0]);
+    issue(warp + i * kWarps, i, pgs[0]);
     cp_async_commit();
   }
-  page_of(warp + (kStages - 1) * kWarps, pg);
+#pragma unroll
+  for (int j = 0; j < kPageAhead; ++j) page_of(warp + (kStages - 1 + j) * kWarps, pgs[j]);
 
   int cur = 0, cand_n = 0;
   // Threshold filter: once the running top-k is full, a chunk key <= its k-th key (thr_f) cannot
@@ -415,11 +489,16 @@ __global__ void __launch_bounds__(kThreads, DS_INDEXER_SCORE_MIN_BLOCKS) indexer
     const int t = warp + i * kWarps;
     {
       const int ta = t + (kStages - 1) * kWarps;
-      issue(ta, (i + kStages - 1) % kStages, pg);
+      if (!DS_IDX_EXP_NOLOAD) issue(ta, (i + kStages - 1) % kStages, pgs[0]);
       cp_async_commit();
-      page_of(ta + kWarps, pg);
+#pragma unroll
+      for (int j = 0; j + 1 < kPageAhead; ++j) {
+        pgs[j][0] = pgs[j + 1][0];
+        pgs[j][1] = pgs[j + 1][1];
+      }
+      page_of(ta + kPageAhead * kWarps, pgs[kPageAhead - 1]);
     }
-    cp_async_wait<kStages - 1>();
+    if (!DS_IDX_EXP_NOLOAD) cp_async_wait<kStages - 1>();
     const int chunk = i / kChunkIters;
     const int c0 = begin + chunk * kChunk;
     const int m = min(kChunk, n_keys - chunk * kChunk);
@@ -438,11 +517,27 @@ __global__ void __launch_bounds__(kThreads, DS_INDEXER_SCORE_MIN_BLOCKS) indexer
       const uint32_t* w1 = reinterpret_cast<const uint32_t*>(&dr[1]);  // row g, 64 + c*16..
       const uint32_t* w2 = reinterpret_cast<const uint32_t*>(&dr[2]);  // row g+8, c*16..
       const uint32_t* w3 = reinterpret_cast<const uint32_t*>(&dr[3]);  // row g+8, 64 + ..
+#if DS_INDEXER_F16_MMA
+#pragma unroll
+      for (int s2 = 0; s2 < 8; ++s2) {
+        const uint32_t rg = s2 < 4 ? w0[s2] : w1[s2 - 4];  // row g
+        const uint32_t rh = s2 < 4 ? w2[s2] : w3[s2 - 4];  // row g + 8
+        const uint32_t a0 = e4m3x2_to_f16x2(rg), a2 = e4m3x2_to_f16x2(rg >> 16);
+        const uint32_t a1 = e4m3x2_to_f16x2(rh), a3 = e4m3x2_to_f16x2(rh >> 16);
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) mma_f16(acc[nt], a0, a1, a2, a3, bh[nt][s2][0], bh[nt][s2][1]);
+      }
+#else
 #pragma unroll
       for (int s = 0; s < 4; ++s)
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
-          mma_e4m3(acc[nt], w0[s], w2[s], w1[s], w3[s], bq[nt][s][0], bq[nt][s][1]);
+          if (DS_IDX_EXP_NOMMA)
+            acc[nt][s & 3] += __uint_as_float((w0[s] ^ w2[s] ^ w1[s] ^ w3[s] ^ bq[nt][s][0] ^
+                                               bq[nt][s][1]) & 0x3F7FFFFFu);
+          else
+            mma_e4m3(acc[nt], w0[s], w2[s], w1[s], w3[s], bq[nt][s][0], bq[nt][s][1]);
+#endif
       float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
@@ -474,7 +569,7 @@ __global__ void __launch_bounds__(kThreads, DS_INDEXER_SCORE_MIN_BLOCKS) indexer
         cand_idx(cur)[cand_n + x] = c0 + x;
       }
       cand_n = total;
-    } else if (any) {
+    } else if (any && !DS_IDX_EXP_NOSELECT) {
       const uint32_t* ck = cand_key(cur);
       const int32_t* ci = cand_idx(cur);
       uint32_t* ok = cand_key(cur ^ 1);
