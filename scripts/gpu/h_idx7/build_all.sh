@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # h-idx7: builds (dev machine) the default binaries and every experiment variant, and fills the
-# carry dir /work/main/build/h7-idx-carry (stripped) with them and run.sh.
+# carry dir /work/main/build/h7-idx-carry (stripped) with them and run.sh. The experiment flags
+# (DS_INDEXER_SCORE_MIN_BLOCKS, DS_INDEXER_PAGE_AHEAD, DS_IDX_EXP_*) exist in commit 758ddb3 only
+# (removed after run 2; DS_INDEXER_F16_MMA=1 became the default): check that commit out to rebuild
+# the run-2 binaries.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 ninja -C build/k -j2 test_indexer_cuda bench_indexer

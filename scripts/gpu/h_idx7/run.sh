@@ -5,6 +5,8 @@
 # with their own test, diagnostic leave-one-out builds with bench only. Logs in $OUT (one tar),
 # JSONs in $OUT, compact summary last.
 #   DS_COMMIT=... bash build/h7-idx-carry/run.sh
+# Run 2 (2026-12-01) lost logs.tgz: the run tool returns at most 8 files from $OUT and the 11
+# JSONs came first. Next time keep <= 7 JSONs (or tar them) so the log tarball comes back.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${OUT:-/tmp/h_idx7_out}"

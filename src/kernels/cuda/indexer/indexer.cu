@@ -3,14 +3,16 @@
 // Score kernel, CTA (split x, query q), 8 warps:
 //   0. quantizes q's heads to e4m3 (one power-of-two scale per head, folded into the weights:
 //      ReLU(s x) = s ReLU(x) for s > 0) into shared memory; every warp keeps the B fragments of all
-//      heads (64 heads x 128 dims = 64 registers) for the whole kernel;
-//   1. per tile of 16 keys, each thread loads 2 x 16 bytes of 2 key rows straight from the paged
-//      pool (the next tile is loaded while the current one is multiplied), 4 k-steps x heads/8
-//      mma.sync m16n8k32 e4m3 give the 16 x heads dot products, ReLU and the weights are applied in
-//      registers and two shuffles finish the sum over heads: score = key scale * sum;
+//      heads for the whole kernel (as f16: 64 heads x 128 dims = 128 registers);
+//   1. per tile of 16 keys, each thread loads 2 x 16 bytes of 2 key rows from the paged pool into
+//      its own slots of a per-warp cp.async ring (3 tiles in flight), converts them to f16 once
+//      (exact) and 8 k-steps x heads/8 mma.sync m16n8k16 f16 give the 16 x heads dot products
+//      (DS_INDEXER_F16_MMA=0: 4 k-steps of m16n8k32 e4m3, which sm_90 lowers to the same HMMAs
+//      plus conversions per MMA); ReLU and the weights are applied in registers and two shuffles
+//      finish the sum over heads: score = key scale * sum;
 //   2. every 2048 keys the CTA merges the chunk's scores into its running top-k in shared memory
-//      (radix select on the order-preserving uint32 image of the score, ordered compaction so the
-//      list stays in ascending index order and ties keep the lower index);
+//      (select_threshold + select_emit on the order-preserving uint32 image of the score, keys in
+//      registers; the list stays in ascending index order and ties keep the lower index);
 //   3. one split: the top-k goes to the output; several: to the workspace, and the merge kernel
 //      (one CTA per query) selects the final top-k from the splits' lists with the same select.
 // The dimension order inside the MMA k-steps is a permutation of the 128 dims (the same for q and
@@ -80,14 +82,17 @@ __device__ __forceinline__ uint32_t order_key(float s) {
   return (u & 0x80000000u) ? max(~u, 1u) : (u | 0x80000000u);
 }
 
-// DS_INDEXER_F16_MMA (session 7 experiment, NOTES.md): 1 = the score loop converts the e4m3 key
-// bytes to f16 once (cvt.rn.f16x2.e4m3x2) and multiplies with mma.sync m16n8k16 f16 (q held as
-// f16 in registers), instead of mma.sync m16n8k32 e4m3. The e4m3 values are exact in f16 and the
-// accumulation is fp32 in both, so the scores agree within the tests' tolerance.
+// DS_INDEXER_F16_MMA (session 7, NOTES.md), default 1: the score loop converts the e4m3 key bytes
+// to f16 once (cvt.rn.f16x2.e4m3x2) and multiplies with mma.sync m16n8k16 f16 (q held as f16 in
+// registers). 0: mma.sync m16n8k32 e4m3, which sm_90 lowers to the same HMMAs plus e4m3->f16
+// conversions redone for every MMA (measured 5-12% slower on the H200; native on sm_89/sm_120,
+// not measured there). The e4m3 values are exact in f16 and both accumulate in fp32, so the scores
+// agree within the tests' tolerance.
 #ifndef DS_INDEXER_F16_MMA
-#define DS_INDEXER_F16_MMA 0
+#define DS_INDEXER_F16_MMA 1
 #endif
 
+#if DS_INDEXER_F16_MMA
 // Two e4m3 codes (low byte first) -> f16x2 (low half first), exact.
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xFFFFu), __NV_E4M3);
@@ -104,6 +109,7 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1,
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+#else
 // D = A(16x32 e4m3, row) * B(32x8 e4m3, col) + C, fp32 (sm_89+).
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -113,8 +119,9 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+#endif
 
-// ---- block-wide select over register-resident keys (session 7) -----------------------------------
+// ---- block-wide select over register-resident keys (session 7) ----------------------------------
 // Element r of thread t is the key at position r * kNT + t (strided ownership), 0 when it is past
 // the end or filtered out (kFiltered: never counted, real keys are >= 1). No shared atomics, no
 // match_any: the threshold search counts with compares + __reduce_add_sync, one barrier per step.
@@ -271,12 +278,6 @@ __global__ void __launch_bounds__(256) pack_index_keys_kernel(const PackIndexKey
 // thread's 2 x 32 bytes of rows g and g+8) and float scale[2][32]; every thread reads back only
 // the slots it wrote itself, so the ring needs no barrier, only cp.async.wait_group.
 constexpr int kStages = 4;  // tiles per warp in flight: kStages - 1
-// DS_INDEXER_PAGE_AHEAD (session 7 experiment): iterations between a tile's page-table load and
-// its use (1: the session-6 schedule).
-#ifndef DS_INDEXER_PAGE_AHEAD
-#define DS_INDEXER_PAGE_AHEAD 1
-#endif
-constexpr int kPageAhead = DS_INDEXER_PAGE_AHEAD;
 constexpr int kStageBytes = 4 * 32 * 16 + 2 * 32 * 4;
 constexpr int kOffW = kIndexerMaxHeads * kIndexHeadDim;
 constexpr int kRingBytes = kWarps * kStages * kStageBytes;
@@ -302,34 +303,8 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-// DS_INDEXER_SCORE_MIN_BLOCKS (build-time experiment, default 1): minimum resident CTAs per SM
-// asked of ptxas (2 caps the registers at 128).
-#ifndef DS_INDEXER_SCORE_MIN_BLOCKS
-#define DS_INDEXER_SCORE_MIN_BLOCKS 1
-#endif
-// Timing experiments only (session 7, NOTES.md; every one gives WRONG results, default 0): leave
-// one stage of the score loop out. NOPAGE: pages from the slot index instead of the page table
-// (no dependent load per iteration); NOLOAD: no key loads at all; NOMMA: no MMAs; NOSELECT: no
-// chunk selects.
-#ifndef DS_IDX_EXP_NOPAGE
-#define DS_IDX_EXP_NOPAGE 0
-#endif
-#ifndef DS_IDX_EXP_NOLOAD
-#define DS_IDX_EXP_NOLOAD 0
-#endif
-#ifndef DS_IDX_EXP_NOMMA
-#define DS_IDX_EXP_NOMMA 0
-#endif
-#ifndef DS_IDX_EXP_NOSELECT
-#define DS_IDX_EXP_NOSELECT 0
-#endif
-#if DS_INDEXER_SCORE_MIN_BLOCKS > 1
-#define DS_INDEXER_SCORE_BOUNDS __launch_bounds__(kThreads, DS_INDEXER_SCORE_MIN_BLOCKS)
-#else
-#define DS_INDEXER_SCORE_BOUNDS __launch_bounds__(kThreads)
-#endif
 template <int kNT>
-__global__ void DS_INDEXER_SCORE_BOUNDS indexer_score_kernel(const IndexerSelectParams p) {
+__global__ void __launch_bounds__(kThreads) indexer_score_kernel(const IndexerSelectParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* q8 = smem;
   float* wq = reinterpret_cast<float*>(smem + kOffW);
@@ -438,11 +413,7 @@ __global__ void DS_INDEXER_SCORE_BOUNDS indexer_score_kernel(const IndexerSelect
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int j = t * kTile + g + 8 * hh;
-#if DS_IDX_EXP_NOPAGE
-      pg[hh] = j < n_keys ? (begin + j) / ks.page_size + int(table - ks.page_table) * 0 : -1;
-#else
       pg[hh] = j < n_keys ? __ldg(table + (begin + j) / ks.page_size) : -1;
-#endif
     }
   };
   // Issues tile t of this warp into ring stage st (rows past the split are zero-filled).
@@ -465,17 +436,14 @@ __global__ void DS_INDEXER_SCORE_BOUNDS indexer_score_kernel(const IndexerSelect
       }
     }
   };
-  // pgs[j] = pages of the tile issued j iterations from now (the page-table loads run
-  // kPageAhead iterations ahead of their use).
-  int pgs[kPageAhead][2];
+  int pg[2];
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    page_of(warp + i * kWarps, pgs[0]);
-    issue(warp + i * kWarps, i, pgs[0]);
+    page_of(warp + i * kWarps, pg);
+    issue(warp + i * kWarps, i, pg);
     cp_async_commit();
   }
-#pragma unroll
-  for (int j = 0; j < kPageAhead; ++j) page_of(warp + (kStages - 1 + j) * kWarps, pgs[j]);
+  page_of(warp + (kStages - 1) * kWarps, pg);
 
   int cur = 0, cand_n = 0;
   // Threshold filter: once the running top-k is full, a chunk key <= its k-th key (thr_f) cannot
@@ -489,16 +457,11 @@ __global__ void DS_INDEXER_SCORE_BOUNDS indexer_score_kernel(const IndexerSelect
     const int t = warp + i * kWarps;
     {
       const int ta = t + (kStages - 1) * kWarps;
-      if (!DS_IDX_EXP_NOLOAD) issue(ta, (i + kStages - 1) % kStages, pgs[0]);
+      issue(ta, (i + kStages - 1) % kStages, pg);
       cp_async_commit();
-#pragma unroll
-      for (int j = 0; j + 1 < kPageAhead; ++j) {
-        pgs[j][0] = pgs[j + 1][0];
-        pgs[j][1] = pgs[j + 1][1];
-      }
-      page_of(ta + kPageAhead * kWarps, pgs[kPageAhead - 1]);
+      page_of(ta + kWarps, pg);
     }
-    if (!DS_IDX_EXP_NOLOAD) cp_async_wait<kStages - 1>();
+    cp_async_wait<kStages - 1>();
     const int chunk = i / kChunkIters;
     const int c0 = begin + chunk * kChunk;
     const int m = min(kChunk, n_keys - chunk * kChunk);
@@ -525,18 +488,15 @@ __global__ void DS_INDEXER_SCORE_BOUNDS indexer_score_kernel(const IndexerSelect
         const uint32_t a0 = e4m3x2_to_f16x2(rg), a2 = e4m3x2_to_f16x2(rg >> 16);
         const uint32_t a1 = e4m3x2_to_f16x2(rh), a3 = e4m3x2_to_f16x2(rh >> 16);
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) mma_f16(acc[nt], a0, a1, a2, a3, bh[nt][s2][0], bh[nt][s2][1]);
+        for (int nt = 0; nt < kNT; ++nt)
+          mma_f16(acc[nt], a0, a1, a2, a3, bh[nt][s2][0], bh[nt][s2][1]);
       }
 #else
 #pragma unroll
       for (int s = 0; s < 4; ++s)
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
-          if (DS_IDX_EXP_NOMMA)
-            acc[nt][s & 3] += __uint_as_float((w0[s] ^ w2[s] ^ w1[s] ^ w3[s] ^ bq[nt][s][0] ^
-                                               bq[nt][s][1]) & 0x3F7FFFFFu);
-          else
-            mma_e4m3(acc[nt], w0[s], w2[s], w1[s], w3[s], bq[nt][s][0], bq[nt][s][1]);
+          mma_e4m3(acc[nt], w0[s], w2[s], w1[s], w3[s], bq[nt][s][0], bq[nt][s][1]);
 #endif
       float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
@@ -569,7 +529,7 @@ __global__ void DS_INDEXER_SCORE_BOUNDS indexer_score_kernel(const IndexerSelect
         cand_idx(cur)[cand_n + x] = c0 + x;
       }
       cand_n = total;
-    } else if (any && !DS_IDX_EXP_NOSELECT) {
+    } else if (any) {
       const uint32_t* ck = cand_key(cur);
       const int32_t* ci = cand_idx(cur);
       uint32_t* ok = cand_key(cur ^ 1);
