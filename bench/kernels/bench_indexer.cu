@@ -3,7 +3,9 @@
 // batch 1, 16, 64 x context 512, 4K, 8K, 32K, 128K tokens (128 .. 32K visible entries). Each case is
 // timed eagerly (median, rotating over enough copies of the key pool that reads come from HBM)
 // and inside a CUDA graph (one launch per copy captured in one graph, time / copies).
-// Floor = max(bytes / copy ceiling, flops / FP8 mma.sync ceiling), both measured in this run;
+// Floor = max(bytes / copy ceiling, flops / FP8 mma.sync ceiling), both measured in this run (the
+// mma ceiling has loop-invariant operands: on sm_90, which lowers e4m3 mma.sync to e4m3->f16
+// conversions + HMMA, that is the HMMA rate, which the f16 score path runs at; NOTES.md session 7);
 // bytes = the keys scored (visible x 132 B) + q (fp32) + weights + selected indices, flops =
 // 2 * heads * 128 per (query, key). A second series ("maxlen") runs the same real contexts (4K
 // and 8K) under plans made for a maximum model length of 8K and of 1M tokens: the time must not
@@ -59,6 +61,45 @@ double measure_fp8_mma_tflops(cudaStream_t stream, int sms) {
   return mmas * 2.0 * 16 * 8 * 32 / (us * 1e-6) / 1e12;
 }
 
+__global__ void empty_kernel() {}
+
+// mma.sync e4m3 with operands that change every iteration (as the score loop's key fragments):
+// `chains` independent accumulators per warp. With chains = 1 and one warp: cycles per dependent
+// MMA (latency), from clock64.
+__global__ void mma_vary_kernel(int iters, int chains, float* out, long long* cycles) {
+  float acc[8][4] = {};
+  uint32_t a = 0x38383838u ^ threadIdx.x, b = 0x30303030u ^ blockIdx.x;
+  const long long t0 = clock64();
+  for (int i = 0; i < iters; ++i) {
+    a = (a + 0x01010101u) & 0x3F3F3F3Fu;  // new finite e4m3 codes every iteration
+#pragma unroll
+    for (int c = 0; c < 8; ++c)
+      if (c < chains)
+        asm volatile(
+            "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(acc[c][0]), "+f"(acc[c][1]), "+f"(acc[c][2]), "+f"(acc[c][3])
+            : "r"(a), "r"(a ^ 1u), "r"(a ^ 2u), "r"(a ^ 3u), "r"(b), "r"(b ^ 1u));
+  }
+  const long long t1 = clock64();
+  float s = 0;
+  for (int c = 0; c < 8; ++c) s += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
+  if (s == 12345.0f) out[0] = s;
+  if (threadIdx.x == 0 && blockIdx.x == 0) cycles[0] = t1 - t0;
+}
+
+// One thread follows a chain of dependent 4-byte loads (a random cycle over `nodes` slots of
+// `stride` bytes): ns per load = DRAM latency (chain >> L2) or L2 latency (chain << L2).
+__global__ void chase_kernel(const uint32_t* buf, uint32_t start, int steps, uint32_t* out,
+                             long long* cycles) {
+  uint32_t x = start;
+  const long long t0 = clock64();
+  for (int i = 0; i < steps; ++i) x = __ldcg(buf + x);
+  const long long t1 = clock64();
+  out[0] = x;
+  cycles[0] = t1 - t0;
+}
+
 template <typename T>
 T* to_device(const std::vector<T>& v) {
   T* d;
@@ -92,6 +133,113 @@ int main(int argc, char** argv) {
     r.achieved_tflops = mma_tflops;
     r.error_metric = "none";
     records.push_back(r);
+  }
+  {
+    // Launch floor at B = 1: two dependent empty kernels (as score + merge) per step, 8 steps
+    // in one graph, time / 8: what a graph replay of the indexer costs with no work at all.
+    const double us = bench::time_us(
+                          [&](cudaStream_t s) {
+                            for (int c = 0; c < 8; ++c) {
+                              empty_kernel<<<1, 32, 0, s>>>();
+                              empty_kernel<<<1, 32, 0, s>>>();
+                            }
+                          },
+                          stream, 20, 3, true) /
+                      8;
+    std::printf("launch floor: 2 empty kernels in a graph %.2f us\n", us);
+    bench::Record r;
+    r.kernel = "launch_floor_2_empty_kernels";
+    r.shape = "2 x <<<1,32>>> empty, graph";
+    r.mode = "graph";
+    r.time_us = us;
+    r.error_metric = "none";
+    records.push_back(r);
+  }
+  {
+    // Latency microbenchmarks (what bounds one CTA's dependent chains).
+    float* d_out;
+    long long* d_cyc;
+    DS_BENCH_CHECK(cudaMalloc(&d_out, 4));
+    DS_BENCH_CHECK(cudaMalloc(&d_cyc, 8));
+    long long cyc = 0;
+    const int iters = 4096;
+    mma_vary_kernel<<<1, 32, 0, stream>>>(iters, 1, d_out, d_cyc);
+    DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+    DS_BENCH_CHECK(cudaMemcpy(&cyc, d_cyc, 8, cudaMemcpyDeviceToHost));
+    const double mma_lat = double(cyc) / iters;
+    double vary_tflops[2];
+    for (int v = 0; v < 2; ++v) {  // all SMs, 8 warps/CTA x 4 CTAs/SM (as the ceiling) / 1 CTA/SM
+      const int blocks = v == 0 ? dev.sm_count * 4 : dev.sm_count;
+      const double us = bench::time_us(
+          [&](cudaStream_t s) { mma_vary_kernel<<<blocks, 256, 0, s>>>(iters, 8, d_out, d_cyc); },
+          stream, 10, 2);
+      vary_tflops[v] = double(blocks) * 8 * iters * 8 * 2.0 * 16 * 8 * 32 / (us * 1e-6) / 1e12;
+    }
+    // Pointer chase: 4096 dependent loads along a random cycle over 1M distinct 256-byte lines
+    // (256 MiB, > L2: DRAM) and over 4096 lines (1 MiB: L2). (Session 7 run 2 used 4096 nodes for
+    // both, so its "DRAM" number was an L2 latency.)
+    double chase_ns[2];
+    for (int v = 0; v < 2; ++v) {
+      const size_t stride_words = 64;
+      const size_t nodes = v == 0 ? (size_t(1) << 20) : 4096;
+      const size_t words = nodes * stride_words;
+      std::vector<uint32_t> order(nodes);
+      std::iota(order.begin(), order.end(), 0u);
+      Rng prng(5 + v);
+      for (size_t i = nodes - 1; i > 0; --i) std::swap(order[i], order[prng.below(i + 1)]);
+      std::vector<uint32_t> host(words, 0u);
+      for (size_t i = 0; i < nodes; ++i)
+        host[order[i] * stride_words] = uint32_t(order[(i + 1) % nodes] * stride_words);
+      uint32_t* d_buf = to_device(host);
+      // Every timed walk starts at a new point of the cycle, so the DRAM walk never revisits lines
+      // an earlier walk brought into L2; the L2 walk is warmed first.
+      const int steps = 4096;
+      cudaEvent_t e0, e1;
+      DS_BENCH_CHECK(cudaEventCreate(&e0));
+      DS_BENCH_CHECK(cudaEventCreate(&e1));
+      uint32_t* d_x = reinterpret_cast<uint32_t*>(d_out);
+      if (v == 1) chase_kernel<<<1, 1, 0, stream>>>(d_buf, 0, steps, d_x, d_cyc);
+      std::vector<float> ts;
+      for (int r = 0; r < 7; ++r) {
+        const uint32_t start =
+            v == 0 ? uint32_t(order[(size_t(r) * 2 * steps) % nodes] * stride_words) : 0u;
+        DS_BENCH_CHECK(cudaEventRecord(e0, stream));
+        chase_kernel<<<1, 1, 0, stream>>>(d_buf, start, steps, d_x, d_cyc);
+        DS_BENCH_CHECK(cudaEventRecord(e1, stream));
+        DS_BENCH_CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        DS_BENCH_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        ts.push_back(ms);
+      }
+      std::sort(ts.begin(), ts.end());
+      const double us = ts[ts.size() / 2] * 1e3;
+      DS_BENCH_CHECK(cudaEventDestroy(e0));
+      DS_BENCH_CHECK(cudaEventDestroy(e1));
+      chase_ns[v] = us * 1e3 / steps;
+      DS_BENCH_CHECK(cudaFree(d_buf));
+    }
+    std::printf("latency: mma.sync e4m3 dependent %.1f cycles; varying-operand mma.sync %.0f "
+                "TFLOP/s (32 warps/SM), %.0f (8 warps/SM); dependent load DRAM %.0f ns, L2 %.0f "
+                "ns\n",
+                mma_lat, vary_tflops[0], vary_tflops[1], chase_ns[0], chase_ns[1]);
+    const char* names[5] = {"latency_mma_e4m3_dependent_cycles", "mma_e4m3_varying_32warps_per_sm",
+                            "mma_e4m3_varying_8warps_per_sm", "latency_dram_dependent_load_ns",
+                            "latency_l2_dependent_load_ns"};
+    const double vals[5] = {mma_lat, vary_tflops[0], vary_tflops[1], chase_ns[0], chase_ns[1]};
+    for (int i = 0; i < 5; ++i) {
+      bench::Record r;
+      r.kernel = names[i];
+      r.shape = "microbenchmark";
+      r.mode = "eager";
+      if (i == 1 || i == 2)
+        r.achieved_tflops = vals[i];
+      else
+        r.time_us = vals[i];  // cycles or ns, as the name says
+      r.error_metric = "none";
+      records.push_back(r);
+    }
+    DS_BENCH_CHECK(cudaFree(d_out));
+    DS_BENCH_CHECK(cudaFree(d_cyc));
   }
   std::vector<Case> cases;
   for (int ctx : {512, 4096, 8192, 32768, 131072})

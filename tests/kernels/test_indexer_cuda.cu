@@ -44,6 +44,8 @@ struct Shape {
   int min_visible = 1;  // the last query token of a sequence sees [min_visible, max_visible]
   int max_visible = 2048;
   bool ref_numerics = true;  // FP4-simulated q and keys
+  int dup_period = 0;        // > 0: entry e stores the same key as entry e % dup_period (ties)
+  bool negative_weights = false;  // every head weight < 0: all scores <= 0
 };
 
 struct Problem {
@@ -80,7 +82,10 @@ void draw_queries(Rng& rng, Problem& pr) {
     for (int d = 0; d < kD; ++d) pr.q[i + d] = rng.normal() * mag;
     if (s.ref_numerics) cpu::simulate_fp4_blocks(&pr.q[i], kD, cpu::kFp4Block);
   }
-  for (auto& x : pr.w) x = rng.normal() * 0.02f;  // may be negative, as the model's weights
+  for (auto& x : pr.w) {
+    x = rng.normal() * 0.02f;  // may be negative, as the model's weights
+    if (s.negative_weights) x = -std::fabs(x) - 1e-3f;
+  }
 }
 
 Problem make_problem(const Shape& s, uint64_t seed) {
@@ -112,6 +117,15 @@ Problem make_problem(const Shape& s, uint64_t seed) {
     un.resize(size_t(n) * kD);
     for (int e = 0; e < n; ++e) {
       float* k = &raw[size_t(e) * kD];
+      if (s.dup_period > 0 && e >= s.dup_period) {  // the same stored key => the same score
+        std::copy_n(&raw[size_t(e % s.dup_period) * kD], kD, k);
+        std::copy_n(&un[size_t(e % s.dup_period) * kD], kD, &un[size_t(e) * kD]);
+        std::memcpy(cuda::index_key_data_host(host, sq, e),
+                    cuda::index_key_data_host(host, sq, e % s.dup_period), kD);
+        *cuda::index_key_scale_host(host, sq, e) =
+            *cuda::index_key_scale_host(host, sq, e % s.dup_period);
+        continue;
+      }
       const float mag = std::ldexp(1.0f, int(rng.below(7)) - 3);  // entries of varied magnitude
       for (int d = 0; d < kD; ++d) k[d] = rng.normal() * mag;
       if (s.ref_numerics) cpu::simulate_fp4_blocks(k, kD, cpu::kFp4Block);
@@ -265,6 +279,21 @@ void expect_matches_reference(const Problem& pr, const Result& res, const char* 
       }
     }
     if (!ok || v <= s.topk) continue;  // v <= topk: the set is 0 .. v-1, checked above
+    if (s.dup_period > 0) {
+      // Entries with the same stored key score bit-identically on the GPU, so within each class
+      // (e % dup_period) the selected members must be the lowest indices (ties -> lower index).
+      std::vector<int> taken(size_t(s.dup_period), 0);
+      for (int i = 0; i < want_count; ++i) ++taken[size_t(sel[i] % s.dup_period)];
+      for (int i = 0; i < want_count && ok; ++i) {
+        const int x = sel[i], cls = x % s.dup_period;
+        if (x / s.dup_period >= taken[size_t(cls)]) {
+          fail("tie rule: index " + std::to_string(x) + " selected but a lower index with the " +
+               "same key was not");
+          ok = false;
+        }
+      }
+      if (!ok) continue;
+    }
     const int seq = pr.query_seq[size_t(qi)];
     const float* qv = &pr.q[size_t(qi) * s.num_heads * kD];
     const float* wv = &pr.w[size_t(qi) * s.num_heads];
@@ -371,7 +400,55 @@ TEST(IndexerCuda, FlashBatch1Context128K) {
   Shape s;
   s.min_visible = 32768;
   s.max_visible = 32768;
-  check_problem(s, 31, {1, 3, 16});
+  check_problem(s, 31, {1, 3, 8});
+}
+
+// Many bit-identical scores: every score occurs ~v / period times, so the 512th-best value is
+// shared by many entries and the tie rule decides (checked exactly per class of equal keys, and by
+// the identical outputs of every split count).
+TEST(IndexerCuda, FlashTiesAtTheBoundary) {
+  DS_REQUIRE_GPU();
+  Shape s;
+  s.num_seqs = 6;
+  s.min_visible = 1500;
+  s.max_visible = 9000;
+  s.dup_period = 97;
+  check_problem(s, 101, {1, 2, 3});
+  Shape b = s;  // 128K context, batch 1, ties
+  b.num_seqs = 1;
+  b.min_visible = b.max_visible = 32768;
+  b.dup_period = 1000;
+  check_problem(b, 102, {1, 5});
+}
+
+// Every head weight negative: all scores <= 0 (the sign bit set in the order key). With 64 heads
+// the scores are distinct; with 4 heads ~1/16 of the keys score exactly 0 (every ReLU is 0), the
+// largest value, so the boundary is a tie among thousands of zeros.
+TEST(IndexerCuda, NegativeWeightHeads) {
+  DS_REQUIRE_GPU();
+  Shape s;
+  s.num_seqs = 8;
+  s.min_visible = 600;
+  s.max_visible = 12000;
+  s.negative_weights = true;
+  check_problem(s, 111, {1, 2});
+  Shape z = s;
+  z.num_heads = 4;
+  z.num_seqs = 4;
+  z.min_visible = 9000;
+  z.max_visible = 20000;
+  check_problem(z, 112, {1, 3});
+}
+
+// Just above topk visible entries (513 ..): one split, the smallest select (n = visible).
+TEST(IndexerCuda, FlashJustAboveTopk) {
+  DS_REQUIRE_GPU();
+  Shape s;
+  s.num_seqs = 24;
+  s.queries_per_seq = 2;
+  s.min_visible = 513;
+  s.max_visible = 530;
+  check_problem(s, 121, {1});
 }
 
 TEST(IndexerCuda, FlashShortAndBoundaryLengths) {
@@ -482,6 +559,12 @@ TEST(IndexerCuda, RejectsBadParams) {
   p.topk = 16;  // differs from the plan's
   EXPECT_EQ(cuda::launch_indexer_select(p, nullptr).code(), StatusCode::kInvalidArgument);
   p.topk = 8;
+  {  // more merge candidates than the merge holds (plan_indexer_select never makes it)
+    cuda::IndexerPlan big = plan;
+    big.max_splits = 2000;
+    cuda::IndexerSelectParams pb = dp.params(pr, big, nullptr, 0);
+    EXPECT_EQ(cuda::launch_indexer_select(pb, nullptr).code(), StatusCode::kInvalidArgument);
+  }
   p.keys.page_bytes = 100;
   EXPECT_EQ(cuda::launch_indexer_select(p, nullptr).code(), StatusCode::kInvalidArgument);
   DS_CUDA_ASSERT(cudaDeviceSynchronize());

@@ -3,14 +3,16 @@
 // Score kernel, CTA (split x, query q), 8 warps:
 //   0. quantizes q's heads to e4m3 (one power-of-two scale per head, folded into the weights:
 //      ReLU(s x) = s ReLU(x) for s > 0) into shared memory; every warp keeps the B fragments of all
-//      heads (64 heads x 128 dims = 64 registers) for the whole kernel;
-//   1. per tile of 16 keys, each thread loads 2 x 16 bytes of 2 key rows straight from the paged
-//      pool (the next tile is loaded while the current one is multiplied), 4 k-steps x heads/8
-//      mma.sync m16n8k32 e4m3 give the 16 x heads dot products, ReLU and the weights are applied in
-//      registers and two shuffles finish the sum over heads: score = key scale * sum;
+//      heads for the whole kernel (as f16: 64 heads x 128 dims = 128 registers);
+//   1. per tile of 16 keys, each thread loads 2 x 16 bytes of 2 key rows from the paged pool into
+//      its own slots of a per-warp cp.async ring (3 tiles in flight), converts them to f16 once
+//      (exact) and 8 k-steps x heads/8 mma.sync m16n8k16 f16 give the 16 x heads dot products
+//      (DS_INDEXER_F16_MMA=0: 4 k-steps of m16n8k32 e4m3, which sm_90 lowers to the same HMMAs
+//      plus conversions per MMA); ReLU and the weights are applied in registers and two shuffles
+//      finish the sum over heads: score = key scale * sum;
 //   2. every 2048 keys the CTA merges the chunk's scores into its running top-k in shared memory
-//      (radix select on the order-preserving uint32 image of the score, ordered compaction so the
-//      list stays in ascending index order and ties keep the lower index);
+//      (select_threshold + select_emit on the order-preserving uint32 image of the score, keys in
+//      registers; the list stays in ascending index order and ties keep the lower index);
 //   3. one split: the top-k goes to the output; several: to the workspace, and the merge kernel
 //      (one CTA per query) selects the final top-k from the splits' lists with the same select.
 // The dimension order inside the MMA k-steps is a permutation of the 128 dims (the same for q and
@@ -36,10 +38,13 @@ constexpr int kChunk = 2048;    // keys scored between two selections
 constexpr int kChunkTiles = kChunk / kTile;
 constexpr int kChunkIters = kChunkTiles / kWarps;  // iterations of every warp per chunk
 static_assert(kChunkTiles % kWarps == 0, "a warp's tiles never straddle two chunks per iteration");
-constexpr int kMergeThreads = 1024;
-// Merge candidates held in shared memory (96 KB of keys; + SelectShared <= 99 KB). The planner
-// keeps max_splits * topk within it.
-constexpr int kMergeSmemKeys = 24 * 1024;
+// Rows of register-resident keys per thread in the chunk select: old top-k + one chunk.
+constexpr int kScoreRows = (kIndexerMaxTopk + kChunk + kThreads - 1) / kThreads;
+// Merge: one CTA per query holds every candidate key in registers (kMergeRows per thread); the
+// planner keeps max_splits * topk <= kMergeMaxKeys and the launch rejects larger plans.
+constexpr int kMergeThreads = 512;
+constexpr int kMergeRows = 16;
+constexpr int kMergeMaxKeys = kMergeThreads * kMergeRows;  // 8192
 constexpr float kE4M3MaxF = 448.0f;
 constexpr float kAmaxFloor = 1e-4f;  // as cpu::quantize_fp8_blocks
 
@@ -77,6 +82,34 @@ __device__ __forceinline__ uint32_t order_key(float s) {
   return (u & 0x80000000u) ? max(~u, 1u) : (u | 0x80000000u);
 }
 
+// DS_INDEXER_F16_MMA (session 7, NOTES.md), default 1: the score loop converts the e4m3 key bytes
+// to f16 once (cvt.rn.f16x2.e4m3x2) and multiplies with mma.sync m16n8k16 f16 (q held as f16 in
+// registers). 0: mma.sync m16n8k32 e4m3, which sm_90 lowers to the same HMMAs plus e4m3->f16
+// conversions redone for every MMA (measured 5-12% slower on the H200; native on sm_89/sm_120,
+// not measured there). The e4m3 values are exact in f16 and both accumulate in fp32, so the scores
+// agree within the tests' tolerance.
+#ifndef DS_INDEXER_F16_MMA
+#define DS_INDEXER_F16_MMA 1
+#endif
+
+#if DS_INDEXER_F16_MMA
+// Two e4m3 codes (low byte first) -> f16x2 (low half first), exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xFFFFu), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+// D = A(16x16 f16, row) * B(16x8 f16, col) + C, fp32.
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+#else
 // D = A(16x32 e4m3, row) * B(32x8 e4m3, col) + C, fp32 (sm_89+).
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -86,132 +119,130 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+#endif
 
-// ---- block-wide radix select ---------------------------------------------------------------------
+// ---- block-wide select over register-resident keys (session 7) ----------------------------------
+// Element r of thread t is the key at position r * kNT + t (strided ownership), 0 when it is past
+// the end or filtered out (kFiltered: never counted, real keys are >= 1). No shared atomics, no
+// match_any: the threshold search counts with compares + __reduce_add_sync, one barrier per step.
+constexpr int kSelectCntWords = 256;  // (row, warp) counts of the ordered emit
 struct SelectShared {
-  uint32_t hist[256];
-  uint32_t digit;
-  uint32_t remaining;
-  unsigned long long warp_sums[32];
+  uint32_t red[2][2][32];  // per-step warp partials, double-buffered by step parity
+  uint32_t cnt[kSelectCntWords];
 };
 
-// Exclusive prefix sum over the block (kNT threads) of a 64-bit value; `total` = the block sum.
-template <int kNT>
-__device__ uint64_t block_exclusive_scan(uint64_t v, SelectShared& sh, uint64_t& total) {
+// The k-th largest of the keys (thr) and how many keys are > thr (gt); the k - gt first keys == thr
+// in position order complete the top k. Radix-4 search from the top bit: 16 steps, each counts
+// the keys >= the 3 candidates prefix | d << s (d = 1..3) and keeps the largest with count >= k
+// (prefix | 0 always qualifies). At least k keys must be nonzero. `rows` (uniform) bounds the
+// live rows. All threads of the block call it.
+template <int kNT, int kR>
+__device__ __forceinline__ void select_threshold(const uint32_t (&e)[kR], int rows, int k,
+                                                 SelectShared& sh, uint32_t& thr, uint32_t& gt) {
+  constexpr int kNW = kNT / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  uint64_t x = v;
+  const uint32_t need = uint32_t(k);
+  uint32_t prefix = 0, above = 0;  // above = keys >= the top of the current range
+#pragma unroll 1
+  for (int step = 0; step < 16; ++step) {
+    const int s = 30 - 2 * step;
+    const uint32_t c1 = prefix | (1u << s), c2 = prefix | (2u << s), c3 = prefix | (3u << s);
+    uint32_t n1 = 0, n2 = 0, n3 = 0;
 #pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const uint64_t y = __shfl_up_sync(0xFFFFFFFFu, x, off);
-    if (lane >= off) x += y;
-  }
-  if (lane == 31) sh.warp_sums[warp] = x;
-  __syncthreads();
-  if (warp == 0) {
-    uint64_t w = lane < kNT / 32 ? sh.warp_sums[lane] : 0;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const uint64_t y = __shfl_up_sync(0xFFFFFFFFu, w, off);
-      if (lane >= off) w += y;
-    }
-    if (lane < kNT / 32) sh.warp_sums[lane] = w;
-  }
-  __syncthreads();
-  const uint64_t before = warp > 0 ? sh.warp_sums[warp - 1] : 0;
-  total = sh.warp_sums[kNT / 32 - 1];
-  __syncthreads();  // warp_sums reusable
-  return before + x - v;
-}
-
-// The k-th largest key of key_at(0 .. n-1): thr, and how many elements equal to thr belong to the
-// top k (`ties`, >= 1). Keys equal to kFiltered (0) are not counted; at least k keys must be
-// nonzero. Four 8-bit digit passes; all threads of the block call it.
-template <int kNT, class KeyAt>
-__device__ void radix_threshold(const KeyAt& key_at, int n, int k, SelectShared& sh, uint32_t& thr,
-                                uint32_t& ties) {
-  uint32_t prefix = 0, mask = 0, remaining = uint32_t(k);
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += kNT) sh.hist[i] = 0;
-    __syncthreads();
-    // Warp-aggregated: one shared atomic per distinct digit of a warp (scores often share their
-    // leading bytes, and same-address atomics serialize).
-    const int lane = threadIdx.x & 31;
-    for (int i0 = 0; i0 < n; i0 += kNT) {
-      const int i = i0 + int(threadIdx.x);
-      bool live = i < n;
-      uint32_t d = 256u + uint32_t(lane);  // distinct dummy digit for idle lanes
-      if (live) {
-        const uint32_t u = key_at(i);
-        live = u != 0 && (u & mask) == prefix;  // 0 = filtered out (kFiltered)
-        if (live) d = (u >> shift) & 0xFFu;
+    for (int r = 0; r < kR; ++r)
+      if (r < rows) {
+        n1 += e[r] >= c1;
+        n2 += e[r] >= c2;
+        n3 += e[r] >= c3;
       }
-      const uint32_t peers = __match_any_sync(0xFFFFFFFFu, d);
-      if (live && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[d], uint32_t(__popc(peers)));
+    // Warp sums <= 32 * kR < 2^16 and block sums <= kNT * kR < 2^16: two 16-bit fields.
+    const uint32_t w12 = __reduce_add_sync(0xFFFFFFFFu, n1 | (n2 << 16));
+    const uint32_t w3 = __reduce_add_sync(0xFFFFFFFFu, n3);
+    uint32_t(&red)[2][32] = sh.red[step & 1];
+    if (lane == 0) {
+      red[0][warp] = w12;
+      red[1][warp] = w3;
     }
     __syncthreads();
-    if (threadIdx.x < 32) {
-      const int lane = threadIdx.x;
-      uint32_t c[8], s = 0;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        c[j] = sh.hist[lane * 8 + j];
-        s += c[j];
-      }
-      uint32_t suf = s;  // inclusive sum of this lane's and all higher lanes' bins
-#pragma unroll
-      for (int off = 1; off < 32; off <<= 1) {
-        const uint32_t y = __shfl_down_sync(0xFFFFFFFFu, suf, off);
-        if (lane + off < 32) suf += y;
-      }
-      const uint32_t above = suf - s;
-      if (above < remaining && remaining <= suf) {  // exactly one lane
-        uint32_t acc = above;
-#pragma unroll
-        for (int j = 7; j >= 0; --j) {
-          if (acc + c[j] >= remaining) {
-            sh.digit = uint32_t(lane * 8 + j);
-            sh.remaining = remaining - acc;
-            break;
-          }
-          acc += c[j];
-        }
-      }
+    const uint32_t a = __reduce_add_sync(0xFFFFFFFFu, lane < kNW ? red[0][lane] : 0u);
+    const uint32_t t3 = __reduce_add_sync(0xFFFFFFFFu, lane < kNW ? red[1][lane] : 0u);
+    const uint32_t t1 = a & 0xFFFFu, t2 = a >> 16;
+    if (t3 >= need) {
+      prefix = c3;
+    } else if (t2 >= need) {
+      prefix = c2;
+      above = t3;
+    } else if (t1 >= need) {
+      prefix = c1;
+      above = t2;
+    } else {
+      above = t1;
     }
-    __syncthreads();
-    prefix |= sh.digit << shift;
-    mask |= 0xFFu << shift;
-    remaining = sh.remaining;
   }
   thr = prefix;
-  ties = remaining;
+  gt = above;  // the final range is [thr, thr + 1)
 }
 
-// Calls emit(i, pos) for the top-k elements (all keys > thr, then the first `ties` keys == thr in
-// index order) with pos = their rank in index order among the selected (0 .. k-1).
-template <int kNT, class KeyAt, class Emit>
-__device__ void ordered_emit(const KeyAt& key_at, int n, uint32_t thr, uint32_t ties,
-                             SelectShared& sh, const Emit& emit) {
-  const int per = (n + kNT - 1) / kNT;
-  const int b = min(n, int(threadIdx.x) * per), e = min(n, b + per);
-  uint32_t gt = 0, eq = 0;
-  for (int i = b; i < e; ++i) {
-    const uint32_t u = key_at(i);
-    gt += u > thr;
-    eq += u == thr;
-  }
-  uint64_t total;
-  const uint64_t before = block_exclusive_scan<kNT>((uint64_t(eq) << 32) | gt, sh, total);
-  uint32_t gt_before = uint32_t(before), eq_before = uint32_t(before >> 32);
-  for (int i = b; i < e; ++i) {
-    const uint32_t u = key_at(i);
-    if (u > thr) {
-      emit(i, gt_before + min(eq_before, ties));
-      ++gt_before;
-    } else if (u == thr) {
-      if (eq_before < ties) emit(i, gt_before + eq_before);
-      ++eq_before;
+// Calls emit(position, rank, key) for the top-k keys (all keys > thr, then the first `ties` keys
+// == thr in position order); rank = the key's rank in position order among the selected.
+// Counts per (row, warp) from ballots, one warp scans them, three barriers.
+template <int kNT, int kR, class Emit>
+__device__ __forceinline__ void select_emit(const uint32_t (&e)[kR], int rows, uint32_t thr,
+                                            uint32_t ties, SelectShared& sh, const Emit& emit) {
+  constexpr int kNW = kNT / 32;
+  constexpr int kWords = kR * kNW;
+  static_assert(kWords <= kSelectCntWords, "emit counts fit SelectShared::cnt");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int r = 0; r < kR; ++r)
+    if (r < rows) {
+      const uint32_t bg = __ballot_sync(0xFFFFFFFFu, e[r] > thr);
+      const uint32_t be = __ballot_sync(0xFFFFFFFFu, e[r] == thr);
+      if (lane == 0) sh.cnt[r * kNW + warp] = uint32_t(__popc(bg)) | (uint32_t(__popc(be)) << 16);
+    }
+  __syncthreads();
+  if (warp == 0) {  // exclusive scan of the live words in (row, warp) order = position order
+    constexpr int kPer = (kWords + 31) / 32;
+    const int words = rows * kNW;
+    uint32_t v[kPer], sum = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = lane * kPer + j;
+      v[j] = i < words ? sh.cnt[i] : 0u;
+      sum += v[j];
+    }
+    uint32_t incl = sum;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const uint32_t y = __shfl_up_sync(0xFFFFFFFFu, incl, off);
+      if (lane >= off) incl += y;
+    }
+    uint32_t run = incl - sum;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = lane * kPer + j;
+      if (i < words) sh.cnt[i] = run;
+      run += v[j];
     }
   }
+  __syncthreads();
+  const uint32_t lt = (1u << lane) - 1u;
+#pragma unroll
+  for (int r = 0; r < kR; ++r)
+    if (r < rows) {
+      const uint32_t bg = __ballot_sync(0xFFFFFFFFu, e[r] > thr);
+      const uint32_t be = __ballot_sync(0xFFFFFFFFu, e[r] == thr);
+      if (((bg | be) >> lane) & 1u) {
+        const uint32_t base = sh.cnt[r * kNW + warp];
+        const uint32_t gb = (base & 0xFFFFu) + uint32_t(__popc(bg & lt));
+        const uint32_t eb = (base >> 16) + uint32_t(__popc(be & lt));
+        const int pos = r * kNT + int(threadIdx.x);
+        if (e[r] > thr)
+          emit(pos, gb + min(eb, ties), e[r]);
+        else if (eb < ties)
+          emit(pos, gb + eb, e[r]);
+      }
+    }
 }
 
 // ---- pack kernel ---------------------------------------------------------------------------------
@@ -280,10 +311,12 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(const IndexerSe
   SelectShared& sh = *reinterpret_cast<SelectShared*>(smem + kOffSel);
   uint32_t* chunk_key = reinterpret_cast<uint32_t*>(smem + kOffChunk);
   const int k = p.topk;
-  uint32_t* cand_key[2] = {reinterpret_cast<uint32_t*>(smem + kOffCand),
-                           reinterpret_cast<uint32_t*>(smem + kOffCand) + k};
-  int32_t* cand_idx[2] = {reinterpret_cast<int32_t*>(cand_key[1] + k),
-                          reinterpret_cast<int32_t*>(cand_key[1] + k) + k};
+  // Candidate list b (0/1): keys at cand_keys + b * k, indices at cand_idxs + b * k (pointer
+  // arithmetic, not an array of pointers, which would live in local memory).
+  uint32_t* const cand_keys = reinterpret_cast<uint32_t*>(smem + kOffCand);
+  int32_t* const cand_idxs = reinterpret_cast<int32_t*>(cand_keys + 2 * k);
+  auto cand_key = [&](int b) { return cand_keys + b * k; };
+  auto cand_idx = [&](int b) { return cand_idxs + b * k; };
 
   const int split = blockIdx.x;
   const int q = blockIdx.y;
@@ -334,15 +367,31 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(const IndexerSe
   const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
   // B fragments (k-step s: b0 = dims c*16 + 4s .. +3, b1 = dims 64 + c*16 + 4s .. +3 of head
   // nt*8 + g; the A fragments below use the same dims).
+#if DS_INDEXER_F16_MMA
+  // f16 k-step s2 (0..7) takes the thread's 4-byte word s2 of each row (words 0..3: dims
+  // c*16 + 4*s2 ..; 4..7: dims 64 + c*16 + 4*(s2-4) ..): bytes 0,1 -> k 2c, 2c+1 and bytes 2,3 ->
+  // k 2c+8, 2c+9, for the key rows (A) and for q (B) alike.
+  uint32_t bh[kNT][8][2];
+#else
   uint32_t bq[kNT][4][2];
+#endif
   float wreg[kNT][2];
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt) {
     const uint8_t* row = q8 + (nt * 8 + g) * kIndexHeadDim;
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
+#if DS_INDEXER_F16_MMA
+      const uint32_t lo = *reinterpret_cast<const uint32_t*>(row + c * 16 + 4 * s);
+      const uint32_t hi = *reinterpret_cast<const uint32_t*>(row + 64 + c * 16 + 4 * s);
+      bh[nt][s][0] = e4m3x2_to_f16x2(lo);
+      bh[nt][s][1] = e4m3x2_to_f16x2(lo >> 16);
+      bh[nt][4 + s][0] = e4m3x2_to_f16x2(hi);
+      bh[nt][4 + s][1] = e4m3x2_to_f16x2(hi >> 16);
+#else
       bq[nt][s][0] = *reinterpret_cast<const uint32_t*>(row + c * 16 + 4 * s);
       bq[nt][s][1] = *reinterpret_cast<const uint32_t*>(row + 64 + c * 16 + 4 * s);
+#endif
     }
     wreg[nt][0] = wq[nt * 8 + 2 * c];
     wreg[nt][1] = wq[nt * 8 + 2 * c + 1];
@@ -431,11 +480,24 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(const IndexerSe
       const uint32_t* w1 = reinterpret_cast<const uint32_t*>(&dr[1]);  // row g, 64 + c*16..
       const uint32_t* w2 = reinterpret_cast<const uint32_t*>(&dr[2]);  // row g+8, c*16..
       const uint32_t* w3 = reinterpret_cast<const uint32_t*>(&dr[3]);  // row g+8, 64 + ..
+#if DS_INDEXER_F16_MMA
+#pragma unroll
+      for (int s2 = 0; s2 < 8; ++s2) {
+        const uint32_t rg = s2 < 4 ? w0[s2] : w1[s2 - 4];  // row g
+        const uint32_t rh = s2 < 4 ? w2[s2] : w3[s2 - 4];  // row g + 8
+        const uint32_t a0 = e4m3x2_to_f16x2(rg), a2 = e4m3x2_to_f16x2(rg >> 16);
+        const uint32_t a1 = e4m3x2_to_f16x2(rh), a3 = e4m3x2_to_f16x2(rh >> 16);
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+          mma_f16(acc[nt], a0, a1, a2, a3, bh[nt][s2][0], bh[nt][s2][1]);
+      }
+#else
 #pragma unroll
       for (int s = 0; s < 4; ++s)
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
           mma_e4m3(acc[nt], w0[s], w2[s], w1[s], w3[s], bq[nt][s][0], bq[nt][s][1]);
+#endif
       float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
@@ -463,23 +525,30 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(const IndexerSe
     const int total = cand_n + m;
     if (total <= k) {  // still filling (thr_f == 0: nothing was filtered)
       for (int x = tid; x < m; x += kThreads) {
-        cand_key[cur][cand_n + x] = chunk_key[x];
-        cand_idx[cur][cand_n + x] = c0 + x;
+        cand_key(cur)[cand_n + x] = chunk_key[x];
+        cand_idx(cur)[cand_n + x] = c0 + x;
       }
       cand_n = total;
     } else if (any) {
-      const uint32_t* ck = cand_key[cur];
-      const int32_t* ci = cand_idx[cur];
-      uint32_t* ok = cand_key[cur ^ 1];
-      int32_t* oi = cand_idx[cur ^ 1];
+      const uint32_t* ck = cand_key(cur);
+      const int32_t* ci = cand_idx(cur);
+      uint32_t* ok = cand_key(cur ^ 1);
+      int32_t* oi = cand_idx(cur ^ 1);
       const int n_old = cand_n;
-      auto key_at = [&](int x) { return x < n_old ? ck[x] : chunk_key[x - n_old]; };
-      uint32_t thr, ties;
-      radix_threshold<kThreads>(key_at, total, k, sh, thr, ties);
-      ordered_emit<kThreads>(key_at, total, thr, ties, sh, [&](int x, uint32_t pos) {
-        ok[pos] = key_at(x);
-        oi[pos] = x < n_old ? ci[x] : c0 + (x - n_old);
-      });
+      const int rows = (total + kThreads - 1) / kThreads;
+      uint32_t e[kScoreRows];
+#pragma unroll
+      for (int r = 0; r < kScoreRows; ++r) {
+        const int x = r * kThreads + tid;
+        e[r] = x < n_old ? ck[x] : (x < total ? chunk_key[x - n_old] : 0u);
+      }
+      uint32_t thr, gt;
+      select_threshold<kThreads, kScoreRows>(e, rows, k, sh, thr, gt);
+      select_emit<kThreads, kScoreRows>(e, rows, thr, uint32_t(k) - gt, sh,
+                                        [&](int x, uint32_t pos, uint32_t key) {
+                                          ok[pos] = key;
+                                          oi[pos] = x < n_old ? ci[x] : c0 + (x - n_old);
+                                        });
       cur ^= 1;
       cand_n = k;
       thr_f = thr;
@@ -490,7 +559,7 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(const IndexerSe
 
   // cand_n == k here: v > k, and with several splits every split has >= min_keys >= 2k keys.
   if (splits == 1) {
-    for (int i = tid; i < k; i += kThreads) sel[i] = cand_idx[cur][i];
+    for (int i = tid; i < k; i += kThreads) sel[i] = cand_idx(cur)[i];
     if (tid == 0 && p.count) p.count[q] = k;
   } else {
     const int64_t slot = (int64_t(q) * p.plan.max_splits + split) * k;
@@ -498,20 +567,17 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(const IndexerSe
     int32_t* ws_idx = reinterpret_cast<int32_t*>(ws_key + int64_t(p.plan.num_queries) *
                                                               p.plan.max_splits * k);
     for (int i = tid; i < k; i += kThreads) {
-      ws_key[slot + i] = cand_key[cur][i];
-      ws_idx[slot + i] = cand_idx[cur][i];
+      ws_key[slot + i] = cand_key(cur)[i];
+      ws_idx[slot + i] = cand_idx(cur)[i];
     }
   }
 }
 
 // Final top-k over the splits' candidate lists (consecutive in the workspace, in index order).
-// The keys are first copied to shared memory with every load in flight at once (the select
-// passes over L2 were latency-bound: ~6 dependent rounds per 1024 candidates); the indices are
-// read only for the selected. More than kMergeSmemKeys candidates (plans made by hand; the
-// planner caps the splits) select straight from the workspace.
+// Every thread loads its kMergeRows keys (strided, all loads in flight at once) into registers;
+// the select runs on registers; the indices are read only for the selected.
 __global__ void __launch_bounds__(kMergeThreads) indexer_merge_kernel(const IndexerSelectParams p) {
   __shared__ SelectShared sh;
-  extern __shared__ __align__(16) uint32_t merge_keys[];
   const int q = blockIdx.x;
   const int k = p.topk;
   const int v = p.visible[q];
@@ -525,34 +591,20 @@ __global__ void __launch_bounds__(kMergeThreads) indexer_merge_kernel(const Inde
                                                             p.plan.max_splits * k) +
                        base;
   int32_t* sel = p.selected + int64_t(q) * k;
-  const int n = splits * k;
-  uint32_t thr, ties;
-  if (int64_t(p.plan.max_splits) * k <= kMergeSmemKeys) {  // as the launch sized merge_keys
-    constexpr int kUnroll = 8;
-    for (int i0 = 0; i0 < n; i0 += kMergeThreads * kUnroll) {
-      uint32_t r[kUnroll];
+  const int n = splits * k;  // <= kMergeMaxKeys (checked by the launch)
+  const int rows = (n + kMergeThreads - 1) / kMergeThreads;
+  uint32_t e[kMergeRows];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int i = i0 + u * kMergeThreads + int(threadIdx.x);
-        r[u] = i < n ? __ldcg(keys + i) : 0u;
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int i = i0 + u * kMergeThreads + int(threadIdx.x);
-        if (i < n) merge_keys[i] = r[u];
-      }
-    }
-    __syncthreads();
-    auto key_at = [&](int i) { return merge_keys[i]; };
-    radix_threshold<kMergeThreads>(key_at, n, k, sh, thr, ties);
-    ordered_emit<kMergeThreads>(key_at, n, thr, ties, sh,
-                                [&](int i, uint32_t pos) { sel[pos] = __ldcg(idx + i); });
-  } else {
-    auto key_at = [&](int i) { return __ldcg(keys + i); };
-    radix_threshold<kMergeThreads>(key_at, n, k, sh, thr, ties);
-    ordered_emit<kMergeThreads>(key_at, n, thr, ties, sh,
-                                [&](int i, uint32_t pos) { sel[pos] = __ldcg(idx + i); });
+  for (int r = 0; r < kMergeRows; ++r) {
+    const int i = r * kMergeThreads + int(threadIdx.x);
+    e[r] = i < n ? __ldcg(keys + i) : 0u;
   }
+  uint32_t thr, gt;
+  select_threshold<kMergeThreads, kMergeRows>(e, rows, k, sh, thr, gt);
+  select_emit<kMergeThreads, kMergeRows>(e, rows, thr, uint32_t(k) - gt, sh,
+                                         [&](int i, uint32_t pos, uint32_t) {
+                                           sel[pos] = __ldcg(idx + i);
+                                         });
   if (threadIdx.x == 0 && p.count) p.count[q] = k;
 }
 
@@ -623,8 +675,8 @@ IndexerPlan plan_indexer_select(int32_t num_queries, int32_t max_visible, int32_
   // wave is not a small tail.
   int64_t splits = std::max<int64_t>(1, 2 * sms / queries);
   splits = std::min<int64_t>(splits, std::max<int64_t>(1, max_visible / plan.min_keys));
-  // The merge keeps every candidate in shared memory.
-  splits = std::min<int64_t>(splits, std::max<int64_t>(1, kMergeSmemKeys / std::max(topk, 1)));
+  // The merge holds every candidate in registers (kMergeMaxKeys per query).
+  splits = std::min<int64_t>(splits, std::max<int64_t>(1, kMergeMaxKeys / std::max(topk, 1)));
   if (max_splits_cap > 0) splits = std::min<int64_t>(splits, max_splits_cap);
   plan.max_splits = int32_t(std::max<int64_t>(1, splits));
   return plan;
@@ -655,6 +707,9 @@ Status launch_indexer_select(const IndexerSelectParams& p, cudaStream_t stream) 
       p.keys.page_bytes % 16 != 0)
     return invalid_argument("indexer_select: page_size must be > 0 and page_bytes >= "
                             "index_key_page_bytes(page_size), a multiple of 16");
+  if (p.plan.max_splits > 1 && int64_t(p.plan.max_splits) * p.topk > kMergeMaxKeys)
+    return invalid_argument("indexer_select: plan.max_splits * topk must be <= " +
+                            std::to_string(kMergeMaxKeys) + " (plan_indexer_select keeps it)");
   const size_t need = indexer_workspace_bytes(p.plan);
   if (need > 0 && (p.workspace == nullptr || p.workspace_bytes < need))
     return invalid_argument("indexer_select: workspace of " + std::to_string(p.workspace_bytes) +
@@ -665,11 +720,7 @@ Status launch_indexer_select(const IndexerSelectParams& p, cudaStream_t stream) 
                                         : launch_score<8>(p, stream);
   if (!st.ok()) return st;
   if (p.plan.max_splits > 1) {
-    const int64_t cands = int64_t(p.plan.max_splits) * p.topk;
-    const size_t merge_smem = cands <= kMergeSmemKeys ? size_t(cands) * 4 : 0;
-    DS_CUDA_RETURN_IF_ERROR(
-        ensure_max_dynamic_smem(indexer_merge_kernel, int(kMergeSmemKeys) * 4));
-    indexer_merge_kernel<<<unsigned(p.num_queries), kMergeThreads, merge_smem, stream>>>(p);
+    indexer_merge_kernel<<<unsigned(p.num_queries), kMergeThreads, 0, stream>>>(p);
     DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   return ok_status();

@@ -8,9 +8,10 @@
 // P * 128 + i * 4), so every data row is 16-byte aligned for vector loads (NOTES.md).
 //
 // Work split (NOTES.md): one CTA per (key split, query token). Each warp scores tiles of 16 keys
-// with FP8 tensor-core MMAs (mma.sync e4m3, fp32 accumulation; sm_89+, <= 99 KB of shared memory
-// so sm_90/100/120 all run it), applies ReLU and the weights in registers, and the CTA keeps a
-// running top-k of its keys in shared memory (radix select). A query whose keys span several
+// with tensor-core MMAs (the e4m3 bytes converted exactly to f16, mma.sync m16n8k16, fp32
+// accumulation; sm_89+, <= 99 KB of shared memory so sm_90/100/120 all run it), applies ReLU and
+// the weights in registers, and the CTA keeps a running top-k of its keys in shared memory (a
+// block select on register-resident keys). A query whose keys span several
 // splits writes one top-k candidate list per split to the workspace and a merge kernel selects
 // the final top-k from them. A query with visible <= topk selects 0 .. visible-1 without scoring.
 // Cost follows each query's own visible count; the launch geometry depends only on host bounds,
