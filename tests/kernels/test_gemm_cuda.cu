@@ -451,6 +451,64 @@ TEST_F(GemmCudaTest, BulkKernelConfigurations) {
       }
 }
 
+TEST_F(GemmCudaTest, PersistKernelDecodeShapes) {
+  // kPersist (persistent grid, TMA weight + activation stream, all M <= 64 tokens per weight
+  // fragment; kStream before sm_90) at the Flash and tiny shapes, decode batch sizes including odd
+  // M and M > 16 (NT = 2, 4, 8 n8-tiles), fp32 output (kTol = 1e-4 * S).
+  uint64_t seed = 1200;
+  SmallMConfig c;
+  c.kernel = cuda::SmallMKernel::kPersist;
+  for (int i : {0, 1, 2, 3, 4})
+    for (int64_t m : {1, 3, 8, 16, 17, 33, 63, 64}) {
+      const double worst =
+          run_fp8_case(kFlashShapes[i], m, true, cuda::OutType::kF32, ++seed, true, Path::kSmallM,
+                       c);
+      std::printf("persist %-12s M=%-3lld worst |err|/S = %.3g\n", kFlashShapes[i].name,
+                  (long long)m, worst);
+    }
+  for (int i : {5, 6, 7, 8})
+    for (int64_t m : {2, 17, 64})
+      run_fp8_case(kFlashShapes[i], m, true, cuda::OutType::kBF16, ++seed, true, Path::kSmallM, c);
+  for (const LinearShape& s : kTinyShapes)
+    for (int64_t m : {1, 2, 5, 8, 13, 16, 17, 31, 33, 63, 64, 100})
+      run_fp8_case(s, m, true, cuda::OutType::kF32, ++seed, true, Path::kSmallM, c);
+}
+
+TEST_F(GemmCudaTest, PersistKernelConfigurations) {
+  // Every row_warps (1, 2, 4: 8, 4, 2 K-warps per stage) with ring depths 2..8, grids capped so
+  // that each CTA loops over many items (the ring wraps across items, the epilogue's named
+  // barriers run many times), partial stages (K < 128 * K-warps) and partial row tiles (N < 16 *
+  // row_warps), with and without PDL, bf16 and fp32 output, M > 64 (64-token launches).
+  uint64_t seed = 1300;
+  const LinearShape shapes[] = {kFlashShapes[0], kFlashShapes[3], kTinyShapes[1], kTinyShapes[5],
+                                kTinyShapes[3]};
+  // Shared memory of a kPersist launch (as linear_fp8.cu computes it): stages x slot (16*rw weight
+  // rows + m activation rows of (8/rw)*128 + 64 bytes, rounded to 128) + the K-partials.
+  auto fits = [](int rw, int64_t m, int st) {
+    const int64_t mx = std::min<int64_t>(m, 64), nt = mx <= 8 ? 1 : mx <= 16 ? 2 : mx <= 32 ? 4 : 8;
+    const int64_t slot = ((16 * rw + mx) * ((8 / rw) * 128 + 64) + 127) / 128 * 128;
+    return st * slot + (8 / rw - 1) * 16 * rw * (8 * nt + 1) * 4 <= 99 * 1024;
+  };
+  int n = 0;
+  for (const LinearShape& s : shapes)
+    for (int rw : {1, 2, 4})
+      for (int st : {2, 3, 4, 5}) {
+        ++n;
+        SmallMConfig c;
+        c.kernel = cuda::SmallMKernel::kPersist;
+        c.row_warps = rw;
+        c.stages = st;
+        c.max_ctas = n % 3 == 0 ? 0 : n % 3 == 1 ? 3 : 7;
+        c.pdl = n % 2;
+        const int64_t ms[] = {1, 7, 16, 29, 64, 70};
+        int64_t m = ms[n % 6];
+        while (m > 1 && !fits(rw, m, st)) m = m > 64 ? 64 : m / 2;
+        if (!fits(rw, m, st)) continue;
+        run_fp8_case(s, m, true, n % 4 < 2 ? cuda::OutType::kBF16 : cuda::OutType::kF32, ++seed,
+                     true, Path::kSmallM, c);
+      }
+}
+
 TEST_F(GemmCudaTest, CublasLtAutotunedAttentionShapes) {
   // The opt-in cuBLASLt autotuning (timed candidates of both orientations and split-K variants);
   // the other cuBLASLt tests run the default, cuBLASLt's first heuristic answer.
@@ -604,9 +662,25 @@ TEST_F(GemmCudaTest, RejectsBadShapes) {
   sp.kernel = cuda::SmallMKernel::kBulk;  // needs FP8 activations too
   (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  sp.kernel = cuda::SmallMKernel::kPersist;  // needs FP8 activations too
+  (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  sp.kernel = cuda::SmallMKernel::kBulk;
   sp.x_codes = w.get();
   sp.x_scales = s.get();
   sp.stages = 9;  // ring depth out of range
+  (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  sp.kernel = cuda::SmallMKernel::kPersist;
+  (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  sp.stages = 0;
+  sp.row_warps = 8;  // kPersist: 1, 2 or 4
+  (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  sp.row_warps = 4;
+  sp.num_tokens = 64;
+  sp.stages = 3;  // 64 tokens, 64-row slots: 3 slots do not fit in 99 KB
   (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
 }

@@ -67,10 +67,15 @@ struct Fp8Activations {
 //  - kBulk (sm_90+; elsewhere it runs kStream): kStream's arithmetic and work items, but a
 //    producer warp streams the weights with TMA bulk copies (cp.async.bulk) into a ring of
 //    `stages` shared-memory slots read by 4 consumer warps. FP8 activations, <= 16 tokens per item.
-//  - kAuto: for FP8 activations with M <= kSmallMMaxTokens and no max_ctas, kBulk at M <= 8 on
-//    sm_90+ when each CTA streams >= 32 K blocks of its rows (wo_a, wo_b), else kStream; kMma
-//    otherwise (kStream in 16-token chunks still beats kMma's single pass at M = 64: NOTES.md).
-enum class SmallMKernel : uint8_t { kAuto, kMma, kStream, kBulk };
+//  - kPersist (sm_90+; elsewhere it runs kStream): a persistent grid of one resident wave; a
+//    producer warp streams each CTA's work items (16*row_warps rows x the whole K) back to back
+//    with TMA bulk copies of the weight AND activation rows into `stages` shared-memory slots;
+//    8 consumer warps (row_warps x 8/row_warps K-warps) run all M <= 64 tokens of the call per
+//    weight fragment (every weight byte read once per call). FP8 activations; M > 64 runs 64-token
+//    launches. max_ctas caps the grid (CTAs then loop over more items).
+//  - kAuto: for FP8 activations with M <= kSmallMMaxTokens and no max_ctas: the winner per shape
+//    class of the H200 measurements (NOTES.md, v6: kPersist, kBulk or kStream); kMma otherwise.
+enum class SmallMKernel : uint8_t { kAuto, kMma, kStream, kBulk, kPersist };
 inline constexpr int64_t kStreamMaxTokens = 16;  // kStream: tokens per work item (chunk)
 
 struct Fp8SmallMParams {
@@ -95,7 +100,8 @@ struct Fp8SmallMParams {
   bool pdl = false;
   // CTAs in the grid (0 = one per work item); with a cap each CTA (cluster) loops over items.
   int max_ctas = 0;
-  // kBulk: shared-memory ring slots per CTA, 2..8 (0 = heuristic).
+  // kBulk / kPersist: shared-memory ring slots per CTA, 2..8 (0 = heuristic; kPersist: the ring
+  // and its reduction buffer must fit in 99 KB).
   int stages = 0;
 };
 
@@ -108,7 +114,7 @@ struct Fp8SmallMPlan {
   SmallMKernel kernel = SmallMKernel::kMma;
   int row_warps = 1;
   int k_split = 1;
-  int stages = 0;  // kBulk only
+  int stages = 0;  // kBulk / kPersist only
 };
 Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms);
 
