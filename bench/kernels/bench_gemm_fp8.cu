@@ -397,8 +397,8 @@ int main(int argc, char** argv) {
     struct Row {
       std::string shape;
       double ceil_us = 0, heur_us = 0, best_us = 0, cap_us = 0, lt_us = 0, floor_us = 0, s5_us = 0;
-      std::string heur_cfg, best_cfg, s5_cfg;
-      double heur_err = -1, best_err = -1, lt_err = -1;
+      std::string heur_cfg, best_cfg, s5_cfg, pbest_cfg;
+      double heur_err = -1, best_err = -1, lt_err = -1, s5_err = -1, pbest_us = 0;
     };
     std::vector<Row> rows;
     std::vector<Shape> shapes(std::begin(attn), std::end(attn));
@@ -425,7 +425,8 @@ int main(int argc, char** argv) {
         cuda::QuantFp8Params qp{x, codes, xs, m, gk, gk};
         cuda::launch_quantize_fp8_blocks(qp, stream);
         DS_BENCH_CHECK(cudaStreamSynchronize(stream));
-        auto params = [&](int c, cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas) {
+        auto params = [&](int c, cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas,
+                          int producers = 0) {
           cuda::Fp8SmallMParams p;
           p.w = w.view(c);
           p.num_tokens = m;
@@ -439,22 +440,26 @@ int main(int argc, char** argv) {
           p.k_split = ks;
           p.stages = st;
           p.max_ctas = max_ctas;
+          p.producers = producers;
           p.pdl = true;
           return p;
         };
-        auto time_p = [&](cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas) {
+        auto time_p = [&](cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas,
+                          int producers = 0) {
           return bench::time_us(
                      [&](cudaStream_t sm) {
                        for (int c = 0; c < copies; ++c)
                          ST_CHECK(cuda::launch_fp8_linear_small_m(
-                             params(c, kern, rw, ks, st, max_ctas), sm));
+                             params(c, kern, rw, ks, st, max_ctas, producers), sm));
                      },
                      stream, 20, 3, true) /
                  copies;
         };
-        auto check_p = [&](cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas) {
+        auto check_p = [&](cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas,
+                           int producers = 0) {
           DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
-          ST_CHECK(cuda::launch_fp8_linear_small_m(params(0, kern, rw, ks, st, max_ctas), stream));
+          ST_CHECK(cuda::launch_fp8_linear_small_m(
+              params(0, kern, rw, ks, st, max_ctas, producers), stream));
           DS_BENCH_CHECK(cudaStreamSynchronize(stream));
           return check_error(w, hx, m, y, true, 3);
         };
@@ -495,23 +500,34 @@ int main(int argc, char** argv) {
         row.heur_err = check_p(cuda::SmallMKernel::kAuto, 0, 0, 0, 0);
         recs.push_back(make("fp8_small_m heur+pdl", cfg, row.heur_us, row.heur_err));
         {
-          // The session-5 kAuto plan (kBulk rw=1 stages=2 for M <= 8 when each CTA streams >= 32
-          // K blocks with >= 3.5 CTAs per SM, else kStream's heuristic layout): the baseline.
-          const int64_t tiles16 = s.n / 16 * s.groups, kblocks = s.k / 128;
-          int bks = 1;
-          while (bks < 8 && tiles16 * bks * 2 < 7 * int64_t(dev.sm_count)) bks *= 2;
-          if (m <= 8 && tiles16 * bks * 2 >= 7 * int64_t(dev.sm_count) && kblocks / bks >= 32) {
-            row.s5_us = time_p(cuda::SmallMKernel::kBulk, 1, bks, 2, 0);
-            std::snprintf(cfg, sizeof cfg, "bulk rw=1 ks=%d stages=2 copies=%d", bks, copies);
-          } else {
-            const cuda::Fp8SmallMPlan sp = cuda::fp8_small_m_plan(
-                params(0, cuda::SmallMKernel::kStream, 0, 0, 0, 0), dev.sm_count);
-            row.s5_us = time_p(cuda::SmallMKernel::kStream, sp.row_warps, sp.k_split, 0, 0);
-            std::snprintf(cfg, sizeof cfg, "stream rw=%d ks=%d copies=%d", sp.row_warps,
-                          sp.k_split, copies);
-          }
-          recs.push_back(make("fp8_small_m session-5 kAuto+pdl", cfg, row.s5_us, -1));
-          row.s5_cfg = cfg;
+          // What the engine runs: GemmRunner::linear_fp8 on the pre-quantized input (PDL on): the
+          // small-M kAuto plan, or cuBLASLt where fp8_linear_uses_cublaslt.
+          auto rp = [&](int c) {
+            cuda::Fp8LinearParams p;
+            p.w = w.view(c);
+            p.num_tokens = m;
+            p.x.codes = codes;
+            p.x.scales = xs;
+            p.y = y;
+            p.y_row_stride = gn;
+            p.pdl = true;
+            return p;
+          };
+          const bool lt = cuda::fp8_linear_uses_cublaslt(w.view(0), m);
+          DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
+          ST_CHECK(runner_nt->linear_fp8(rp(0), stream));
+          DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+          row.s5_err = check_error(w, hx, m, y, true, 3);
+          row.s5_us = bench::time_us(
+                          [&](cudaStream_t sm) {
+                            for (int c = 0; c < copies; ++c)
+                              ST_CHECK(runner_nt->linear_fp8(rp(c), sm));
+                          },
+                          stream, 20, 3, true) /
+                      copies;
+          row.s5_cfg = lt ? std::string("cublaslt") : row.heur_cfg;
+          recs.push_back(make("GemmRunner linear_fp8 (pre-quantized)+pdl",
+                              lt ? "cuBLASLt block-scaled" : row.heur_cfg, row.s5_us, row.s5_err));
         }
         int brw = 0, bst = 0;
         row.best_us = 1e30;
@@ -537,6 +553,26 @@ int main(int argc, char** argv) {
         std::snprintf(cfg, sizeof cfg, "persist rw=%d stages=%d max_ctas=%d copies=%d", brw, bst,
                       dev.sm_count, copies);
         recs.push_back(make("fp8_persist best 1cta/sm+pdl", cfg, row.cap_us, -1));
+        if (m <= 8) {
+          // Several producer warps per CTA (is one warp's bulk-copy issue the per-CTA limit?).
+          row.pbest_us = 1e30;
+          for (int pr : {2, 4})
+            for (int st : {2, 3, 4})
+              for (int cap : {0, dev.sm_count}) {
+                if (!fits(1, m, st) || (cap && (pr != 4 || st == 2))) continue;
+                const double us = time_p(cuda::SmallMKernel::kPersist, 1, 1, st, cap, pr);
+                std::snprintf(cfg, sizeof cfg, "persist rw=1 stages=%d producers=%d max_ctas=%d "
+                              "copies=%d", st, pr, cap, copies);
+                recs.push_back(make("fp8_persist producers sweep+pdl", cfg, us, -1));
+                std::printf("  sweep %s persist rw=1 st=%d P=%d cap=%d %.2f us (%.0f%%)\n",
+                            row.shape.c_str(), st, pr, cap, us, 100 * row.floor_us / us);
+                if (us < row.pbest_us) {
+                  row.pbest_us = us;
+                  std::snprintf(cfg, sizeof cfg, "st=%d P=%d cap=%d", st, pr, cap);
+                  row.pbest_cfg = cfg;
+                }
+              }
+        }
         if (m >= 16) {
           // cuBLASLt block-scaled (GemmRunner's default path for M > 64) at the same M.
           auto lt_params = [&](int c) {
@@ -590,20 +626,24 @@ int main(int argc, char** argv) {
     write_json();
     std::printf("\npersist summary (copy %.0f GB/s; %% = floor / time; ceiling = read kernel, M=1)\n",
                 copy_gbps);
-    std::printf("%-22s %6s %5s | %-22s %6s %3s | %-24s %6s %3s | %-22s %6s %3s %6s | %7s %3s | "
-                "%7s %7s\n",
-                "shape", "floor", "ceil", "session-5", "us", "%", "kAuto now", "us", "%",
-                "persist best", "us", "%", "1/SM", "cublas", "%", "e_heur", "e_best");
+    std::printf("%-14s %6s %5s | %-26s %6s %3s | %-24s %6s %3s | %-18s %6s %3s %6s | %-15s %6s "
+                "%3s | %7s %3s | %7s %7s\n",
+                "shape", "floor", "ceil", "runner (engine)", "us", "%", "small-M kAuto", "us",
+                "%", "persist P=1 best", "us", "%", "1/SM", "persist P>1 best", "us", "%",
+                "cublas", "%", "e_run", "e_pers");
     auto shortcfg = [](const std::string& c) { return c.substr(0, c.find(" copies")); };
     for (const Row& r : rows) {
       std::string sh = r.shape.substr(0, r.shape.find(" N="));
-      std::printf("%-22s %6.2f %5.2f | %-22s %6.2f %3.0f | %-24s %6.2f %3.0f | %-22s %6.2f %3.0f "
-                  "%6.2f | %7.2f %3.0f | %7.2g %7.2g\n",
+      std::string b = shortcfg(r.best_cfg);
+      if (b.rfind("persist ", 0) == 0) b = b.substr(8);
+      std::printf("%-14s %6.2f %5.2f | %-26s %6.2f %3.0f | %-24s %6.2f %3.0f | %-18s %6.2f %3.0f "
+                  "%6.2f | %-15s %6.2f %3.0f | %7.2f %3.0f | %7.2g %7.2g\n",
                   sh.c_str(), r.floor_us, r.ceil_us, shortcfg(r.s5_cfg).c_str(), r.s5_us,
                   100 * r.floor_us / r.s5_us, shortcfg(r.heur_cfg).c_str(), r.heur_us,
-                  100 * r.floor_us / r.heur_us, shortcfg(r.best_cfg).c_str(), r.best_us,
-                  100 * r.floor_us / r.best_us, r.cap_us, r.lt_us,
-                  r.lt_us > 0 ? 100 * r.floor_us / r.lt_us : 0.0, r.heur_err, r.best_err);
+                  100 * r.floor_us / r.heur_us, b.c_str(), r.best_us,
+                  100 * r.floor_us / r.best_us, r.cap_us, r.pbest_cfg.c_str(), r.pbest_us,
+                  r.pbest_us > 0 ? 100 * r.floor_us / r.pbest_us : 0.0, r.lt_us,
+                  r.lt_us > 0 ? 100 * r.floor_us / r.lt_us : 0.0, r.s5_err, r.best_err);
     }
     std::printf("results written to %s\n", out.c_str());
     return 0;

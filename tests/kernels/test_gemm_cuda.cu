@@ -156,7 +156,7 @@ struct DeviceWeight {
 
 // Small-M kernel layout for a test case (0 = the heuristic's choice).
 struct SmallMConfig {
-  int row_warps = 0, k_split = 0, max_ctas = 0, stages = 0;
+  int row_warps = 0, k_split = 0, max_ctas = 0, stages = 0, producers = 0;
   int pdl = -1;  // -1: on for odd M
   cuda::SmallMKernel kernel = cuda::SmallMKernel::kAuto;
 };
@@ -243,6 +243,7 @@ class GemmCudaTest : public ::testing::Test {
       p.k_split = cfg.k_split;
       p.max_ctas = cfg.max_ctas;
       p.stages = cfg.stages;
+      p.producers = cfg.producers;
       p.pdl = cfg.pdl < 0 ? m % 2 == 1 : cfg.pdl != 0;
       (void)(st = cuda::launch_fp8_linear_small_m(p, nullptr));
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -291,10 +292,11 @@ class GemmCudaTest : public ::testing::Test {
     EXPECT_EQ(dy.download(ybytes), cudaSuccess);
     std::vector<float> ref, abs_sum;
     reference(hw, s, x, x_stride, toks, quantize, ref, abs_sum);
-    // The small-M kernel (also what kAuto runs for M <= 64, hf numerics or K % 512 != 0) is held
-    // to the tight bound; cuBLASLt to its own.
-    const bool tight =
-        path == Path::kSmallM || (path == Path::kAuto && (m <= 64 || !quantize || s.k % 512 != 0));
+    // The small-M kernels (what GemmRunner runs unless fp8_linear_uses_cublaslt: hf numerics,
+    // small decode shapes, shapes cuBLASLt does not take) are held to the tight bound; cuBLASLt
+    // to its own.
+    const bool tight = path == Path::kSmallM ||
+                       (path == Path::kAuto && (!quantize || !cuda::fp8_linear_uses_cublaslt(wv, m)));
     double worst = 0, err2 = 0, ref2 = 0;
     int64_t bad = 0;
     for (size_t ti = 0; ti < toks.size(); ++ti) {
@@ -500,6 +502,7 @@ TEST_F(GemmCudaTest, PersistKernelConfigurations) {
         c.stages = st;
         c.max_ctas = n % 3 == 0 ? 0 : n % 3 == 1 ? 3 : 7;
         c.pdl = n % 2;
+        c.producers = n % 4 == 0 ? 0 : n % 4 == 1 ? 2 : n % 4 == 2 ? 4 : 3;
         const int64_t ms[] = {1, 7, 16, 29, 64, 70};
         int64_t m = ms[n % 6];
         while (m > 1 && !fits(rw, m, st)) m = m > 64 ? 64 : m / 2;
@@ -519,9 +522,52 @@ TEST_F(GemmCudaTest, CublasLtAutotunedAttentionShapes) {
                  Path::kCublasLt);
 }
 
+TEST_F(GemmCudaTest, PersistKernelProducers) {
+  // kPersist with 1..4 producer warps (stage j issued by producer j % P) at the Flash decode shapes
+  // it was measured on, M = 1 and 3, with and without PDL, and with a grid of one CTA per SM.
+  uint64_t seed = 1400;
+  for (int i : {1, 3, 4})
+    for (int pr : {1, 2, 4})
+      for (int64_t m : {1, 3}) {
+        SmallMConfig c;
+        c.kernel = cuda::SmallMKernel::kPersist;
+        c.row_warps = 1;
+        c.stages = pr == 2 ? 3 : 4;
+        c.producers = pr;
+        c.max_ctas = pr == 4 && m == 3 ? 132 : 0;
+        run_fp8_case(kFlashShapes[i], m, true, cuda::OutType::kF32, ++seed, true, Path::kSmallM, c);
+      }
+}
+
+TEST_F(GemmCudaTest, DecodeCublasLtRangeThroughRunner) {
+  // GemmRunner::linear_fp8 where it routes decode batches to cuBLASLt (wq_b at M > 8, wo_b at
+  // M > 16: fp8_linear_uses_cublaslt) and next to it on the small-M side (wo_b M = 9, 16; wo_a,
+  // wq_a at M = 33), reference numerics; each case held to the tolerance of the path it took.
+  uint64_t seed = 1500;
+  for (int i : {1, 4})
+    for (int64_t m : {9, 16, 17, 33, 63}) {
+      SCOPED_TRACE(std::string("cublaslt routing ") +
+                   (cuda::fp8_linear_uses_cublaslt(
+                        cuda::Fp8WeightView{nullptr, nullptr, reinterpret_cast<const float*>(16),
+                                            kFlashShapes[i].n, kFlashShapes[i].k, 1},
+                        m)
+                        ? "cublaslt"
+                        : "small-M"));
+      run_fp8_case(kFlashShapes[i], m, true, m == 33 ? cuda::OutType::kF32 : cuda::OutType::kBF16,
+                   ++seed);
+    }
+  EXPECT_TRUE(cuda::fp8_linear_uses_cublaslt(
+      cuda::Fp8WeightView{nullptr, nullptr, reinterpret_cast<const float*>(16), 32768, 1024, 1}, 9));
+  EXPECT_FALSE(cuda::fp8_linear_uses_cublaslt(
+      cuda::Fp8WeightView{nullptr, nullptr, reinterpret_cast<const float*>(16), 4096, 8192, 1}, 16));
+  EXPECT_FALSE(cuda::fp8_linear_uses_cublaslt(
+      cuda::Fp8WeightView{nullptr, nullptr, nullptr, 32768, 1024, 1}, 64));  // no fp32 scales
+  for (int i : {0, 3}) run_fp8_case(kFlashShapes[i], 33, true, cuda::OutType::kBF16, ++seed);
+}
+
 TEST_F(GemmCudaTest, DecodeBatchSizesThroughRunner) {
-  // GemmRunner::linear_fp8 at the decode batch sizes (kStream for FP8 activations, kMma for bf16;
-  // M = 1, 16, 64 are in FlashShapesDecode).
+  // GemmRunner::linear_fp8 at the decode batch sizes (kStream / kBulk for FP8 activations, kMma
+  // for bf16; M = 1, 16, 64 are in FlashShapesDecode).
   uint64_t seed = 800;
   for (int i : {0, 1, 2, 3, 4})
     for (int64_t m : {2, 4, 8})
@@ -675,6 +721,10 @@ TEST_F(GemmCudaTest, RejectsBadShapes) {
   (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
   sp.stages = 0;
+  sp.producers = 5;  // kPersist: 1..4 producer warps
+  (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  sp.producers = 0;
   sp.row_warps = 8;  // kPersist: 1, 2 or 4
   (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();

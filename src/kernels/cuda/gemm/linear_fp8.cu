@@ -49,7 +49,8 @@ struct SmallMArgs {
   int k_split;             // CTAs per cluster along K
   int y_f32;
   int pdl;                       // launched with programmatic stream serialization
-  int stages;                    // kBulk: shared-memory ring slots
+  int stages;                    // kBulk / kPersist: shared-memory ring slots
+  int producers;                 // kPersist: producer warps
   int64_t tiles, groups, items;  // row tiles per group; work items = tiles * groups * chunks
 };
 
@@ -894,7 +895,8 @@ int device_cc_major() {
 // warps only, so the producer never stalls on the epilogue; kw = 0 writes y.
 
 constexpr int kPersistConsumerWarps = 8;
-constexpr int kPersistThreads = (kPersistConsumerWarps + 1) * 32;
+constexpr int kPersistMaxProducers = 4;  // producer warps per CTA (stage j: producer j % P)
+constexpr int kPersistMaxThreads = (kPersistConsumerWarps + kPersistMaxProducers) * 32;
 constexpr int kPersistRowPad = 64;
 constexpr int kPersistMaxStages = 8;  // (at most 5 fit in 99 KB)
 constexpr size_t kPersistMaxSmem = size_t(99) << 10;
@@ -911,7 +913,7 @@ __host__ __device__ constexpr size_t persist_red_bytes(int rwc, int nt) {
 }
 
 template <int NT, int RWC>
-__global__ void __launch_bounds__(kPersistThreads, NT >= 8 ? 1 : 2)
+__global__ void __launch_bounds__(kPersistMaxThreads, NT == 1 ? 2 : 1)
     fp8_persist_kernel(SmallMArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int KWC = kPersistConsumerWarps / RWC;
@@ -945,9 +947,13 @@ __global__ void __launch_bounds__(kPersistThreads, NT >= 8 ? 1 : 2)
   __syncthreads();
   if (a.pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
-  if (warp == kPersistConsumerWarps) {
-    // Producer. Weights do not depend on the previous kernel: the first ring fill requests them
-    // before griddepcontrol.wait, the activations of those stages after it.
+  if (warp >= kPersistConsumerWarps) {
+    // Producer p of P takes stages j = p, p + P, ... (each stage's slot barriers see one producer
+    // per phase: stage j + S is issued only after stage j was consumed). Weights do not depend on
+    // the previous kernel: the first ring fill requests them before griddepcontrol.wait, the
+    // activations of those stages after it.
+    const int P = int(blockDim.x / 32) - kPersistConsumerWarps;
+    const int prod = warp - kPersistConsumerWarps;
     auto stage_geo = [&](int64_t j, int64_t& wrow0, int64_t& xcol, int64_t& kboff, int& rows,
                          uint32_t& bytes) {
       const int64_t item = blockIdx.x + (j / nst) * int64_t(gridDim.x);
@@ -995,10 +1001,10 @@ __global__ void __launch_bounds__(kPersistThreads, NT >= 8 ? 1 : 2)
         }
     };
     const int64_t pre = std::min<int64_t>(S, total);
-    for (int64_t j = 0; j < pre; ++j) issue(j, true, false, true);
+    for (int64_t j = prod; j < pre; j += P) issue(j, true, false, true);
     if (a.pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
-    for (int64_t j = 0; j < pre; ++j) issue(j, false, true, false);
-    for (int64_t j = pre; j < total; ++j) {
+    for (int64_t j = prod; j < pre; j += P) issue(j, false, true, false);
+    for (int64_t j = pre + ((prod - pre) % P + P) % P; j < total; j += P) {
       mbar_wait(smem_addr(&empty_bar[j % S]), uint32_t((j / S - 1) & 1));
       issue(j, true, true, true);
     }
@@ -1164,14 +1170,15 @@ cudaError_t launch_persist(const SmallMArgs& a, int max_ctas, cudaStream_t strea
     configured |= 1u << dev;
   }
   int per_sm = 0;
-  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kPersistThreads, smem);
+  const int threads = (kPersistConsumerWarps + a.producers) * 32;
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
   if (e != cudaSuccess) return e;
   int64_t ctas = int64_t(std::max(per_sm, 1)) * device_sms();
   if (max_ctas > 0) ctas = std::min<int64_t>(ctas, max_ctas);
   ctas = std::max<int64_t>(1, std::min<int64_t>(ctas, a.items));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(ctas));
-  cfg.blockDim = dim3(unsigned(kPersistThreads));
+  cfg.blockDim = dim3(unsigned(threads));
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -1321,23 +1328,12 @@ Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms) {
   Fp8SmallMPlan plan;
   const bool fp8_act = p.x_codes != nullptr;
   plan.kernel = p.kernel;
-  if (plan.kernel == SmallMKernel::kAuto) {
+  // kAuto: kPersist is not chosen (run h-gemm7-1: 46-52% of copy BW at M = 1 vs 70-77% for the
+  // session-5 choice below, and slower at every M; NOTES.md v6).
+  if (plan.kernel == SmallMKernel::kAuto)
     plan.kernel = fp8_act && p.num_tokens <= kSmallMMaxTokens && p.max_ctas == 0
                       ? SmallMKernel::kStream
                       : SmallMKernel::kMma;
-    // kPersist (session 7, NOTES.md v6) where its work items fill the machine: >= half a wave of
-    // items or a large weight (a small weight in few items runs kStream's K-split layout).
-    if (plan.kernel == SmallMKernel::kStream && device_cc_major() >= 9 && !p.row_warps &&
-        !p.k_split) {
-      const int mx = int(std::max<int64_t>(p.num_tokens, 1));
-      const int nt = persist_nt(mx);
-      int rw = persist_default_rw(nt);
-      if (persist_smem_bytes(nt, rw, mx, 2) > kPersistMaxSmem) rw = 4;
-      const int64_t items = (p.w.out_features + 16 * rw - 1) / (16 * rw) * p.w.num_groups;
-      const int64_t wbytes = p.w.out_features * p.w.num_groups * p.w.in_features;
-      if (2 * items >= num_sms || wbytes >= (int64_t(16) << 20)) plan.kernel = SmallMKernel::kPersist;
-    }
-  }
   if (plan.kernel == SmallMKernel::kMma) {
     const auto [rw, ks] = fp8_small_m_config(p, num_sms);
     plan.row_warps = rw;
@@ -1424,6 +1420,8 @@ Status launch_persist_chunks(const Fp8SmallMParams& p, const Fp8SmallMPlan& plan
   if (rw != 1 && rw != 2 && rw != 4)
     return invalid_argument("fp8 linear: kPersist row_warps must be 1, 2 or 4");
   if (plan.k_split != 1) return invalid_argument("fp8 linear: kPersist does not split K");
+  if (p.producers < 0 || p.producers > kPersistMaxProducers)
+    return invalid_argument("fp8 linear: kPersist producers must be 1..4 (0 = 1)");
   const int mx0 = int(std::min<int64_t>(p.num_tokens, kSmallMMaxTokens));
   if (plan.stages < 2 || plan.stages > kPersistMaxStages ||
       persist_smem_bytes(persist_nt(mx0), rw, mx0, plan.stages) > kPersistMaxSmem)
@@ -1449,6 +1447,7 @@ Status launch_persist_chunks(const Fp8SmallMParams& p, const Fp8SmallMPlan& plan
     a.y_f32 = p.y_type == OutType::kF32;
     a.pdl = p.pdl ? 1 : 0;
     a.stages = plan.stages;
+    a.producers = p.producers ? p.producers : 1;
     a.tiles = (p.w.out_features + 16 * rw - 1) / (16 * rw);
     a.groups = p.w.num_groups;
     a.items = a.tiles * a.groups;
@@ -1855,6 +1854,17 @@ Status GemmRunner::linear_fp8_cublaslt(const Fp8LinearParams& p, cudaStream_t st
                           stream);
 }
 
+bool fp8_linear_uses_cublaslt(const Fp8WeightView& w, int64_t m) {
+  if (!w.scale_f32 || w.out_features % kFp8GemmBlock != 0 || w.in_features % 512 != 0) return false;
+  if (m > kSmallMMaxTokens) return true;
+  // Decode batches (run h-gemm7-1, H200): cuBLASLt 14.8-16.2 us for wq_b at M = 16..64 (kStream
+  // 20.2-71.5) and 18.8-20.5 us for wo_b at M = 32..64 (kStream 29.0-55.3; at M = 16 kStream's
+  // 16.6 wins); the small shapes and grouped wo_a (8 GEMMs: 114 us) stay on the small-M kernels.
+  const int64_t bytes = w.out_features * w.in_features * w.num_groups;
+  if (w.num_groups != 1 || bytes < (int64_t(16) << 20)) return false;
+  return m > 16 || (m > 8 && w.in_features <= 1024);
+}
+
 Status GemmRunner::linear_fp8(const Fp8LinearParams& p, cudaStream_t stream) {
   if (Status s = check_weight(p.w); !s.ok()) return s;
   if (p.num_tokens < 0) return invalid_argument("fp8 linear: negative token count");
@@ -1881,8 +1891,7 @@ Status GemmRunner::linear_fp8(const Fp8LinearParams& p, cudaStream_t stream) {
     q.x.scales = scales_;
   }
   const bool fp8_act = p.quantize_activations;
-  if (fp8_act && p.num_tokens > kSmallMMaxTokens && p.w.scale_f32 &&
-      p.w.out_features % kFp8GemmBlock == 0 && p.w.in_features % 512 == 0) {
+  if (fp8_act && fp8_linear_uses_cublaslt(p.w, p.num_tokens)) {
     Status s = linear_fp8_cublaslt(q, stream);
     if (s.code() != StatusCode::kUnimplemented) return s;
     // No cuBLASLt algorithm for this combination: the small-M kernel in chunks below.
