@@ -281,8 +281,8 @@ int main(int argc, char** argv) {
   const bool quick = argc > 2 && std::string(argv[2]) == "quick";
   const bool decode_only = argc > 2 && std::string(argv[2]) == "decode";
   const bool prefill_only = argc > 2 && std::string(argv[2]) == "prefill";
-  // "persist": the session-7 decode sweep (kAuto vs kPersist layouts vs cuBLASLt, M = 1..64).
-  const bool persist_mode = argc > 2 && std::string(argv[2]) == "persist";
+  // "batch": the session-7 decode comparison (engine path vs small-M kAuto vs cuBLASLt, M = 1..64).
+  const bool batch_mode = argc > 2 && std::string(argv[2]) == "batch";
   cudaStream_t stream;
   DS_BENCH_CHECK(cudaStreamCreate(&stream));
   bench::DeviceInfo dev = bench::device_info();
@@ -382,23 +382,19 @@ int main(int argc, char** argv) {
   if (prefill_only) decode_shapes.clear();
   const size_t rotate_bytes = size_t(160) << 20;  // > 2x the 60 MB L2
 
-  // ---------------- persist (session 7): kAuto vs kPersist layouts vs cuBLASLt, M = 1..64 -----
-  // One focused sweep per shape and M: the heuristic's plan (kAuto, PDL on), every kPersist
-  // (row_warps, stages) layout that fits in 99 KB (grid = one resident wave), the best of them with
-  // the grid capped at one CTA per SM, cuBLASLt's block-scaled GEMM at M >= 16 (GemmRunner's
-  // default, incl. the activation-scale transpose) and, at M = 1, the read ceiling of the weight
-  // bytes. All in CUDA graphs of `copies` launches on distinct weight copies (> 2x L2).
-  if (persist_mode) {
-    auto fits = [](int rw, int64_t m, int st) {
-      const int64_t mx = std::min<int64_t>(m, 64), nt = mx <= 8 ? 1 : mx <= 16 ? 2 : mx <= 32 ? 4 : 8;
-      const int64_t slot = ((16 * rw + mx) * ((8 / rw) * 128 + 64) + 127) / 128 * 128;
-      return st * slot + (8 / rw - 1) * 16 * rw * (8 * nt + 1) * 4 <= 99 * 1024;
-    };
+  // ---------------- batch (session 7): engine path vs small-M kAuto vs cuBLASLt, M = 1..64 -----
+  // Per shape and M: what GemmRunner::linear_fp8 runs on pre-quantized input (the small-M kAuto
+  // plan, or cuBLASLt where fp8_linear_uses_cublaslt), the small-M kAuto plan itself, cuBLASLt's
+  // block-scaled GEMM at M >= 16 (GemmRunner's default plan, incl. the activation-scale
+  // transpose) and, at M = 1, the read ceiling of the weight bytes; PDL on for our kernels. All in
+  // CUDA graphs of `copies` launches on distinct weight copies (> 2x L2). (Session 7's kPersist
+  // sweeps ran in this mode at commits 3060ef2 / bbb9317; the kernel was removed, NOTES.md v6.)
+  if (batch_mode) {
     struct Row {
       std::string shape;
-      double ceil_us = 0, heur_us = 0, best_us = 0, cap_us = 0, lt_us = 0, floor_us = 0, s5_us = 0;
-      std::string heur_cfg, best_cfg, s5_cfg, pbest_cfg;
-      double heur_err = -1, best_err = -1, lt_err = -1, s5_err = -1, pbest_us = 0;
+      double ceil_us = 0, heur_us = 0, lt_us = 0, floor_us = 0, run_us = 0;
+      std::string heur_cfg, run_cfg;
+      double heur_err = -1, lt_err = -1, run_err = -1;
     };
     std::vector<Row> rows;
     std::vector<Shape> shapes(std::begin(attn), std::end(attn));
@@ -425,8 +421,7 @@ int main(int argc, char** argv) {
         cuda::QuantFp8Params qp{x, codes, xs, m, gk, gk};
         cuda::launch_quantize_fp8_blocks(qp, stream);
         DS_BENCH_CHECK(cudaStreamSynchronize(stream));
-        auto params = [&](int c, cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas,
-                          int producers = 0) {
+        auto params = [&](int c, cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas) {
           cuda::Fp8SmallMParams p;
           p.w = w.view(c);
           p.num_tokens = m;
@@ -440,26 +435,22 @@ int main(int argc, char** argv) {
           p.k_split = ks;
           p.stages = st;
           p.max_ctas = max_ctas;
-          p.producers = producers;
           p.pdl = true;
           return p;
         };
-        auto time_p = [&](cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas,
-                          int producers = 0) {
+        auto time_p = [&](cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas) {
           return bench::time_us(
                      [&](cudaStream_t sm) {
                        for (int c = 0; c < copies; ++c)
                          ST_CHECK(cuda::launch_fp8_linear_small_m(
-                             params(c, kern, rw, ks, st, max_ctas, producers), sm));
+                             params(c, kern, rw, ks, st, max_ctas), sm));
                      },
                      stream, 20, 3, true) /
                  copies;
         };
-        auto check_p = [&](cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas,
-                           int producers = 0) {
+        auto check_p = [&](cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas) {
           DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
-          ST_CHECK(cuda::launch_fp8_linear_small_m(
-              params(0, kern, rw, ks, st, max_ctas, producers), stream));
+          ST_CHECK(cuda::launch_fp8_linear_small_m(params(0, kern, rw, ks, st, max_ctas), stream));
           DS_BENCH_CHECK(cudaStreamSynchronize(stream));
           return check_error(w, hx, m, y, true, 3);
         };
@@ -488,10 +479,9 @@ int main(int argc, char** argv) {
         row.floor_us = bytes / (copy_gbps * 1e3);
         const cuda::Fp8SmallMPlan plan =
             cuda::fp8_small_m_plan(params(0, cuda::SmallMKernel::kAuto, 0, 0, 0, 0), dev.sm_count);
-        const char* pk = plan.kernel == cuda::SmallMKernel::kBulk      ? "bulk"
-                         : plan.kernel == cuda::SmallMKernel::kPersist ? "persist"
-                         : plan.kernel == cuda::SmallMKernel::kStream  ? "stream"
-                                                                       : "mma";
+        const char* pk = plan.kernel == cuda::SmallMKernel::kBulk     ? "bulk"
+                         : plan.kernel == cuda::SmallMKernel::kStream ? "stream"
+                                                                      : "mma";
         char cfg[128];
         std::snprintf(cfg, sizeof cfg, "%s rw=%d ks=%d stages=%d copies=%d", pk, plan.row_warps,
                       plan.k_split, plan.stages, copies);
@@ -517,61 +507,17 @@ int main(int argc, char** argv) {
           DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
           ST_CHECK(runner_nt->linear_fp8(rp(0), stream));
           DS_BENCH_CHECK(cudaStreamSynchronize(stream));
-          row.s5_err = check_error(w, hx, m, y, true, 3);
-          row.s5_us = bench::time_us(
+          row.run_err = check_error(w, hx, m, y, true, 3);
+          row.run_us = bench::time_us(
                           [&](cudaStream_t sm) {
                             for (int c = 0; c < copies; ++c)
                               ST_CHECK(runner_nt->linear_fp8(rp(c), sm));
                           },
                           stream, 20, 3, true) /
                       copies;
-          row.s5_cfg = lt ? std::string("cublaslt") : row.heur_cfg;
+          row.run_cfg = lt ? std::string("cublaslt") : row.heur_cfg;
           recs.push_back(make("GemmRunner linear_fp8 (pre-quantized)+pdl",
-                              lt ? "cuBLASLt block-scaled" : row.heur_cfg, row.s5_us, row.s5_err));
-        }
-        int brw = 0, bst = 0;
-        row.best_us = 1e30;
-        for (int rw : {1, 2, 4})
-          for (int st : {2, 3, 4, 5}) {
-            if (!fits(rw, m, st)) continue;
-            const double us = time_p(cuda::SmallMKernel::kPersist, rw, 1, st, 0);
-            std::snprintf(cfg, sizeof cfg, "persist rw=%d stages=%d copies=%d", rw, st, copies);
-            recs.push_back(make("fp8_persist sweep+pdl", cfg, us, -1));
-            std::printf("  sweep %s persist rw=%d st=%d %.2f us (%.0f%%)\n", row.shape.c_str(), rw,
-                        st, us, 100 * row.floor_us / us);
-            if (us < row.best_us) {
-              row.best_us = us;
-              brw = rw;
-              bst = st;
-            }
-          }
-        std::snprintf(cfg, sizeof cfg, "persist rw=%d stages=%d copies=%d", brw, bst, copies);
-        row.best_cfg = cfg;
-        row.best_err = check_p(cuda::SmallMKernel::kPersist, brw, 1, bst, 0);
-        recs.push_back(make("fp8_persist best+pdl", cfg, row.best_us, row.best_err));
-        row.cap_us = time_p(cuda::SmallMKernel::kPersist, brw, 1, bst, dev.sm_count);
-        std::snprintf(cfg, sizeof cfg, "persist rw=%d stages=%d max_ctas=%d copies=%d", brw, bst,
-                      dev.sm_count, copies);
-        recs.push_back(make("fp8_persist best 1cta/sm+pdl", cfg, row.cap_us, -1));
-        if (m <= 8) {
-          // Several producer warps per CTA (is one warp's bulk-copy issue the per-CTA limit?).
-          row.pbest_us = 1e30;
-          for (int pr : {2, 4})
-            for (int st : {2, 3, 4})
-              for (int cap : {0, dev.sm_count}) {
-                if (!fits(1, m, st) || (cap && (pr != 4 || st == 2))) continue;
-                const double us = time_p(cuda::SmallMKernel::kPersist, 1, 1, st, cap, pr);
-                std::snprintf(cfg, sizeof cfg, "persist rw=1 stages=%d producers=%d max_ctas=%d "
-                              "copies=%d", st, pr, cap, copies);
-                recs.push_back(make("fp8_persist producers sweep+pdl", cfg, us, -1));
-                std::printf("  sweep %s persist rw=1 st=%d P=%d cap=%d %.2f us (%.0f%%)\n",
-                            row.shape.c_str(), st, pr, cap, us, 100 * row.floor_us / us);
-                if (us < row.pbest_us) {
-                  row.pbest_us = us;
-                  std::snprintf(cfg, sizeof cfg, "st=%d P=%d cap=%d", st, pr, cap);
-                  row.pbest_cfg = cfg;
-                }
-              }
+                              lt ? "cuBLASLt block-scaled" : row.heur_cfg, row.run_us, row.run_err));
         }
         if (m >= 16) {
           // cuBLASLt block-scaled (GemmRunner's default path for M > 64) at the same M.
@@ -624,26 +570,20 @@ int main(int argc, char** argv) {
       write_json();
     }
     write_json();
-    std::printf("\npersist summary (copy %.0f GB/s; %% = floor / time; ceiling = read kernel, M=1)\n",
+    std::printf("\nbatch summary (copy %.0f GB/s; %% = floor / time; ceiling = read kernel, M=1)\n",
                 copy_gbps);
-    std::printf("%-14s %6s %5s | %-26s %6s %3s | %-24s %6s %3s | %-18s %6s %3s %6s | %-15s %6s "
-                "%3s | %7s %3s | %7s %7s\n",
-                "shape", "floor", "ceil", "runner (engine)", "us", "%", "small-M kAuto", "us",
-                "%", "persist P=1 best", "us", "%", "1/SM", "persist P>1 best", "us", "%",
-                "cublas", "%", "e_run", "e_pers");
+    std::printf("%-14s %6s %5s | %-24s %6s %3s | %-24s %6s %3s | %7s %3s | %7s %7s %7s\n", "shape",
+                "floor", "ceil", "runner (engine)", "us", "%", "small-M kAuto", "us", "%", "cublas",
+                "%", "e_run", "e_heur", "e_lt");
     auto shortcfg = [](const std::string& c) { return c.substr(0, c.find(" copies")); };
     for (const Row& r : rows) {
-      std::string sh = r.shape.substr(0, r.shape.find(" N="));
-      std::string b = shortcfg(r.best_cfg);
-      if (b.rfind("persist ", 0) == 0) b = b.substr(8);
-      std::printf("%-14s %6.2f %5.2f | %-26s %6.2f %3.0f | %-24s %6.2f %3.0f | %-18s %6.2f %3.0f "
-                  "%6.2f | %-15s %6.2f %3.0f | %7.2f %3.0f | %7.2g %7.2g\n",
-                  sh.c_str(), r.floor_us, r.ceil_us, shortcfg(r.s5_cfg).c_str(), r.s5_us,
-                  100 * r.floor_us / r.s5_us, shortcfg(r.heur_cfg).c_str(), r.heur_us,
-                  100 * r.floor_us / r.heur_us, b.c_str(), r.best_us,
-                  100 * r.floor_us / r.best_us, r.cap_us, r.pbest_cfg.c_str(), r.pbest_us,
-                  r.pbest_us > 0 ? 100 * r.floor_us / r.pbest_us : 0.0, r.lt_us,
-                  r.lt_us > 0 ? 100 * r.floor_us / r.lt_us : 0.0, r.s5_err, r.best_err);
+      const std::string sh = r.shape.substr(0, r.shape.find(" N="));
+      std::printf("%-14s %6.2f %5.2f | %-24s %6.2f %3.0f | %-24s %6.2f %3.0f | %7.2f %3.0f | %7.2g "
+                  "%7.2g %7.2g\n",
+                  sh.c_str(), r.floor_us, r.ceil_us, shortcfg(r.run_cfg).c_str(), r.run_us,
+                  100 * r.floor_us / r.run_us, shortcfg(r.heur_cfg).c_str(), r.heur_us,
+                  100 * r.floor_us / r.heur_us, r.lt_us,
+                  r.lt_us > 0 ? 100 * r.floor_us / r.lt_us : 0.0, r.run_err, r.heur_err, r.lt_err);
     }
     std::printf("results written to %s\n", out.c_str());
     return 0;

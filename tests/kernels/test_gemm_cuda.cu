@@ -156,7 +156,7 @@ struct DeviceWeight {
 
 // Small-M kernel layout for a test case (0 = the heuristic's choice).
 struct SmallMConfig {
-  int row_warps = 0, k_split = 0, max_ctas = 0, stages = 0, producers = 0;
+  int row_warps = 0, k_split = 0, max_ctas = 0, stages = 0;
   int pdl = -1;  // -1: on for odd M
   cuda::SmallMKernel kernel = cuda::SmallMKernel::kAuto;
 };
@@ -243,7 +243,6 @@ class GemmCudaTest : public ::testing::Test {
       p.k_split = cfg.k_split;
       p.max_ctas = cfg.max_ctas;
       p.stages = cfg.stages;
-      p.producers = cfg.producers;
       p.pdl = cfg.pdl < 0 ? m % 2 == 1 : cfg.pdl != 0;
       (void)(st = cuda::launch_fp8_linear_small_m(p, nullptr));
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -453,65 +452,6 @@ TEST_F(GemmCudaTest, BulkKernelConfigurations) {
       }
 }
 
-TEST_F(GemmCudaTest, PersistKernelDecodeShapes) {
-  // kPersist (persistent grid, TMA weight + activation stream, all M <= 64 tokens per weight
-  // fragment; kStream before sm_90) at the Flash and tiny shapes, decode batch sizes including odd
-  // M and M > 16 (NT = 2, 4, 8 n8-tiles), fp32 output (kTol = 1e-4 * S).
-  uint64_t seed = 1200;
-  SmallMConfig c;
-  c.kernel = cuda::SmallMKernel::kPersist;
-  for (int i : {0, 1, 2, 3, 4})
-    for (int64_t m : {1, 3, 8, 16, 17, 33, 63, 64}) {
-      const double worst =
-          run_fp8_case(kFlashShapes[i], m, true, cuda::OutType::kF32, ++seed, true, Path::kSmallM,
-                       c);
-      std::printf("persist %-12s M=%-3lld worst |err|/S = %.3g\n", kFlashShapes[i].name,
-                  (long long)m, worst);
-    }
-  for (int i : {5, 6, 7, 8})
-    for (int64_t m : {2, 17, 64})
-      run_fp8_case(kFlashShapes[i], m, true, cuda::OutType::kBF16, ++seed, true, Path::kSmallM, c);
-  for (const LinearShape& s : kTinyShapes)
-    for (int64_t m : {1, 2, 5, 8, 13, 16, 17, 31, 33, 63, 64, 100})
-      run_fp8_case(s, m, true, cuda::OutType::kF32, ++seed, true, Path::kSmallM, c);
-}
-
-TEST_F(GemmCudaTest, PersistKernelConfigurations) {
-  // Every row_warps (1, 2, 4: 8, 4, 2 K-warps per stage) with ring depths 2..8, grids capped so
-  // that each CTA loops over many items (the ring wraps across items, the epilogue's named
-  // barriers run many times), partial stages (K < 128 * K-warps) and partial row tiles (N < 16 *
-  // row_warps), with and without PDL, bf16 and fp32 output, M > 64 (64-token launches).
-  uint64_t seed = 1300;
-  const LinearShape shapes[] = {kFlashShapes[0], kFlashShapes[3], kTinyShapes[1], kTinyShapes[5],
-                                kTinyShapes[3]};
-  // Shared memory of a kPersist launch (as linear_fp8.cu computes it): stages x slot (16*rw weight
-  // rows + m activation rows of (8/rw)*128 + 64 bytes, rounded to 128) + the K-partials.
-  auto fits = [](int rw, int64_t m, int st) {
-    const int64_t mx = std::min<int64_t>(m, 64), nt = mx <= 8 ? 1 : mx <= 16 ? 2 : mx <= 32 ? 4 : 8;
-    const int64_t slot = ((16 * rw + mx) * ((8 / rw) * 128 + 64) + 127) / 128 * 128;
-    return st * slot + (8 / rw - 1) * 16 * rw * (8 * nt + 1) * 4 <= 99 * 1024;
-  };
-  int n = 0;
-  for (const LinearShape& s : shapes)
-    for (int rw : {1, 2, 4})
-      for (int st : {2, 3, 4, 5}) {
-        ++n;
-        SmallMConfig c;
-        c.kernel = cuda::SmallMKernel::kPersist;
-        c.row_warps = rw;
-        c.stages = st;
-        c.max_ctas = n % 3 == 0 ? 0 : n % 3 == 1 ? 3 : 7;
-        c.pdl = n % 2;
-        c.producers = n % 4 == 0 ? 0 : n % 4 == 1 ? 2 : n % 4 == 2 ? 4 : 3;
-        const int64_t ms[] = {1, 7, 16, 29, 64, 70};
-        int64_t m = ms[n % 6];
-        while (m > 1 && !fits(rw, m, st)) m = m > 64 ? 64 : m / 2;
-        if (!fits(rw, m, st)) continue;
-        run_fp8_case(s, m, true, n % 4 < 2 ? cuda::OutType::kBF16 : cuda::OutType::kF32, ++seed,
-                     true, Path::kSmallM, c);
-      }
-}
-
 TEST_F(GemmCudaTest, CublasLtAutotunedAttentionShapes) {
   // The opt-in cuBLASLt autotuning (timed candidates of both orientations and split-K variants);
   // the other cuBLASLt tests run the default, cuBLASLt's first heuristic answer.
@@ -522,46 +462,24 @@ TEST_F(GemmCudaTest, CublasLtAutotunedAttentionShapes) {
                  Path::kCublasLt);
 }
 
-TEST_F(GemmCudaTest, PersistKernelProducers) {
-  // kPersist with 1..4 producer warps (stage j issued by producer j % P) at the Flash decode shapes
-  // it was measured on, M = 1 and 3, with and without PDL, and with a grid of one CTA per SM.
-  uint64_t seed = 1400;
-  for (int i : {1, 3, 4})
-    for (int pr : {1, 2, 4})
-      for (int64_t m : {1, 3}) {
-        SmallMConfig c;
-        c.kernel = cuda::SmallMKernel::kPersist;
-        c.row_warps = 1;
-        c.stages = pr == 2 ? 3 : 4;
-        c.producers = pr;
-        c.max_ctas = pr == 4 && m == 3 ? 132 : 0;
-        run_fp8_case(kFlashShapes[i], m, true, cuda::OutType::kF32, ++seed, true, Path::kSmallM, c);
-      }
-}
-
 TEST_F(GemmCudaTest, DecodeCublasLtRangeThroughRunner) {
   // GemmRunner::linear_fp8 where it routes decode batches to cuBLASLt (wq_b at M > 8, wo_b at
-  // M > 16: fp8_linear_uses_cublaslt) and next to it on the small-M side (wo_b M = 9, 16; wo_a,
-  // wq_a at M = 33), reference numerics; each case held to the tolerance of the path it took.
+  // M > 16: fp8_linear_uses_cublaslt) and next to it on the small-M side (wo_b M = 9, 16; wq_a,
+  // wo_a at M = 33), reference numerics, bf16 and fp32 output; each case is held to the tolerance
+  // of the path it took (run_fp8_case) and the quantized input is checked bit for bit.
   uint64_t seed = 1500;
+  const float* f32 = reinterpret_cast<const float*>(16);  // non-null: only the predicate reads it
+  EXPECT_TRUE(cuda::fp8_linear_uses_cublaslt({nullptr, nullptr, f32, 32768, 1024, 1}, 9));
+  EXPECT_FALSE(cuda::fp8_linear_uses_cublaslt({nullptr, nullptr, f32, 32768, 1024, 1}, 8));
+  EXPECT_TRUE(cuda::fp8_linear_uses_cublaslt({nullptr, nullptr, f32, 4096, 8192, 1}, 17));
+  EXPECT_FALSE(cuda::fp8_linear_uses_cublaslt({nullptr, nullptr, f32, 4096, 8192, 1}, 16));
+  EXPECT_FALSE(cuda::fp8_linear_uses_cublaslt({nullptr, nullptr, f32, 1024, 4096, 8}, 64));
+  EXPECT_FALSE(cuda::fp8_linear_uses_cublaslt({nullptr, nullptr, nullptr, 32768, 1024, 1}, 64));
+  EXPECT_TRUE(cuda::fp8_linear_uses_cublaslt({nullptr, nullptr, f32, 1024, 4096, 1}, 65));
   for (int i : {1, 4})
-    for (int64_t m : {9, 16, 17, 33, 63}) {
-      SCOPED_TRACE(std::string("cublaslt routing ") +
-                   (cuda::fp8_linear_uses_cublaslt(
-                        cuda::Fp8WeightView{nullptr, nullptr, reinterpret_cast<const float*>(16),
-                                            kFlashShapes[i].n, kFlashShapes[i].k, 1},
-                        m)
-                        ? "cublaslt"
-                        : "small-M"));
+    for (int64_t m : {9, 16, 17, 33, 63})
       run_fp8_case(kFlashShapes[i], m, true, m == 33 ? cuda::OutType::kF32 : cuda::OutType::kBF16,
                    ++seed);
-    }
-  EXPECT_TRUE(cuda::fp8_linear_uses_cublaslt(
-      cuda::Fp8WeightView{nullptr, nullptr, reinterpret_cast<const float*>(16), 32768, 1024, 1}, 9));
-  EXPECT_FALSE(cuda::fp8_linear_uses_cublaslt(
-      cuda::Fp8WeightView{nullptr, nullptr, reinterpret_cast<const float*>(16), 4096, 8192, 1}, 16));
-  EXPECT_FALSE(cuda::fp8_linear_uses_cublaslt(
-      cuda::Fp8WeightView{nullptr, nullptr, nullptr, 32768, 1024, 1}, 64));  // no fp32 scales
   for (int i : {0, 3}) run_fp8_case(kFlashShapes[i], 33, true, cuda::OutType::kBF16, ++seed);
 }
 
@@ -708,29 +626,9 @@ TEST_F(GemmCudaTest, RejectsBadShapes) {
   sp.kernel = cuda::SmallMKernel::kBulk;  // needs FP8 activations too
   (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
-  sp.kernel = cuda::SmallMKernel::kPersist;  // needs FP8 activations too
-  (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
-  sp.kernel = cuda::SmallMKernel::kBulk;
   sp.x_codes = w.get();
   sp.x_scales = s.get();
   sp.stages = 9;  // ring depth out of range
-  (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
-  sp.kernel = cuda::SmallMKernel::kPersist;
-  (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
-  sp.stages = 0;
-  sp.producers = 5;  // kPersist: 1..4 producer warps
-  (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
-  sp.producers = 0;
-  sp.row_warps = 8;  // kPersist: 1, 2 or 4
-  (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
-  sp.row_warps = 4;
-  sp.num_tokens = 64;
-  sp.stages = 3;  // 64 tokens, 64-row slots: 3 slots do not fit in 99 KB
   (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
 }

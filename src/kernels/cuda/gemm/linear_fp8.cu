@@ -49,8 +49,7 @@ struct SmallMArgs {
   int k_split;             // CTAs per cluster along K
   int y_f32;
   int pdl;                       // launched with programmatic stream serialization
-  int stages;                    // kBulk / kPersist: shared-memory ring slots
-  int producers;                 // kPersist: producer warps
+  int stages;                    // kBulk: shared-memory ring slots
   int64_t tiles, groups, items;  // row tiles per group; work items = tiles * groups * chunks
 };
 
@@ -878,355 +877,6 @@ int device_cc_major() {
   return major;
 }
 
-// ---- kPersist: one resident wave, the producer streaming across work items (sm_90+) ---------
-//
-// NOTES.md "Next -1" (session 7). The grid is at most one resident wave (occupancy x SMs); CTA c
-// takes work items c, c + grid, c + 2*grid, ... (item = 16*RWC weight rows of one group x the
-// whole K x ALL tokens of the call, up to 64). A producer warp streams the CTA's stages without a
-// break across its items: stage = KWC (= 8 / RWC) consecutive 128-K blocks of the item's rows and
-// of the M activation rows, copied with cp.async.bulk (one contiguous piece per row, rows padded
-// by 64 bytes against bank conflicts) into one of S shared-memory slots (mbarrier complete_tx).
-// 8 consumer warps = RWC row-warps x KWC K-warps; warp (rw, kw) takes the 16 rows rw*16.. and
-// block kw of each stage, and all 8*NT token columns (NT n8-tiles per weight fragment: every
-// weight byte is read once per call for all M tokens). Per block the same arithmetic as
-// kStream/kBulk (FP8 mma.sync on the raw codes, block partial x weight scale x activation scale
-// into fp32 sums). At the end of an item the KWC K-partials are summed in a fixed order (kw = 0's
-// registers + kw = 1, 2, ... from shared memory) between two named barriers of the consumer
-// warps only, so the producer never stalls on the epilogue; kw = 0 writes y.
-
-constexpr int kPersistConsumerWarps = 8;
-constexpr int kPersistMaxProducers = 4;  // producer warps per CTA (stage j: producer j % P)
-constexpr int kPersistMaxThreads = (kPersistConsumerWarps + kPersistMaxProducers) * 32;
-constexpr int kPersistRowPad = 64;
-constexpr int kPersistMaxStages = 8;  // (at most 5 fit in 99 KB)
-constexpr size_t kPersistMaxSmem = size_t(99) << 10;
-
-__host__ __device__ constexpr int persist_row_bytes(int rwc) {
-  return (kPersistConsumerWarps / rwc) * 128 + kPersistRowPad;
-}
-// Bytes of one ring slot: 16*rwc weight rows + mx activation rows, rounded to 128.
-__host__ __device__ constexpr size_t persist_slot_bytes(int rwc, int mx) {
-  return (size_t(16 * rwc + mx) * persist_row_bytes(rwc) + 127) / 128 * 128;
-}
-__host__ __device__ constexpr size_t persist_red_bytes(int rwc, int nt) {
-  return size_t(kPersistConsumerWarps / rwc - 1) * size_t(16 * rwc) * size_t(8 * nt + 1) * 4;
-}
-
-template <int NT, int RWC>
-__global__ void __launch_bounds__(kPersistMaxThreads, NT == 1 ? 2 : 1)
-    fp8_persist_kernel(SmallMArgs a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int KWC = kPersistConsumerWarps / RWC;
-  constexpr int kRows = 16 * RWC;
-  constexpr int kCols = 8 * NT;
-  constexpr int kRowBytes = persist_row_bytes(RWC);
-  __shared__ __align__(8) uint64_t full_bar[kPersistMaxStages], empty_bar[kPersistMaxStages];
-  extern __shared__ __align__(128) uint8_t ring[];
-
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, t4 = lane & 3;
-  const int S = a.stages;
-  const int mx = int(a.m);  // tokens of this launch (<= 8 * NT)
-  const size_t slot_bytes = persist_slot_bytes(RWC, mx);
-  float* red = reinterpret_cast<float*>(ring + size_t(S) * slot_bytes);
-  const int kblocks = int(a.k / 128);
-  const int nst = (kblocks + KWC - 1) / KWC;  // stages per item
-  const int64_t my_items =
-      blockIdx.x < a.items ? (a.items - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-  const int64_t total = my_items * nst;  // stages of this CTA
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&full_bar[s])));
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(&empty_bar[s])),
-                   "r"(kPersistConsumerWarps));
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  }
-  __syncthreads();
-  if (a.pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-
-  if (warp >= kPersistConsumerWarps) {
-    // Producer p of P takes stages j = p, p + P, ... (each stage's slot barriers see one producer
-    // per phase: stage j + S is issued only after stage j was consumed). Weights do not depend on
-    // the previous kernel: the first ring fill requests them before griddepcontrol.wait, the
-    // activations of those stages after it.
-    const int P = int(blockDim.x / 32) - kPersistConsumerWarps;
-    const int prod = warp - kPersistConsumerWarps;
-    auto stage_geo = [&](int64_t j, int64_t& wrow0, int64_t& xcol, int64_t& kboff, int& rows,
-                         uint32_t& bytes) {
-      const int64_t item = blockIdx.x + (j / nst) * int64_t(gridDim.x);
-      const int c = int(j % nst);
-      const int64_t tile = item % a.tiles, group = item / a.tiles;
-      rows = int(std::min<int64_t>(kRows, a.n - tile * kRows));
-      const int kb0 = c * KWC;
-      bytes = uint32_t(std::min(KWC, kblocks - kb0) * 128);
-      wrow0 = group * a.n + tile * kRows;
-      kboff = int64_t(kb0) * 128;
-      xcol = group * a.k + kboff;
-    };
-    auto issue = [&](int64_t j, bool weights, bool acts, bool expect) {
-      int64_t wrow0, xcol, kboff;
-      int rows;
-      uint32_t bytes;
-      stage_geo(j, wrow0, xcol, kboff, rows, bytes);
-      const int s = int(j % S);
-      const uint32_t fb = smem_addr(&full_bar[s]);
-      if (expect) {
-        if (lane == 0)
-          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(fb),
-                       "r"(bytes * uint32_t(rows + mx))
-                       : "memory");
-        __syncwarp();
-      }
-      const uint32_t dst0 = smem_addr(ring + size_t(s) * slot_bytes);
-      if (weights)
-        for (int r = lane; r < rows; r += 32) {
-          const uint8_t* src = a.w + (wrow0 + r) * a.k + kboff;
-          asm volatile(
-              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
-              "%2, [%3];" ::"r"(dst0 + uint32_t(r * kRowBytes)),
-              "l"(src), "r"(bytes), "r"(fb)
-              : "memory");
-        }
-      if (acts)
-        for (int t = lane; t < mx; t += 32) {
-          const uint8_t* src = a.x_codes + int64_t(t) * a.x_stride + xcol;
-          asm volatile(
-              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
-              "%2, [%3];" ::"r"(dst0 + uint32_t((kRows + t) * kRowBytes)),
-              "l"(src), "r"(bytes), "r"(fb)
-              : "memory");
-        }
-    };
-    const int64_t pre = std::min<int64_t>(S, total);
-    for (int64_t j = prod; j < pre; j += P) issue(j, true, false, true);
-    if (a.pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
-    for (int64_t j = prod; j < pre; j += P) issue(j, false, true, false);
-    for (int64_t j = pre + ((prod - pre) % P + P) % P; j < total; j += P) {
-      mbar_wait(smem_addr(&empty_bar[j % S]), uint32_t((j / S - 1) & 1));
-      issue(j, true, true, true);
-    }
-    return;
-  }
-
-  // Consumers.
-  const int rw = warp % RWC, kw = warp / RWC;
-  if (a.pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
-  struct Scales {
-    uint32_t w;       // weight scale byte
-    uint32_t x[NT];   // activation scale bytes of tokens 8j + 2*t4 (+1) (bits 0-7, 8-15)
-  };
-  // Scales of stage j for this warp (its block kw); zero where the warp has no block.
-  auto load_scales = [&](int64_t j, Scales& sc) {
-    const int64_t item = blockIdx.x + (j / nst) * int64_t(gridDim.x);
-    const int kb = int(j % nst) * KWC + kw;
-    const int64_t tile = item % a.tiles, group = item / a.tiles;
-    const int64_t r0 = tile * kRows + rw * 16;
-    sc.w = 0;
-#pragma unroll
-    for (int jt = 0; jt < NT; ++jt) sc.x[jt] = 0;
-    if (r0 < a.n && kb < kblocks) {
-      sc.w = __ldg(a.w_scale + ((group * a.n + r0) / 128) * a.w_scale_stride + kb);
-      const uint8_t* xs = a.x_scales + group * (a.k / 128) + kb;
-#pragma unroll
-      for (int jt = 0; jt < NT; ++jt) {
-        const int t = jt * 8 + t4 * 2;
-        uint32_t v = 0;
-        if (t < mx) v = __ldg(xs + int64_t(t) * a.x_scale_stride);
-        if (t + 1 < mx) v |= uint32_t(__ldg(xs + int64_t(t + 1) * a.x_scale_stride)) << 8;
-        sc.x[jt] = v;
-      }
-    }
-  };
-  Scales nxt;
-  if (total > 0) load_scales(0, nxt);
-  float acc[NT][4];
-  const int xoff = kw * 128 + t4 * 16;
-  for (int64_t j = 0; j < total; ++j) {
-    const int c = int(j % nst);
-    const int64_t item = blockIdx.x + (j / nst) * int64_t(gridDim.x);
-    const int64_t tile = item % a.tiles, group = item / a.tiles;
-    if (c == 0) {
-#pragma unroll
-      for (int jt = 0; jt < NT; ++jt) acc[jt][0] = acc[jt][1] = acc[jt][2] = acc[jt][3] = 0.f;
-    }
-    const Scales cur = nxt;
-    if (j + 1 < total) load_scales(j + 1, nxt);
-    const int s = int(j % S);
-    const bool mine = tile * kRows + rw * 16 < a.n && c * KWC + kw < kblocks;
-    mbar_wait(smem_addr(&full_bar[s]), uint32_t((j / S) & 1));
-    if (mine) {
-      const uint8_t* slot = ring + size_t(s) * slot_bytes;
-      const uint8_t* p = slot + (rw * 16 + g) * kRowBytes + xoff;
-      uint4 wv[4];
-      wv[0] = *reinterpret_cast<const uint4*>(p);
-      wv[1] = *reinterpret_cast<const uint4*>(p + 64);
-      wv[2] = *reinterpret_cast<const uint4*>(p + 8 * kRowBytes);
-      wv[3] = *reinterpret_cast<const uint4*>(p + 8 * kRowBytes + 64);
-      const float ws = e8m0_to_float_dev(cur.w);
-#pragma unroll
-      for (int jt = 0; jt < NT; ++jt) {
-        const int tb = jt * 8 + g;  // the token of this lane's B fragment
-        uint4 xv[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-        if (tb < mx) {
-          const uint8_t* xp = slot + (kRows + tb) * kRowBytes + xoff;
-          xv[0] = *reinterpret_cast<const uint4*>(xp);
-          xv[1] = *reinterpret_cast<const uint4*>(xp + 64);
-        }
-        float blk[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int h = q >> 1, i0 = (q & 1) * 2;
-          const uint32_t af[4] = {word(wv[h], i0), word(wv[2 + h], i0), word(wv[h], i0 + 1),
-                                  word(wv[2 + h], i0 + 1)};
-          mma_fp8(blk, af, word(xv[h], i0), word(xv[h], i0 + 1));
-        }
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {
-          const float sc = ws * e8m0_to_float_dev((cur.x[jt] >> (8 * cc)) & 0xFFu);
-          acc[jt][cc] = fmaf(blk[cc], sc, acc[jt][cc]);
-          acc[jt][2 + cc] = fmaf(blk[2 + cc], sc, acc[jt][2 + cc]);
-        }
-      }
-    }
-    __syncwarp();
-    if (lane == 0)
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(&empty_bar[s]))
-                   : "memory");
-    if (c != nst - 1) continue;
-    // End of the item: K-partials of warps kw >= 1 through shared memory, summed by kw = 0 in
-    // the fixed order kw = 1, 2, ... (deterministic), which then writes y.
-    const bool has_rows = tile * kRows + rw * 16 < a.n;
-    if constexpr (KWC > 1) {
-      if (kw > 0 && has_rows) {
-        float* r = red + size_t((kw - 1) * kRows + rw * 16) * (kCols + 1);
-#pragma unroll
-        for (int jt = 0; jt < NT; ++jt) {
-          r[g * (kCols + 1) + jt * 8 + t4 * 2] = acc[jt][0];
-          r[g * (kCols + 1) + jt * 8 + t4 * 2 + 1] = acc[jt][1];
-          r[(g + 8) * (kCols + 1) + jt * 8 + t4 * 2] = acc[jt][2];
-          r[(g + 8) * (kCols + 1) + jt * 8 + t4 * 2 + 1] = acc[jt][3];
-        }
-      }
-      asm volatile("bar.sync 1, %0;" ::"n"(kPersistConsumerWarps * 32) : "memory");
-      if (kw == 0 && has_rows) {
-#pragma unroll
-        for (int w = 1; w < KWC; ++w) {
-          const float* r = red + size_t((w - 1) * kRows + rw * 16) * (kCols + 1);
-#pragma unroll
-          for (int jt = 0; jt < NT; ++jt) {
-            acc[jt][0] += r[g * (kCols + 1) + jt * 8 + t4 * 2];
-            acc[jt][1] += r[g * (kCols + 1) + jt * 8 + t4 * 2 + 1];
-            acc[jt][2] += r[(g + 8) * (kCols + 1) + jt * 8 + t4 * 2];
-            acc[jt][3] += r[(g + 8) * (kCols + 1) + jt * 8 + t4 * 2 + 1];
-          }
-        }
-      }
-    }
-    if (kw == 0 && has_rows) {
-      const int64_t r0 = group * a.n + tile * kRows + rw * 16 + g;
-#pragma unroll
-      for (int jt = 0; jt < NT; ++jt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int tok = jt * 8 + t4 * 2 + (e & 1);
-          if (tok < mx) {
-            const int64_t idx = int64_t(tok) * a.y_stride + r0 + (e >> 1) * 8;
-            if (a.y_f32)
-              static_cast<float*>(a.y)[idx] = acc[jt][e];
-            else
-              static_cast<__nv_bfloat16*>(a.y)[idx] = __float2bfloat16_rn(acc[jt][e]);
-          }
-        }
-    }
-    // Nobody overwrites `red` for the next item before kw = 0 has read it.
-    if constexpr (KWC > 1) asm volatile("bar.sync 1, %0;" ::"n"(kPersistConsumerWarps * 32) : "memory");
-  }
-#else
-  __trap();
-#endif
-}
-
-// Shared memory of one kPersist launch (ring + reduction buffer).
-size_t persist_smem_bytes(int nt, int rwc, int mx, int stages) {
-  return size_t(stages) * persist_slot_bytes(rwc, mx) + persist_red_bytes(rwc, nt);
-}
-
-template <int NT, int RWC>
-cudaError_t launch_persist(const SmallMArgs& a, int max_ctas, cudaStream_t stream) {
-  auto kernel = fp8_persist_kernel<NT, RWC>;
-  const size_t smem = persist_smem_bytes(NT, RWC, int(a.m), a.stages);
-  // Once per device and instantiation: allow the largest ring (portable limit, <= 99 KB).
-  static unsigned configured = 0;  // bit d: device d
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  if (dev < 32 && !(configured & (1u << dev))) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             int(kPersistMaxSmem));
-    if (e != cudaSuccess) return e;
-    configured |= 1u << dev;
-  }
-  int per_sm = 0;
-  const int threads = (kPersistConsumerWarps + a.producers) * 32;
-  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
-  if (e != cudaSuccess) return e;
-  int64_t ctas = int64_t(std::max(per_sm, 1)) * device_sms();
-  if (max_ctas > 0) ctas = std::min<int64_t>(ctas, max_ctas);
-  ctas = std::max<int64_t>(1, std::min<int64_t>(ctas, a.items));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(ctas));
-  cfg.blockDim = dim3(unsigned(threads));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  unsigned n = 0;
-  if (a.pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  cfg.attrs = attr;
-  cfg.numAttrs = n;
-  return cudaLaunchKernelEx(&cfg, kernel, a);
-}
-
-template <int NT>
-cudaError_t dispatch_persist_rw(int rw, const SmallMArgs& a, int max_ctas, cudaStream_t stream) {
-  switch (rw) {
-    case 1:
-      return launch_persist<NT, 1>(a, max_ctas, stream);
-    case 2:
-      return launch_persist<NT, 2>(a, max_ctas, stream);
-    default:
-      return launch_persist<NT, 4>(a, max_ctas, stream);
-  }
-}
-
-// kPersist: n8-tiles for mx tokens, and the default row-warps (slot rows) per tile count.
-int persist_nt(int mx) {
-  return mx <= 8 ? 1 : mx <= 16 ? 2 : mx <= 32 ? 4 : 8;
-}
-int persist_default_rw(int nt) {
-  return nt == 1 ? 1 : nt == 2 ? 2 : 4;
-}
-
-cudaError_t dispatch_persist(int nt, int rw, const SmallMArgs& a, int max_ctas,
-                             cudaStream_t stream) {
-  switch (nt) {
-    case 1:
-      return dispatch_persist_rw<1>(rw, a, max_ctas, stream);
-    case 2:
-      return dispatch_persist_rw<2>(rw, a, max_ctas, stream);
-    case 4:
-      return dispatch_persist_rw<4>(rw, a, max_ctas, stream);
-    default:
-      return dispatch_persist_rw<8>(rw, a, max_ctas, stream);
-  }
-}
-
 Status check_weight(const Fp8WeightView& w) {
   if (!w.data || !w.scale) return invalid_argument("fp8 linear: null weight or scale pointer");
   if (w.out_features <= 0 || w.in_features <= 0 || w.num_groups <= 0)
@@ -1328,8 +978,6 @@ Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms) {
   Fp8SmallMPlan plan;
   const bool fp8_act = p.x_codes != nullptr;
   plan.kernel = p.kernel;
-  // kAuto: kPersist is not chosen (run h-gemm7-1: 46-52% of copy BW at M = 1 vs 70-77% for the
-  // session-5 choice below, and slower at every M; NOTES.md v6).
   if (plan.kernel == SmallMKernel::kAuto)
     plan.kernel = fp8_act && p.num_tokens <= kSmallMMaxTokens && p.max_ctas == 0
                       ? SmallMKernel::kStream
@@ -1338,24 +986,6 @@ Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms) {
     const auto [rw, ks] = fp8_small_m_config(p, num_sms);
     plan.row_warps = rw;
     plan.k_split = ks;
-    return plan;
-  }
-  if (plan.kernel == SmallMKernel::kPersist) {
-    const int mx = int(std::min<int64_t>(std::max<int64_t>(p.num_tokens, 1), kSmallMMaxTokens));
-    const int nt = persist_nt(mx);
-    plan.row_warps = p.row_warps ? p.row_warps : persist_default_rw(nt);
-    if (!p.row_warps && persist_smem_bytes(nt, plan.row_warps, mx, 2) > kPersistMaxSmem)
-      plan.row_warps = 4;  // the smallest slots for many tokens
-    plan.k_split = 1;
-    plan.stages = p.stages;
-    if (!plan.stages) {
-      plan.stages = 2;
-      for (int st = 4; st > 2; --st)
-        if (persist_smem_bytes(nt, plan.row_warps, mx, st) <= kPersistMaxSmem) {
-          plan.stages = st;
-          break;
-        }
-    }
     return plan;
   }
   // kStream, from the H200 sweep of run gemm4-1 (NOTES.md, v4): NT = 1 (<= 8 tokens per chunk,
@@ -1412,51 +1042,6 @@ Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms) {
   return plan;
 }
 
-namespace {
-// kPersist on sm_90+: one launch per 64-token chunk (all tokens of a chunk in one pass).
-Status launch_persist_chunks(const Fp8SmallMParams& p, const Fp8SmallMPlan& plan,
-                             cudaStream_t stream) {
-  const int rw = plan.row_warps;
-  if (rw != 1 && rw != 2 && rw != 4)
-    return invalid_argument("fp8 linear: kPersist row_warps must be 1, 2 or 4");
-  if (plan.k_split != 1) return invalid_argument("fp8 linear: kPersist does not split K");
-  if (p.producers < 0 || p.producers > kPersistMaxProducers)
-    return invalid_argument("fp8 linear: kPersist producers must be 1..4 (0 = 1)");
-  const int mx0 = int(std::min<int64_t>(p.num_tokens, kSmallMMaxTokens));
-  if (plan.stages < 2 || plan.stages > kPersistMaxStages ||
-      persist_smem_bytes(persist_nt(mx0), rw, mx0, plan.stages) > kPersistMaxSmem)
-    return invalid_argument("fp8 linear: kPersist stages must be 2..8 and the ring fit in 99 KB");
-  const int64_t in_cols = p.w.in_features * p.w.num_groups;
-  const size_t y_elt = p.y_type == OutType::kF32 ? 4 : 2;
-  for (int64_t t0 = 0; t0 < p.num_tokens; t0 += kSmallMMaxTokens) {
-    const int mx = int(std::min<int64_t>(p.num_tokens - t0, kSmallMMaxTokens));
-    SmallMArgs a{};
-    a.w = p.w.data;
-    a.w_scale = p.w.scale;
-    a.x_codes = p.x_codes + t0 * in_cols;
-    a.x_scales = p.x_scales + t0 * (in_cols / kFp8GemmBlock);
-    a.y = static_cast<uint8_t*>(p.y) + size_t(t0) * size_t(p.y_row_stride) * y_elt;
-    a.n = p.w.out_features;
-    a.k = p.w.in_features;
-    a.m = mx;
-    a.x_stride = in_cols;
-    a.x_scale_stride = in_cols / kFp8GemmBlock;
-    a.y_stride = p.y_row_stride;
-    a.w_scale_stride = p.w.in_features / kFp8GemmBlock;
-    a.k_split = 1;
-    a.y_f32 = p.y_type == OutType::kF32;
-    a.pdl = p.pdl ? 1 : 0;
-    a.stages = plan.stages;
-    a.producers = p.producers ? p.producers : 1;
-    a.tiles = (p.w.out_features + 16 * rw - 1) / (16 * rw);
-    a.groups = p.w.num_groups;
-    a.items = a.tiles * a.groups;
-    DS_CUDA_RETURN_IF_ERROR(dispatch_persist(persist_nt(mx), rw, a, p.max_ctas, stream));
-  }
-  return ok_status();
-}
-}  // namespace
-
 Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) {
   if (Status s = check_weight(p.w); !s.ok()) return s;
   if (p.num_tokens < 0) return invalid_argument("fp8 linear: negative token count");
@@ -1469,17 +1054,7 @@ Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) 
     return invalid_argument("fp8 linear: bf16 row stride must be >= G*K and a multiple of 8");
   if (!p.y || p.y_row_stride < p.w.out_features * p.w.num_groups)
     return invalid_argument("fp8 linear: output missing or row stride < G*N");
-  Fp8SmallMPlan plan = fp8_small_m_plan(p, device_sms());
-  if (plan.kernel == SmallMKernel::kPersist) {
-    if (!fp8_act)
-      return invalid_argument("fp8 linear: the persistent kernel needs FP8-quantized activations");
-    if (device_cc_major() >= 9) return launch_persist_chunks(p, plan, stream);
-    // No cp.async.bulk before sm_90: kStream with its own heuristic layout.
-    Fp8SmallMParams q = p;
-    q.kernel = SmallMKernel::kStream;
-    q.row_warps = q.k_split = q.stages = 0;
-    plan = fp8_small_m_plan(q, device_sms());
-  }
+  const Fp8SmallMPlan plan = fp8_small_m_plan(p, device_sms());
   // kBulk needs cp.async.bulk (sm_90+); elsewhere the same layout runs on kStream.
   const bool bulk_kernel = plan.kernel == SmallMKernel::kBulk && device_cc_major() >= 9;
   const bool stream_kernel = plan.kernel == SmallMKernel::kStream ||
@@ -1857,9 +1432,11 @@ Status GemmRunner::linear_fp8_cublaslt(const Fp8LinearParams& p, cudaStream_t st
 bool fp8_linear_uses_cublaslt(const Fp8WeightView& w, int64_t m) {
   if (!w.scale_f32 || w.out_features % kFp8GemmBlock != 0 || w.in_features % 512 != 0) return false;
   if (m > kSmallMMaxTokens) return true;
-  // Decode batches (run h-gemm7-1, H200): cuBLASLt 14.8-16.2 us for wq_b at M = 16..64 (kStream
-  // 20.2-71.5) and 18.8-20.5 us for wo_b at M = 32..64 (kStream 29.0-55.3; at M = 16 kStream's
-  // 16.6 wins); the small shapes and grouped wo_a (8 GEMMs: 114 us) stay on the small-M kernels.
+  // Decode batches (run h-gemm7-1, H200, graph of distinct weight copies): cuBLASLt 14.8 / 16.2 /
+  // 16.0 us for wq_b at M = 16 / 32 / 64 (kStream 20.2 / 37.2 / 71.5) and 18.8 / 20.5 us for wo_b
+  // at M = 32 / 64 (kStream 29.0 / 55.3; at M = 16 kStream's 16.6 beats cuBLASLt's 19.3). M in
+  // between is assumed to follow (cuBLASLt pads M to its tile; kStream runs 16-token chunks). The
+  // small weights and the grouped wo_a (8 GEMMs: 114 us) stay on the small-M kernels.
   const int64_t bytes = w.out_features * w.in_features * w.num_groups;
   if (w.num_groups != 1 || bytes < (int64_t(16) << 20)) return false;
   return m > 16 || (m > 8 && w.in_features <= 1024);

@@ -3,7 +3,9 @@
 // projections) and BF16 weights (compressor wkv/wgate, indexer weights_proj, gate, head).
 //
 // FP8 paths:
-//  - small M (<= 64 tokens, decode): launch_fp8_linear_small_m, our own bandwidth-bound
+//  - small M (<= 64 tokens, decode; GemmRunner sends the decode batches of the two 32 MB
+//    projections where cuBLASLt measured faster to cuBLASLt: fp8_linear_uses_cublaslt):
+//    launch_fp8_linear_small_m, our own bandwidth-bound
 //    kernels. They read each weight byte and its block scale once, run the products on the tensor
 //    cores (FP8 mma.sync when the activations are FP8-quantized, BF16 mma.sync on in-register
 //    dequantized weights otherwise), apply the scales per 128-K block in fp32 and reduce split-K
@@ -67,15 +69,10 @@ struct Fp8Activations {
 //  - kBulk (sm_90+; elsewhere it runs kStream): kStream's arithmetic and work items, but a
 //    producer warp streams the weights with TMA bulk copies (cp.async.bulk) into a ring of
 //    `stages` shared-memory slots read by 4 consumer warps. FP8 activations, <= 16 tokens per item.
-//  - kPersist (sm_90+; elsewhere it runs kStream): a persistent grid of one resident wave; a
-//    producer warp streams each CTA's work items (16*row_warps rows x the whole K) back to back
-//    with TMA bulk copies of the weight AND activation rows into `stages` shared-memory slots;
-//    8 consumer warps (row_warps x 8/row_warps K-warps) run all M <= 64 tokens of the call per
-//    weight fragment (every weight byte read once per call). FP8 activations; M > 64 runs 64-token
-//    launches. max_ctas caps the grid (CTAs then loop over more items).
-//  - kAuto: for FP8 activations with M <= kSmallMMaxTokens and no max_ctas: the winner per shape
-//    class of the H200 measurements (NOTES.md, v6: kPersist, kBulk or kStream); kMma otherwise.
-enum class SmallMKernel : uint8_t { kAuto, kMma, kStream, kBulk, kPersist };
+//  - kAuto: for FP8 activations with M <= kSmallMMaxTokens and no max_ctas, kBulk at M <= 8 on
+//    sm_90+ when each CTA streams >= 32 K blocks of its rows (wo_a, wo_b), else kStream; kMma
+//    otherwise (kStream in 16-token chunks still beats kMma's single pass at M = 64: NOTES.md).
+enum class SmallMKernel : uint8_t { kAuto, kMma, kStream, kBulk };
 inline constexpr int64_t kStreamMaxTokens = 16;  // kStream: tokens per work item (chunk)
 
 struct Fp8SmallMParams {
@@ -100,11 +97,8 @@ struct Fp8SmallMParams {
   bool pdl = false;
   // CTAs in the grid (0 = one per work item); with a cap each CTA (cluster) loops over items.
   int max_ctas = 0;
-  // kBulk / kPersist: shared-memory ring slots per CTA, 2..8 (0 = heuristic; kPersist: the ring
-  // and its reduction buffer must fit in 99 KB).
+  // kBulk: shared-memory ring slots per CTA, 2..8 (0 = heuristic).
   int stages = 0;
-  // kPersist: producer warps per CTA, 1..4 (0 = 1); stage j is issued by producer j % producers.
-  int producers = 0;
 };
 
 // The kMma configuration launch_fp8_linear_small_m would choose (row_warps, k_split).
@@ -116,7 +110,7 @@ struct Fp8SmallMPlan {
   SmallMKernel kernel = SmallMKernel::kMma;
   int row_warps = 1;
   int k_split = 1;
-  int stages = 0;  // kBulk / kPersist only
+  int stages = 0;  // kBulk only
 };
 Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms);
 
