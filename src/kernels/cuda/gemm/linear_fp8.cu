@@ -1468,7 +1468,11 @@ Status GemmRunner::linear_fp8(const Fp8LinearParams& p, cudaStream_t stream) {
     q.x.scales = scales_;
   }
   const bool fp8_act = p.quantize_activations;
-  if (fp8_act && fp8_linear_uses_cublaslt(p.w, p.num_tokens)) {
+  // Decode batches go to cuBLASLt only when they fit the runner's workspace (pre-quantized input
+  // larger than it keeps running the small-M kernels, as before session 7).
+  const bool fits = p.num_tokens <= max_tokens_ && in_cols <= max_in_columns_;
+  if (fp8_act && fp8_linear_uses_cublaslt(p.w, p.num_tokens) &&
+      (p.num_tokens > kSmallMMaxTokens || fits)) {
     Status s = linear_fp8_cublaslt(q, stream);
     if (s.code() != StatusCode::kUnimplemented) return s;
     // No cuBLASLt algorithm for this combination: the small-M kernel in chunks below.
