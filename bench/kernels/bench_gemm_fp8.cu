@@ -281,6 +281,8 @@ int main(int argc, char** argv) {
   const bool quick = argc > 2 && std::string(argv[2]) == "quick";
   const bool decode_only = argc > 2 && std::string(argv[2]) == "decode";
   const bool prefill_only = argc > 2 && std::string(argv[2]) == "prefill";
+  // "batch": the session-7 decode comparison (engine path vs small-M kAuto vs cuBLASLt, M = 1..64).
+  const bool batch_mode = argc > 2 && std::string(argv[2]) == "batch";
   cudaStream_t stream;
   DS_BENCH_CHECK(cudaStreamCreate(&stream));
   bench::DeviceInfo dev = bench::device_info();
@@ -379,6 +381,213 @@ int main(int argc, char** argv) {
   if (!quick) decode_shapes.insert(decode_shapes.end(), std::begin(extra), std::end(extra));
   if (prefill_only) decode_shapes.clear();
   const size_t rotate_bytes = size_t(160) << 20;  // > 2x the 60 MB L2
+
+  // ---------------- batch (session 7): engine path vs small-M kAuto vs cuBLASLt, M = 1..64 -----
+  // Per shape and M: what GemmRunner::linear_fp8 runs on pre-quantized input (the small-M kAuto
+  // plan, or cuBLASLt where fp8_linear_uses_cublaslt), the small-M kAuto plan itself, cuBLASLt's
+  // block-scaled GEMM at M >= 16 (GemmRunner's default plan, incl. the activation-scale
+  // transpose) and, at M = 1, the read ceiling of the weight bytes; PDL on for our kernels. All in
+  // CUDA graphs of `copies` launches on distinct weight copies (> 2x L2). (Session 7's kPersist
+  // sweeps ran in this mode at commits 3060ef2 / bbb9317; the kernel was removed, NOTES.md v6.)
+  if (batch_mode) {
+    struct Row {
+      std::string shape;
+      double ceil_us = 0, heur_us = 0, lt_us = 0, floor_us = 0, run_us = 0;
+      std::string heur_cfg, run_cfg;
+      double heur_err = -1, lt_err = -1, run_err = -1;
+    };
+    std::vector<Row> rows;
+    std::vector<Shape> shapes(std::begin(attn), std::end(attn));
+    shapes.push_back(extra[0]);  // wq_a+wkv fused
+    for (const Shape& s : shapes) {
+      const size_t wbytes = size_t(s.n * s.groups * s.k);
+      const int copies = int(std::max<size_t>(20, (rotate_bytes + wbytes - 1) / wbytes));
+      Weights w(s, copies, 11 + s.n + s.k);
+      double ceil_us = 0;
+      for (int64_t m : {1, 2, 4, 8, 16, 32, 64}) {
+        const int64_t gk = s.k * s.groups, gn = s.n * s.groups;
+        std::vector<uint16_t> hx(size_t(m * gk));
+        Rng rng(uint64_t(m * 977 + s.n));
+        for (size_t i = 0; i < hx.size(); ++i)
+          hx[i] = float_to_bf16(rng.normal() * std::ldexp(1.0f, int((i / 128) % 7) - 3));
+        uint16_t* x;
+        uint8_t *codes, *xs;
+        uint16_t* y;
+        DS_BENCH_CHECK(cudaMalloc(&x, hx.size() * 2));
+        DS_BENCH_CHECK(cudaMalloc(&codes, hx.size()));
+        DS_BENCH_CHECK(cudaMalloc(&xs, hx.size() / 128));
+        DS_BENCH_CHECK(cudaMalloc(&y, size_t(m * gn) * 2));
+        DS_BENCH_CHECK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+        cuda::QuantFp8Params qp{x, codes, xs, m, gk, gk};
+        cuda::launch_quantize_fp8_blocks(qp, stream);
+        DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+        auto params = [&](int c, cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas) {
+          cuda::Fp8SmallMParams p;
+          p.w = w.view(c);
+          p.num_tokens = m;
+          p.x_codes = codes;
+          p.x_scales = xs;
+          p.y = y;
+          p.y_type = cuda::OutType::kBF16;
+          p.y_row_stride = gn;
+          p.kernel = kern;
+          p.row_warps = rw;
+          p.k_split = ks;
+          p.stages = st;
+          p.max_ctas = max_ctas;
+          p.pdl = true;
+          return p;
+        };
+        auto time_p = [&](cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas) {
+          return bench::time_us(
+                     [&](cudaStream_t sm) {
+                       for (int c = 0; c < copies; ++c)
+                         ST_CHECK(cuda::launch_fp8_linear_small_m(
+                             params(c, kern, rw, ks, st, max_ctas), sm));
+                     },
+                     stream, 20, 3, true) /
+                 copies;
+        };
+        auto check_p = [&](cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas) {
+          DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
+          ST_CHECK(cuda::launch_fp8_linear_small_m(params(0, kern, rw, ks, st, max_ctas), stream));
+          DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+          return check_error(w, hx, m, y, true, 3);
+        };
+        const double bytes = double(wbytes) + double(w.scale_count) + double(m * gk) +
+                             double(m * gk / 128) + double(m * gn) * 2;
+        const double flops = 2.0 * double(m) * double(gn) * double(s.k);
+        auto make = [&](const std::string& kernel, const std::string& cfg, double us, double err) {
+          Rec r;
+          r.kernel = kernel;
+          r.shape = shape_str(s, m);
+          r.mode = "graph";
+          r.config = cfg;
+          r.time_us = us;
+          r.bytes = bytes;
+          r.flops = flops;
+          r.floor_us = std::max(r.bytes / (copy_gbps * 1e3), flops / (fp8_tflops * 1e6));
+          r.ratio = us / r.floor_us;
+          r.gbps = r.bytes / (us * 1e3);
+          r.tflops = flops / (us * 1e6);
+          r.hbm_fraction = r.gbps / copy_gbps;
+          r.err = err;
+          return r;
+        };
+        Row row;
+        row.shape = shape_str(s, m);
+        row.floor_us = bytes / (copy_gbps * 1e3);
+        const cuda::Fp8SmallMPlan plan =
+            cuda::fp8_small_m_plan(params(0, cuda::SmallMKernel::kAuto, 0, 0, 0, 0), dev.sm_count);
+        const char* pk = plan.kernel == cuda::SmallMKernel::kBulk     ? "bulk"
+                         : plan.kernel == cuda::SmallMKernel::kStream ? "stream"
+                                                                      : "mma";
+        char cfg[128];
+        std::snprintf(cfg, sizeof cfg, "%s rw=%d ks=%d stages=%d copies=%d", pk, plan.row_warps,
+                      plan.k_split, plan.stages, copies);
+        row.heur_cfg = cfg;
+        row.heur_us = time_p(cuda::SmallMKernel::kAuto, 0, 0, 0, 0);
+        row.heur_err = check_p(cuda::SmallMKernel::kAuto, 0, 0, 0, 0);
+        recs.push_back(make("fp8_small_m heur+pdl", cfg, row.heur_us, row.heur_err));
+        {
+          // What the engine runs: GemmRunner::linear_fp8 on the pre-quantized input (PDL on): the
+          // small-M kAuto plan, or cuBLASLt where fp8_linear_uses_cublaslt.
+          auto rp = [&](int c) {
+            cuda::Fp8LinearParams p;
+            p.w = w.view(c);
+            p.num_tokens = m;
+            p.x.codes = codes;
+            p.x.scales = xs;
+            p.y = y;
+            p.y_row_stride = gn;
+            p.pdl = true;
+            return p;
+          };
+          const bool lt = cuda::fp8_linear_uses_cublaslt(w.view(0), m);
+          DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
+          ST_CHECK(runner_nt->linear_fp8(rp(0), stream));
+          DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+          row.run_err = check_error(w, hx, m, y, true, 3);
+          row.run_us = bench::time_us(
+                          [&](cudaStream_t sm) {
+                            for (int c = 0; c < copies; ++c)
+                              ST_CHECK(runner_nt->linear_fp8(rp(c), sm));
+                          },
+                          stream, 20, 3, true) /
+                      copies;
+          row.run_cfg = lt ? std::string("cublaslt") : row.heur_cfg;
+          recs.push_back(make("GemmRunner linear_fp8 (pre-quantized)+pdl",
+                              lt ? "cuBLASLt block-scaled" : row.heur_cfg, row.run_us, row.run_err));
+        }
+        if (m >= 16) {
+          // cuBLASLt block-scaled (GemmRunner's default path for M > 64) at the same M.
+          auto lt_params = [&](int c) {
+            cuda::Fp8LinearParams p;
+            p.w = w.view(c);
+            p.num_tokens = m;
+            p.x.codes = codes;
+            p.x.scales = xs;
+            p.y = y;
+            p.y_row_stride = gn;
+            return p;
+          };
+          DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
+          const Status st = runner_nt->linear_fp8_cublaslt(lt_params(0), stream);
+          DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+          if (st.ok()) {
+            row.lt_err = check_error(w, hx, m, y, true, 3);
+            row.lt_us = bench::time_us(
+                            [&](cudaStream_t sm) {
+                              for (int c = 0; c < copies; ++c)
+                                ST_CHECK(runner_nt->linear_fp8_cublaslt(lt_params(c), sm));
+                            },
+                            stream, 20, 3, true) /
+                        copies;
+            recs.push_back(make("cublaslt fp8 block-scaled", "GemmRunner default", row.lt_us,
+                                row.lt_err));
+          } else {
+            std::printf("  %s cuBLASLt: %s\n", row.shape.c_str(), st.to_string().c_str());
+          }
+        }
+        if (m == 1) {
+          ceil_us = bench::time_us(
+                        [&](cudaStream_t sm) {
+                          for (int c = 0; c < copies; ++c)
+                            launch_read(w.data + w.data_bytes * c, w.data_bytes, dev.sm_count,
+                                        sink, sm);
+                        },
+                        stream, 20, 3, true) /
+                    copies;
+          recs.push_back(make("read ceiling (weight bytes)", "sms*4 x 512", ceil_us, -1));
+        }
+        row.ceil_us = ceil_us;
+        rows.push_back(row);
+        DS_BENCH_CHECK(cudaFree(x));
+        DS_BENCH_CHECK(cudaFree(codes));
+        DS_BENCH_CHECK(cudaFree(xs));
+        DS_BENCH_CHECK(cudaFree(y));
+      }
+      write_json();
+    }
+    write_json();
+    std::printf("\nbatch summary (copy %.0f GB/s; %% = floor / time; ceiling = read kernel, M=1)\n",
+                copy_gbps);
+    std::printf("%-14s %6s %5s | %-24s %6s %3s | %-24s %6s %3s | %7s %3s | %7s %7s %7s\n", "shape",
+                "floor", "ceil", "runner (engine)", "us", "%", "small-M kAuto", "us", "%", "cublas",
+                "%", "e_run", "e_heur", "e_lt");
+    auto shortcfg = [](const std::string& c) { return c.substr(0, c.find(" copies")); };
+    for (const Row& r : rows) {
+      const std::string sh = r.shape.substr(0, r.shape.find(" N="));
+      std::printf("%-14s %6.2f %5.2f | %-24s %6.2f %3.0f | %-24s %6.2f %3.0f | %7.2f %3.0f | %7.2g "
+                  "%7.2g %7.2g\n",
+                  sh.c_str(), r.floor_us, r.ceil_us, shortcfg(r.run_cfg).c_str(), r.run_us,
+                  100 * r.floor_us / r.run_us, shortcfg(r.heur_cfg).c_str(), r.heur_us,
+                  100 * r.floor_us / r.heur_us, r.lt_us,
+                  r.lt_us > 0 ? 100 * r.floor_us / r.lt_us : 0.0, r.run_err, r.heur_err, r.lt_err);
+    }
+    std::printf("results written to %s\n", out.c_str());
+    return 0;
+  }
 
   // ---------------- decode ----------------
   for (const Shape& s : decode_shapes) {

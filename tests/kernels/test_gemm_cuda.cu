@@ -291,10 +291,11 @@ class GemmCudaTest : public ::testing::Test {
     EXPECT_EQ(dy.download(ybytes), cudaSuccess);
     std::vector<float> ref, abs_sum;
     reference(hw, s, x, x_stride, toks, quantize, ref, abs_sum);
-    // The small-M kernel (also what kAuto runs for M <= 64, hf numerics or K % 512 != 0) is held
-    // to the tight bound; cuBLASLt to its own.
-    const bool tight =
-        path == Path::kSmallM || (path == Path::kAuto && (m <= 64 || !quantize || s.k % 512 != 0));
+    // The small-M kernels (what GemmRunner runs unless fp8_linear_uses_cublaslt: hf numerics,
+    // small decode shapes, shapes cuBLASLt does not take) are held to the tight bound; cuBLASLt
+    // to its own.
+    const bool tight = path == Path::kSmallM ||
+                       (path == Path::kAuto && (!quantize || !cuda::fp8_linear_uses_cublaslt(wv, m)));
     double worst = 0, err2 = 0, ref2 = 0;
     int64_t bad = 0;
     for (size_t ti = 0; ti < toks.size(); ++ti) {
@@ -461,9 +462,30 @@ TEST_F(GemmCudaTest, CublasLtAutotunedAttentionShapes) {
                  Path::kCublasLt);
 }
 
+TEST_F(GemmCudaTest, DecodeCublasLtRangeThroughRunner) {
+  // GemmRunner::linear_fp8 where it routes decode batches to cuBLASLt (wq_b at M > 8, wo_b at
+  // M > 16: fp8_linear_uses_cublaslt) and next to it on the small-M side (wo_b M = 9, 16; wq_a,
+  // wo_a at M = 33), reference numerics, bf16 and fp32 output; each case is held to the tolerance
+  // of the path it took (run_fp8_case) and the quantized input is checked bit for bit.
+  uint64_t seed = 1500;
+  const float* f32 = reinterpret_cast<const float*>(16);  // non-null: only the predicate reads it
+  EXPECT_TRUE(cuda::fp8_linear_uses_cublaslt({nullptr, nullptr, f32, 32768, 1024, 1}, 9));
+  EXPECT_FALSE(cuda::fp8_linear_uses_cublaslt({nullptr, nullptr, f32, 32768, 1024, 1}, 8));
+  EXPECT_TRUE(cuda::fp8_linear_uses_cublaslt({nullptr, nullptr, f32, 4096, 8192, 1}, 17));
+  EXPECT_FALSE(cuda::fp8_linear_uses_cublaslt({nullptr, nullptr, f32, 4096, 8192, 1}, 16));
+  EXPECT_FALSE(cuda::fp8_linear_uses_cublaslt({nullptr, nullptr, f32, 1024, 4096, 8}, 64));
+  EXPECT_FALSE(cuda::fp8_linear_uses_cublaslt({nullptr, nullptr, nullptr, 32768, 1024, 1}, 64));
+  EXPECT_TRUE(cuda::fp8_linear_uses_cublaslt({nullptr, nullptr, f32, 1024, 4096, 1}, 65));
+  for (int i : {1, 4})
+    for (int64_t m : {9, 16, 17, 33, 63})
+      run_fp8_case(kFlashShapes[i], m, true, m == 33 ? cuda::OutType::kF32 : cuda::OutType::kBF16,
+                   ++seed);
+  for (int i : {0, 3}) run_fp8_case(kFlashShapes[i], 33, true, cuda::OutType::kBF16, ++seed);
+}
+
 TEST_F(GemmCudaTest, DecodeBatchSizesThroughRunner) {
-  // GemmRunner::linear_fp8 at the decode batch sizes (kStream for FP8 activations, kMma for bf16;
-  // M = 1, 16, 64 are in FlashShapesDecode).
+  // GemmRunner::linear_fp8 at the decode batch sizes (kStream / kBulk for FP8 activations, kMma
+  // for bf16; M = 1, 16, 64 are in FlashShapesDecode).
   uint64_t seed = 800;
   for (int i : {0, 1, 2, 3, 4})
     for (int64_t m : {2, 4, 8})

@@ -1429,6 +1429,19 @@ Status GemmRunner::linear_fp8_cublaslt(const Fp8LinearParams& p, cudaStream_t st
                           stream);
 }
 
+bool fp8_linear_uses_cublaslt(const Fp8WeightView& w, int64_t m) {
+  if (!w.scale_f32 || w.out_features % kFp8GemmBlock != 0 || w.in_features % 512 != 0) return false;
+  if (m > kSmallMMaxTokens) return true;
+  // Decode batches (run h-gemm7-1, H200, graph of distinct weight copies): cuBLASLt 14.8 / 16.2 /
+  // 16.0 us for wq_b at M = 16 / 32 / 64 (kStream 20.2 / 37.2 / 71.5) and 18.8 / 20.5 us for wo_b
+  // at M = 32 / 64 (kStream 29.0 / 55.3; at M = 16 kStream's 16.6 beats cuBLASLt's 19.3). M in
+  // between is assumed to follow (cuBLASLt pads M to its tile; kStream runs 16-token chunks). The
+  // small weights and the grouped wo_a (8 GEMMs: 114 us) stay on the small-M kernels.
+  const int64_t bytes = w.out_features * w.in_features * w.num_groups;
+  if (w.num_groups != 1 || bytes < (int64_t(16) << 20)) return false;
+  return m > 16 || (m > 8 && w.in_features <= 1024);
+}
+
 Status GemmRunner::linear_fp8(const Fp8LinearParams& p, cudaStream_t stream) {
   if (Status s = check_weight(p.w); !s.ok()) return s;
   if (p.num_tokens < 0) return invalid_argument("fp8 linear: negative token count");
@@ -1455,8 +1468,11 @@ Status GemmRunner::linear_fp8(const Fp8LinearParams& p, cudaStream_t stream) {
     q.x.scales = scales_;
   }
   const bool fp8_act = p.quantize_activations;
-  if (fp8_act && p.num_tokens > kSmallMMaxTokens && p.w.scale_f32 &&
-      p.w.out_features % kFp8GemmBlock == 0 && p.w.in_features % 512 == 0) {
+  // Decode batches go to cuBLASLt only when they fit the runner's workspace (pre-quantized input
+  // larger than it keeps running the small-M kernels, as before session 7).
+  const bool fits = p.num_tokens <= max_tokens_ && in_cols <= max_in_columns_;
+  if (fp8_act && fp8_linear_uses_cublaslt(p.w, p.num_tokens) &&
+      (p.num_tokens > kSmallMMaxTokens || fits)) {
     Status s = linear_fp8_cublaslt(q, stream);
     if (s.code() != StatusCode::kUnimplemented) return s;
     // No cuBLASLt algorithm for this combination: the small-M kernel in chunks below.

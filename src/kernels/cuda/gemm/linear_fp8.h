@@ -3,7 +3,9 @@
 // projections) and BF16 weights (compressor wkv/wgate, indexer weights_proj, gate, head).
 //
 // FP8 paths:
-//  - small M (<= 64 tokens, decode): launch_fp8_linear_small_m, our own bandwidth-bound
+//  - small M (<= 64 tokens, decode; GemmRunner sends the decode batches of the two 32 MB
+//    projections where cuBLASLt measured faster to cuBLASLt: fp8_linear_uses_cublaslt):
+//    launch_fp8_linear_small_m, our own bandwidth-bound
 //    kernels. They read each weight byte and its block scale once, run the products on the tensor
 //    cores (FP8 mma.sync when the activations are FP8-quantized, BF16 mma.sync on in-register
 //    dequantized weights otherwise), apply the scales per 128-K block in fp32 and reduce split-K
@@ -145,6 +147,13 @@ struct Bf16LinearParams {
   int64_t y_row_stride = 0;
 };
 
+// Whether GemmRunner::linear_fp8 runs the FP8 block-scaled GEMM for m tokens of w on cuBLASLt in
+// reference numerics (else the small-M kernels): M > 64, and the decode batch sizes where cuBLASLt
+// measured faster on the H200 (run h-gemm7-1, NOTES.md v6): a single-group weight of >= 16 MB
+// (wq_b, wo_b) at M > 16, or at M > 8 when K <= 1024 (wq_b). Needs N % 128 == 0, K % 512 == 0
+// and fp32 weight scales (w.scale_f32), else the small-M kernels run.
+bool fp8_linear_uses_cublaslt(const Fp8WeightView& w, int64_t m);
+
 // Owns a cuBLASLt handle and carves a caller-provided device workspace into the quantized
 // activations and the cuBLASLt workspace. One instance per stream (the workspace is reused by
 // every call). No device allocation per call; graph-capturable once each shape has been seen
@@ -159,8 +168,8 @@ class GemmRunner {
   GemmRunner(const GemmRunner&) = delete;
   GemmRunner& operator=(const GemmRunner&) = delete;
 
-  // y = x @ W^T for an FP8 block-scaled W. M <= 64: small-M kernel; larger M: cuBLASLt (reference
-  // numerics, K % 512 == 0, N % 128 == 0, scale_f32 given), else the small-M kernel in chunks.
+  // y = x @ W^T for an FP8 block-scaled W. cuBLASLt where fp8_linear_uses_cublaslt (reference
+  // numerics; M > 64 or the large decode shapes above), else the small-M kernels (in chunks).
   Status linear_fp8(const Fp8LinearParams& p, cudaStream_t stream);
   // The cuBLASLt FP8 block-scaled GEMM alone, on pre-quantized activations (p.x.codes/scales).
   Status linear_fp8_cublaslt(const Fp8LinearParams& p, cudaStream_t stream);
