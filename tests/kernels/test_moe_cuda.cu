@@ -4,6 +4,10 @@
 // expert through a large bias), empty experts, hash routing, an expert-parallel range without the
 // shared expert, hf-style numerics, MXFP4 and NVFP4 routed experts (FP8-block shared expert).
 //
+// The 128-row prefill tiles (expert_gemm_pf_kernel) run by default wherever more than 8 rows per
+// expert are expected (T >= 512 at Flash, T >= 64 at the tiny shape); PrefillPathVariants forces
+// them elsewhere, KernelVariants / Fp8PathVariants force the other kernels.
+//
 // Weights: random fp32 quantized with the project's FP4 quantizer (cpu::quantize_fp4_blocks =
 // MXFP4, e8m0 per 32) or the NVFP4 / FP8-block recipes of model/weight_format.h (re-implemented
 // here with core/dtype.h: the kernels-only build has no model library). The Flash shape uses a
@@ -195,6 +199,7 @@ struct Case {
   int64_t begin = 0, end = -1;
   bool add_shared = true;
   bool hf = false;       // quantize_activations off, round_bf16 on, shared clamp, eps 1e-20
+  bool gate_bf16 = false;  // router gate stored as bf16 (both sides), else fp32
   int64_t oracle_tokens = 0;  // 0 = all
   cuda::MoeTuning tuning;     // default: the heuristic
 };
@@ -223,9 +228,19 @@ void run_case(const Case& c) {
   DS_CUDA_ASSERT(d_tid2eid.upload(tid2eid));
   DS_CUDA_ASSERT(d_tok.upload(token_ids));
 
+  // The bf16 gate: the fp32 gate rounded, the same bits on both sides.
+  std::vector<uint16_t> gate16;
+  DeviceBuffer<uint16_t> d_gate16(c.gate_bf16 ? lw.gate.size() : 1);
+  if (c.gate_bf16) {
+    for (float v : lw.gate) gate16.push_back(float_to_bf16(v));
+    DS_CUDA_ASSERT(d_gate16.upload(gate16));
+  }
+
   cpu::MoeParams hp;
   hp.router_config = {E, K, 1.5f, c.hf ? 1e-20f : 0.0f};
-  hp.router.gate = {WeightFormat::kF32, E, D, lw.gate.data(), nullptr, 1.0f};
+  hp.router.gate = c.gate_bf16
+                       ? LinearWeight{WeightFormat::kBF16, E, D, gate16.data(), nullptr, 1.0f}
+                       : LinearWeight{WeightFormat::kF32, E, D, lw.gate.data(), nullptr, 1.0f};
   hp.router.bias = c.hash ? nullptr : bias.data();
   hp.router.tid2eid = c.hash ? tid2eid.data() : nullptr;
   hp.router.vocab_size = vocab;
@@ -240,7 +255,8 @@ void run_case(const Case& c) {
   hp.add_shared = c.add_shared;
 
   cpu::MoeParams dp = hp;
-  dp.router.gate.data = lw.d_gate->get();
+  dp.router.gate.data = c.gate_bf16 ? static_cast<const void*>(d_gate16.get())
+                                    : static_cast<const void*>(lw.d_gate->get());
   dp.router.bias = c.hash ? nullptr : d_bias.get();
   dp.router.tid2eid = c.hash ? d_tid2eid.get() : nullptr;
   dp.experts = lw.device_experts.data();
@@ -478,6 +494,70 @@ TEST_F(MoeCuda, Fp8PathVariants) {
   Case hash{"flash hash fp8", kFlash, WeightFormat::kMxfp4, 16, false, true};
   hash.tuning = {8, 4, 2};
   run_case(hash);
+}
+
+// Router logits: T <= 8 stream the gate with a CTA per expert (router_logits_stream_kernel),
+// 8 < T <= 64 take a CTA per expert and 8 tokens, larger T a warp per expert; fp32 and bf16 gates.
+TEST_F(MoeCuda, RouterGateFormats) {
+  for (bool bf16 : {false, true}) {
+    for (int64_t T : {1, 3, 8, 9, 64, 100}) {
+      Case c{bf16 ? "tiny gate bf16" : "tiny gate f32", kTiny, WeightFormat::kMxfp4, T};
+      c.gate_bf16 = bf16;
+      run_case(c);
+    }
+    for (int64_t T : {1, 8}) {
+      Case c{bf16 ? "flash gate bf16" : "flash gate f32", kFlash, WeightFormat::kMxfp4, T};
+      c.gate_bf16 = bf16;
+      run_case(c);
+    }
+  }
+}
+
+// The prefill path (128-row tiles, expert_gemm_pf_kernel: the default when more than 8 rows per
+// expert are expected, i.e. the T = 512 / 4096 cases above at Flash and T >= 64 at the tiny shape)
+// forced where the heuristic picks decode tiles: partial tiles (1, 16, 100 rows: token groups
+// past the valid rows are skipped), MXFP4 and NVFP4 routed experts with the FP8-block shared
+// expert, one expert holding every token (many tiles of one group, the other experts empty), an
+// expert range without the shared expert, hf numerics, hash routing. Same operands as the oracle
+// (bf16 weights dequantized exactly, FP8-simulated activations), so the same tolerance applies.
+TEST_F(MoeCuda, PrefillPathVariants) {
+  const cuda::MoeTuning pf{0, 0, 3, 0};
+  for (int64_t T : {1, 16, 100, 512}) {
+    for (WeightFormat f : {WeightFormat::kMxfp4, WeightFormat::kNvfp4}) {
+      Case c{f == WeightFormat::kMxfp4 ? "tiny mxfp4 pf" : "tiny nvfp4 pf", kTiny, f, T};
+      c.tuning = pf;
+      run_case(c);
+    }
+  }
+  Case skew{"tiny skew nvfp4 pf", kTiny, WeightFormat::kNvfp4, 4096, true};
+  skew.tuning = pf;
+  run_case(skew);
+  Case range{"tiny range mxfp4 pf", kTiny, WeightFormat::kMxfp4, 512};
+  range.begin = 2;
+  range.end = 6;
+  range.add_shared = false;
+  range.tuning = pf;
+  run_case(range);
+  Case hf{"tiny hf nvfp4 pf", kTiny, WeightFormat::kNvfp4, 512};
+  hf.hf = true;
+  hf.tuning = pf;
+  run_case(hf);
+  Case hash{"tiny hash pf", kTiny, WeightFormat::kMxfp4, 512, false, true};
+  hash.tuning = pf;
+  run_case(hash);
+  // Flash: every token to expert 3 at T = 4096 (32 tiles of one group), NVFP4 at T = 512, and
+  // MXFP4 at T = 64 (1-2 rows per expert: mostly empty tiles).
+  Case fskew{"flash skew pf", kFlash, WeightFormat::kMxfp4, 4096, true};
+  fskew.oracle_tokens = 12;
+  run_case(fskew);
+  Case fnv{"flash nvfp4 pf", kFlash, WeightFormat::kNvfp4, 512};
+  fnv.tuning = pf;
+  fnv.oracle_tokens = 12;
+  run_case(fnv);
+  Case fsmall{"flash mxfp4 pf", kFlash, WeightFormat::kMxfp4, 64};
+  fsmall.tuning = pf;
+  fsmall.oracle_tokens = 8;
+  run_case(fsmall);
 }
 
 TEST_F(MoeCuda, Bf16PathMxfp4) {
