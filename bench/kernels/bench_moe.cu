@@ -138,8 +138,8 @@ struct NodeTime {
 std::string short_kernel_name(const char* mangled) {
   static const char* known[] = {"expert_gemm_pf_kernelILb1", "expert_gemm_pf_kernelILb0",
                                 "expert_gemm_f8_kernel",     "expert_gemm_kernel",
-                                "router_logits_stream",      "router_logits_small",
-                                "router_logits_kernel",      "route_kernel",
+                                "router_logits_tiled",       "router_logits_small",
+                                "route_kernel",
                                 "plan_kernel",               "quant_rows",
                                 "combine_kernel"};
   const std::string m = mangled ? mangled : "?";

@@ -4,9 +4,9 @@
 // expert through a large bias), empty experts, hash routing, an expert-parallel range without the
 // shared expert, hf-style numerics, MXFP4 and NVFP4 routed experts (FP8-block shared expert).
 //
-// The 128-row prefill tiles (expert_gemm_pf_kernel) run by default wherever more than 8 rows per
-// expert are expected (T >= 512 at Flash, T >= 64 at the tiny shape); PrefillPathVariants forces
-// them elsewhere, KernelVariants / Fp8PathVariants force the other kernels.
+// The 128-row prefill tiles (expert_gemm_pf_kernel) run by default wherever more than 32 rows
+// per expert are expected (T = 4096 at Flash, T >= 512 at the tiny shape); PrefillPathVariants
+// forces them elsewhere, KernelVariants / Fp8PathVariants force the other kernels.
 //
 // Weights: random fp32 quantized with the project's FP4 quantizer (cpu::quantize_fp4_blocks =
 // MXFP4, e8m0 per 32) or the NVFP4 / FP8-block recipes of model/weight_format.h (re-implemented
@@ -18,10 +18,12 @@
 // Tolerance: both sides multiply the same operands (the weights dequantized exactly to bf16, the
 // activations FP8-simulated per 128, which is exact in bf16) with fp32 accumulation; the sums run
 // in a different order (~1e-6 relative), and an element of the SwiGLU output h that lies next to
-// an FP8 (or bf16) rounding boundary can round one step differently (1/16 of itself, one term of
-// the inter-long w2 sum). Bound: max |gpu - cpu| <= max(1e-2, 0.3 / sqrt(inter)) * rms(cpu) +
-// 1e-5, and mean |gpu - cpu| <= 1e-3 * rms(cpu) (5x both in hf numerics, see run_case). Measured
-// on H200: MXFP4 ~1e-6 relative (max), NVFP4 up to 1.3e-2 at the tiny shape (FP8 flips of h).
+// an FP8 (or bf16) rounding boundary can round one step differently (one e4m3 step: 1/16 to 1/8
+// of itself, one term of the inter-long w2 sum). Bound: max |gpu - cpu| <= max(1e-2, 0.6 /
+// sqrt(inter)) * rms(cpu) + 1e-5, and mean |gpu - cpu| <= 1e-3 * rms(cpu) (5x both in hf
+// numerics, see run_case). Measured on H200: MXFP4 ~1e-6 relative (max) without a flip, one flip
+// 2.7e-2 at the tiny shape (session 7, prefill path, skewed T = 512: over the earlier bound
+// 0.3 / sqrt(inter) = 2.65e-2, which assumed a 1/16 step), NVFP4 up to 1.3e-2 at the tiny shape.
 // The routing (experts) must match exactly, except for tokens whose k-th and (k+1)-th biased
 // scores are within 1e-5 (fp32 logits summed in another order may swap them); such tokens are
 // excluded from the comparison and counted.
@@ -371,13 +373,14 @@ void run_case(const Case& c) {
               rms > 0 ? max_err / rms : 0.0, mean_err);
   EXPECT_LE(ties, std::max<int64_t>(1, n_oracle / 50)) << "too many near-ties to be a tie problem";
   EXPECT_GT(rms, 0.0);
-  // One h element rounding one FP8 step (1/16) apart moves y by ~|h w2| / 16, i.e. ~1/(16
-  // sqrt(inter)) of rms(y) times the outlier factor of |h w2|: the max bound grows as inter shrinks
-  // (0.027 rms at inter 128, 0.01 at 2048). hf numerics: the GPU rounds the fp32 inputs of every
-  // GEMM to bf16 (the CPU keeps fp32; relative error 2^-9 per input) and each bf16 rounding of a,
-  // b, h and y can land one bf16 step apart: 5x both bounds.
+  // One h element rounding one e4m3 step apart (up to 1/8 of itself at the bottom of a binade)
+  // moves y by up to ~|h w2| / 8, i.e. ~1/(8 sqrt(inter)) of rms(y) times the outlier factor of
+  // |h w2| (~5): the max bound grows as inter shrinks (0.053 rms at inter 128, 0.013 at 2048); the
+  // mean bound stays 1e-3 (one flipped h moves one token). hf numerics: the GPU rounds the fp32
+  // inputs of every GEMM to bf16 (the CPU keeps fp32; relative error 2^-9 per input) and each
+  // bf16 rounding of a, b, h and y can land one bf16 step apart: 5x both bounds.
   const double tol = c.hf ? 5.0 : 1.0;
-  const double max_rel = std::max(1e-2, 0.3 / std::sqrt(double(s.inter)));
+  const double max_rel = std::max(1e-2, 0.6 / std::sqrt(double(s.inter)));
   EXPECT_LE(max_err, tol * max_rel * rms + 1e-5) << "worst element " << worst;
   EXPECT_LE(mean_err, tol * 1e-3 * rms + 1e-6);
 }
@@ -496,8 +499,8 @@ TEST_F(MoeCuda, Fp8PathVariants) {
   run_case(hash);
 }
 
-// Router logits: T <= 8 stream the gate with a CTA per expert (router_logits_stream_kernel),
-// 8 < T <= 64 take a CTA per expert and 8 tokens, larger T a warp per expert; fp32 and bf16 gates.
+// Router logits: T <= 64 take a CTA per expert and 8 tokens, larger T the 64 x 64 tiled SIMT GEMM
+// (partial tiles: T = 100, tiny E = 8 < 64); fp32 and bf16 gates.
 TEST_F(MoeCuda, RouterGateFormats) {
   for (bool bf16 : {false, true}) {
     for (int64_t T : {1, 3, 8, 9, 64, 100}) {
@@ -513,9 +516,9 @@ TEST_F(MoeCuda, RouterGateFormats) {
   }
 }
 
-// The prefill path (128-row tiles, expert_gemm_pf_kernel: the default when more than 8 rows per
-// expert are expected, i.e. the T = 512 / 4096 cases above at Flash and T >= 64 at the tiny shape)
-// forced where the heuristic picks decode tiles: partial tiles (1, 16, 100 rows: token groups
+// The prefill path (128-row tiles, expert_gemm_pf_kernel: the default when more than 32 rows per
+// expert are expected, i.e. the T = 4096 cases above at Flash and T >= 512 at the tiny shape)
+// forced where the heuristic picks other tiles: partial tiles (1, 16, 100 rows: token groups
 // past the valid rows are skipped), MXFP4 and NVFP4 routed experts with the FP8-block shared
 // expert, one expert holding every token (many tiles of one group, the other experts empty), an
 // expert range without the shared expert, hf numerics, hash routing. Same operands as the oracle

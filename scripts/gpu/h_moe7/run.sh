@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # h-moe7 (session 7): one device call for the MoE prefill path (expert_gemm_pf_kernel) and the
-# decode router-logits kernel. Runs the carried binaries (built locally for sm_90a, copied with
+# router-logits kernels (its run of commit e73901c: results_20261201/). Runs the carried binaries (built locally for sm_90a, copied with
 # this script to build/h7-moe-carry/ of the device tree): test_moe_cuda, bench_moe (moe.json),
 # then compute-sanitizer memcheck over tiny cases that take the new kernels. Logs go to OUT_DIR
 # (default $OUT); the summary is printed last.

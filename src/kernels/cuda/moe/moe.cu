@@ -1,7 +1,6 @@
 // MoE kernels (see moe.h and NOTES.md). One forward is 8 launches:
-//   1. router_logits: logits[T, E] = x @ gate^T in fp32 (T <= 8: a CTA per expert streaming
-//      its gate row; T <= 64: a CTA per expert and 8 tokens, the warps splitting D; else 64 x 64
-//      tiles of a shared-memory SIMT GEMM);
+//   1. router_logits: logits[T, E] = x @ gate^T in fp32 (T <= 64: a CTA per expert and 8
+//      tokens, the warps splitting D; else 64 x 64 tiles of a shared-memory SIMT GEMM);
 //   2. route: a warp per token: sqrt-softplus, top-k of score + bias (ties to the lower index, as
 //      cpu::topk_indices) or the tid2eid row, renormalized weights times route_scale;
 //   3. plan: one CTA: counts per group (routed experts in [begin, end), then the shared expert as
@@ -221,76 +220,6 @@ __global__ void router_logits_small_kernel(const float* __restrict__ x,
   }
 }
 
-// Decode (T <= 8): a CTA of 128 threads per expert streams its gate row with every load of the
-// thread issued before the first FMA (D = 4096 fp32: 8 x 16 bytes per thread, the whole 4 MB gate
-// in flight across the 256 CTAs); x (T rows, L2-resident) is read per token. Partial sums are
-// reduced per warp by shuffles, then across the 4 warps in warp order (deterministic).
-constexpr int kStreamTokens = 8;
-constexpr int kStreamThreads = 128;
-constexpr int kStreamVec = 8;  // 16-byte (fp32) / 8-byte (bf16) gate loads in flight per thread
-
-template <bool kBf16>
-__global__ void __launch_bounds__(kStreamThreads)
-    router_logits_stream_kernel(const float* __restrict__ x, const void* __restrict__ gate,
-                                int64_t T, int64_t D, int64_t E, float* __restrict__ logits) {
-  __shared__ float part[kStreamThreads / 32][kStreamTokens];
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int64_t e = blockIdx.x;
-  const int nt = int(T);
-  const int64_t vecs = D / 4;  // float4 groups of the row (D % 128 == 0)
-  float acc[kStreamTokens];
-#pragma unroll
-  for (int j = 0; j < kStreamTokens; ++j) acc[j] = 0.0f;
-  for (int64_t q0 = 0; q0 < vecs; q0 += int64_t(kStreamThreads) * kStreamVec) {
-    float4 w[kStreamVec];
-#pragma unroll
-    for (int v = 0; v < kStreamVec; ++v) {
-      const int64_t q = q0 + tid + int64_t(kStreamThreads) * v;
-      if (q < vecs) {
-        if constexpr (kBf16) {
-          const uint2 raw = __ldg(reinterpret_cast<const uint2*>(
-                                      static_cast<const uint16_t*>(gate) + e * D) + q);
-          w[v] = make_float4(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xFFFF0000u),
-                             __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xFFFF0000u));
-        } else {
-          w[v] = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(gate) + e * D) + q);
-        }
-      } else {
-        w[v] = make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kStreamTokens; ++j) {
-      if (j >= nt) break;
-#pragma unroll
-      for (int v = 0; v < kStreamVec; ++v) {
-        const int64_t q = q0 + tid + int64_t(kStreamThreads) * v;
-        if (q < vecs) {
-          const float4 xv = __ldg(reinterpret_cast<const float4*>(x + j * D) + q);
-          acc[j] = fmaf(xv.x, w[v].x, acc[j]);
-          acc[j] = fmaf(xv.y, w[v].y, acc[j]);
-          acc[j] = fmaf(xv.z, w[v].z, acc[j]);
-          acc[j] = fmaf(xv.w, w[v].w, acc[j]);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kStreamTokens; ++j) {
-    float v = acc[j];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-    if (lane == 0) part[warp][j] = v;
-  }
-  __syncthreads();
-  if (tid < nt) {
-    float v = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kStreamThreads / 32; ++w) v += part[w][tid];
-    logits[int64_t(tid) * E + e] = v;
-  }
-}
-
 // Prefill (T > 64): a tiled fp32 SIMT GEMM (the logits stay fp32 FMAs: routing must match the
 // CPU's top-k). A CTA computes 64 tokens x 64 experts, K in steps of 32 staged in shared memory
 // (transposed, so a thread reads 4 tokens and 4 experts as two float4 per k); each thread owns a
@@ -381,77 +310,51 @@ __global__ void route_kernel(RouteArgs a) {
   int32_t* ex = a.experts + t * a.k;
   if (a.tid2eid) {
     if (lane < a.k) ex[lane] = a.tid2eid[int64_t(a.token_ids[t]) * a.k + lane];
-    __syncwarp();
-    if (lane == 0) {
-      // The renormalization in slot order, as cpu::route_token.
-      float s[kMaxTopk];
-      float sum = 0.0f;
-      for (int i = 0; i < a.k; ++i) {
-        s[i] = sqrt_softplus_dev(lg[ex[i]]);
-        sum += s[i];
-      }
-      for (int i = 0; i < a.k; ++i) a.weights[t * a.k + i] = s[i] / (sum + a.eps) * a.route_scale;
-    }
-    return;
-  }
-  // Scores in registers (expert lane + 32 i); every round's winner is known to all lanes after
-  // the butterfly, and its score comes from its owner lane by a shuffle: no global round trip.
-  constexpr int kPer = kMaxExperts / 32;
-  float sp[kPer], b[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int64_t e = lane + 32 * i;
-    sp[i] = e < a.E ? sqrt_softplus_dev(lg[e]) : 0.0f;
-    b[i] = e < a.E ? sp[i] + (a.bias ? a.bias[e] : 0.0f) : -INFINITY;
-  }
-  float sel[kMaxTopk];
-  int sel_idx[kMaxTopk];
-#pragma unroll
-  for (int r = 0; r < kMaxTopk; ++r) {
-    sel[r] = 0.0f;
-    sel_idx[r] = 0;
-    if (r >= a.k) continue;
-    float best = -INFINITY;
-    int best_idx = 0x7FFFFFFF;
+  } else {
+    constexpr int kPer = kMaxExperts / 32;
+    float b[kPer];
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
-      const int e = lane + 32 * i;
-      if (e < a.E && (b[i] > best || (b[i] == best && e < best_idx))) {
-        best = b[i];
-        best_idx = e;
-      }
+      const int64_t e = lane + 32 * i;
+      b[i] = e < a.E ? sqrt_softplus_dev(lg[e]) + (a.bias ? a.bias[e] : 0.0f) : -INFINITY;
     }
+    for (int r = 0; r < a.k; ++r) {
+      float best = -INFINITY;
+      int best_idx = 0x7FFFFFFF;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xFFFFFFFFu, best, o);
-      const int oi = __shfl_xor_sync(0xFFFFFFFFu, best_idx, o);
-      if (ov > best || (ov == best && oi < best_idx)) {
-        best = ov;
-        best_idx = oi;
+      for (int i = 0; i < kPer; ++i) {
+        const int e = lane + 32 * i;
+        if (e < a.E && (b[i] > best || (b[i] == best && e < best_idx))) {
+          best = b[i];
+          best_idx = e;
+        }
       }
-    }
-    float won = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      if (lane + 32 * i == best_idx) {
-        b[i] = -INFINITY;
-        won = sp[i];
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xFFFFFFFFu, best, o);
+        const int oi = __shfl_xor_sync(0xFFFFFFFFu, best_idx, o);
+        if (ov > best || (ov == best && oi < best_idx)) {
+          best = ov;
+          best_idx = oi;
+        }
       }
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        if (lane + 32 * i == best_idx) b[i] = -INFINITY;
+      }
+      if (lane == 0) ex[r] = best_idx;
     }
-    sel[r] = __shfl_sync(0xFFFFFFFFu, won, best_idx & 31);
-    sel_idx[r] = best_idx;
   }
-  // The renormalization in slot order, as cpu::route_token (every lane computes the same sum).
-  float sum = 0.0f;
-#pragma unroll
-  for (int r = 0; r < kMaxTopk; ++r)
-    if (r < a.k) sum += sel[r];
-#pragma unroll
-  for (int r = 0; r < kMaxTopk; ++r) {
-    if (r < a.k && lane == r) {
-      ex[r] = sel_idx[r];
-      a.weights[t * a.k + r] = sel[r] / (sum + a.eps) * a.route_scale;
+  __syncwarp();
+  if (lane == 0) {
+    // The renormalization in slot order, as cpu::route_token.
+    float s[kMaxTopk];
+    float sum = 0.0f;
+    for (int i = 0; i < a.k; ++i) {
+      s[i] = sqrt_softplus_dev(lg[ex[i]]);
+      sum += s[i];
     }
+    for (int i = 0; i < a.k; ++i) a.weights[t * a.k + i] = s[i] / (sum + a.eps) * a.route_scale;
   }
 }
 
@@ -1891,8 +1794,14 @@ size_t MoeRunner::workspace_bytes(int64_t max_tokens, const MoeDeviceLayer& laye
 int MoeRunner::tile_tokens(int64_t T, const MoeDeviceLayer& layer) {
   // Expected rows per routed expert; a tile as large as that (decode: 8 tokens).
   const int64_t per_expert = ceil_div(T * layer.topk, std::max<int64_t>(layer.num_experts, 1));
-  // More than 8 rows per expert: the 128-row prefill tiles (expert_gemm_pf_kernel).
-  return per_expert <= 8 ? 8 : 128;
+  if (per_expert <= 8) return 8;
+  if (per_expert <= 16) return 16;
+  if (per_expert <= 32) return 32;
+  // More than 32 rows per expert: the 128-row prefill tiles (expert_gemm_pf_kernel). Measured on
+  // H200 (session 7): faster than the 64-row bf16 tiles at T = 4096 / 8192 (9.6 / 18.3 ms vs
+  // 13.9 / 24.4 ms), equal at T = 1024, 2x slower at T = 512 (5.5 ms vs 2.9 ms with the FP8
+  // 16-row tiles): below ~1000 tokens it is bound by the weight bytes in flight (NOTES.md).
+  return kPfTokens;
 }
 
 Status MoeRunner::route(const MoeDeviceLayer& l, const float* x, const int32_t* token_ids,
@@ -1906,13 +1815,7 @@ Status MoeRunner::route(const MoeDeviceLayer& l, const float* x, const int32_t* 
   const dim3 lg(unsigned(ceil_div(l.num_experts, kLogitsTile)),
                 unsigned(ceil_div(T, kLogitsTile)));
   const dim3 lg_small(unsigned(l.num_experts), unsigned(ceil_div(T, 8)));
-  if (T <= kStreamTokens && l.gate_bf16) {
-    router_logits_stream_kernel<true><<<unsigned(l.num_experts), kStreamThreads, 0, stream>>>(
-        x, l.gate, T, l.dim, l.num_experts, logits);
-  } else if (T <= kStreamTokens) {
-    router_logits_stream_kernel<false><<<unsigned(l.num_experts), kStreamThreads, 0, stream>>>(
-        x, l.gate, T, l.dim, l.num_experts, logits);
-  } else if (T <= 64 && l.gate_bf16) {
+  if (T <= 64 && l.gate_bf16) {
     router_logits_small_kernel<true>
         <<<lg_small, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits);
   } else if (T <= 64) {

@@ -13,7 +13,7 @@
 // exact in bf16), so the GPU sees exactly the operands the CPU reference sees. Decode-size tiles
 // of MXFP4 / FP8-block layers in reference numerics run on the FP8 tensor cores instead
 // (mma.sync e4m3, sm_89+: e2m1 is exact in e4m3, the block scales multiply fp32 partials; see
-// MoeDeviceLayer::fp8_mma and NOTES.md). Prefill-size batches (more than 8 rows per expert) run
+// MoeDeviceLayer::fp8_mma and NOTES.md). Prefill-size batches (more than 32 rows per expert) run
 // 128 x 128 CTA tiles whose weights are dequantized once per tile into shared memory (bf16
 // mma.sync, every format).
 //
@@ -115,8 +115,8 @@ class MoeRunner {
                       int64_t T, int32_t* experts, float* weights, void* workspace,
                       cudaStream_t stream);
 
-  // The tokens-per-tile of the grouped GEMMs that forward() picks for T tokens: 8 (decode
-  // kernels) or 128 (the prefill path, when more than 8 rows per expert are expected).
+  // The tokens-per-tile of the grouped GEMMs that forward() picks for T tokens: 8, 16, 32, or
+  // 128 (the prefill path, when more than 32 rows per expert are expected).
   static int tile_tokens(int64_t T, const MoeDeviceLayer& layer);
 };
 
