@@ -1,6 +1,6 @@
 // MoE kernels (see moe.h and NOTES.md). One forward is 8 launches:
-//   1. router_logits: logits[T, E] = x @ gate^T in fp32 (T <= 64: a CTA per expert with the
-//      warps splitting D; else a warp per expert, 8 tokens per CTA);
+//   1. router_logits: logits[T, E] = x @ gate^T in fp32 (T <= 64: a CTA per expert and 8
+//      tokens, the warps splitting D; else 64 x 64 tiles of a shared-memory SIMT GEMM);
 //   2. route: a warp per token: sqrt-softplus, top-k of score + bias (ties to the lower index, as
 //      cpu::topk_indices) or the tid2eid row, renormalized weights times route_scale;
 //   3. plan: one CTA: counts per group (routed experts in [begin, end), then the shared expert as
@@ -13,8 +13,10 @@
 //   6. quant h (as 4);
 //   7. grouped GEMM down: per (tile, 32*4/KS output columns) -> ybuf[slot] fp32;
 //   8. combine: y[t] = sum of the token's slots in ascending expert order + shared (the CPU order).
-// Steps 5-7 have two implementations: bf16 mma.sync (any format) and, for 8/16-row tiles of
-// MXFP4 / FP8-block layers in reference numerics on sm_89+, e4m3 mma.sync (expert_gemm_f8_kernel).
+// Steps 5-7 have three implementations: bf16 mma.sync with register dequant (any format, 8-64
+// row tiles), e4m3 mma.sync for 8/16-row tiles of MXFP4 / FP8-block layers in reference numerics
+// on sm_89+ (expert_gemm_f8_kernel, decode), and the prefill path: 128 x 128 CTA tiles with the
+// weights dequantized once per tile into shared memory, bf16 mma.sync (expert_gemm_pf_kernel).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -161,52 +163,6 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // ---- 1. router logits --------------------------------------------------------------------------
 
-template <bool kBf16>
-__global__ void router_logits_kernel(const float* __restrict__ x, const void* __restrict__ gate,
-                                     int64_t T, int64_t D, int64_t E, float* __restrict__ logits) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t e = int64_t(blockIdx.x) * 8 + warp;
-  const int64_t t0 = int64_t(blockIdx.y) * 8;
-  if (e >= E) return;
-  const int nt = T - t0 < 8 ? int(T - t0) : 8;
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int64_t k = lane * 4; k < D; k += 128) {
-    float w[4];
-    if constexpr (kBf16) {
-      const uint2 raw =
-          *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(gate) + e * D + k);
-      w[0] = __uint_as_float(raw.x << 16);
-      w[1] = __uint_as_float(raw.x & 0xFFFF0000u);
-      w[2] = __uint_as_float(raw.y << 16);
-      w[3] = __uint_as_float(raw.y & 0xFFFF0000u);
-    } else {
-      const float4 v =
-          *reinterpret_cast<const float4*>(static_cast<const float*>(gate) + e * D + k);
-      w[0] = v.x;
-      w[1] = v.y;
-      w[2] = v.z;
-      w[3] = v.w;
-    }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      if (j < nt) {
-        const float4 xv = *reinterpret_cast<const float4*>(x + (t0 + j) * D + k);
-        acc[j] = fmaf(xv.x, w[0], acc[j]);
-        acc[j] = fmaf(xv.y, w[1], acc[j]);
-        acc[j] = fmaf(xv.z, w[2], acc[j]);
-        acc[j] = fmaf(xv.w, w[3], acc[j]);
-      }
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    float v = acc[j];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-    if (lane == 0 && j < nt) logits[(t0 + j) * E + e] = v;
-  }
-}
-
 // Small T (decode): a CTA per (expert, 8 tokens) with the 8 warps splitting D, so that the
 // gate (E x D) streams with E x 8 warps in flight; partial sums reduced in warp order.
 template <bool kBf16>
@@ -261,6 +217,75 @@ __global__ void router_logits_small_kernel(const float* __restrict__ x,
     float v = 0.0f;
     for (int w = 0; w < 8; ++w) v += part[w][threadIdx.x];
     logits[(t0 + threadIdx.x) * E + e] = v;
+  }
+}
+
+// Prefill (T > 64): a tiled fp32 SIMT GEMM (the logits stay fp32 FMAs: routing must match the
+// CPU's top-k). A CTA computes 64 tokens x 64 experts, K in steps of 32 staged in shared memory
+// (transposed, so a thread reads 4 tokens and 4 experts as two float4 per k); each thread owns a
+// 4 x 4 block and sums in k order (deterministic). x is read E / 64 times instead of E / 8.
+constexpr int kLogitsTile = 64;
+constexpr int kLogitsK = 32;
+constexpr int kLogitsPad = kLogitsTile + 4;  // row stride in floats (16-byte aligned rows)
+
+template <bool kBf16>
+__global__ void __launch_bounds__(256)
+    router_logits_tiled_kernel(const float* __restrict__ x, const void* __restrict__ gate,
+                               int64_t T, int64_t D, int64_t E, float* __restrict__ logits) {
+  __shared__ __align__(16) float xs[kLogitsK][kLogitsPad];  // [k][token]
+  __shared__ __align__(16) float gs[kLogitsK][kLogitsPad];  // [k][expert]
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+  const int64_t t0 = int64_t(blockIdx.y) * kLogitsTile, e0 = int64_t(blockIdx.x) * kLogitsTile;
+  float acc[4][4] = {};
+  for (int64_t k0 = 0; k0 < D; k0 += kLogitsK) {
+#pragma unroll
+    for (int rep = 0; rep < 2; ++rep) {
+      const int idx = tid + 256 * rep;  // 512 float4 per operand tile
+      const int row = idx >> 3, kq = (idx & 7) * 4;
+      float4 xv = make_float4(0.f, 0.f, 0.f, 0.f), gv = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (t0 + row < T) xv = __ldg(reinterpret_cast<const float4*>(x + (t0 + row) * D + k0 + kq));
+      if (e0 + row < E) {
+        if constexpr (kBf16) {
+          const uint2 raw = __ldg(reinterpret_cast<const uint2*>(
+              static_cast<const uint16_t*>(gate) + (e0 + row) * D + k0 + kq));
+          gv = make_float4(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xFFFF0000u),
+                           __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xFFFF0000u));
+        } else {
+          gv = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(gate) +
+                                                     (e0 + row) * D + k0 + kq));
+        }
+      }
+      xs[kq + 0][row] = xv.x;
+      xs[kq + 1][row] = xv.y;
+      xs[kq + 2][row] = xv.z;
+      xs[kq + 3][row] = xv.w;
+      gs[kq + 0][row] = gv.x;
+      gs[kq + 1][row] = gv.y;
+      gs[kq + 2][row] = gv.z;
+      gs[kq + 3][row] = gv.w;
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int kk = 0; kk < kLogitsK; ++kk) {
+      const float4 a = *reinterpret_cast<const float4*>(&xs[kk][ty * 4]);
+      const float4 b = *reinterpret_cast<const float4*>(&gs[kk][tx * 4]);
+      const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t t = t0 + ty * 4 + i;
+    if (t >= T) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t e = e0 + tx * 4 + j;
+      if (e < E) logits[t * E + e] = acc[i][j];
+    }
   }
 }
 
@@ -1159,6 +1184,325 @@ __global__ void __launch_bounds__(kGemmThreads, kRing > 8192 ? 2 : 3)
   }
 }
 
+// ---- 5/7 (prefill path). tiled grouped GEMM: 128 weight rows x 128 tokens per CTA --------------
+//
+// For tiles of many rows (T >= ~512 at Flash: MoeRunner::tile_tokens returns 128). A CTA of 4
+// warps (2 along the weight rows x 2 along the tokens, 64 x 64 per warp) computes 128 output
+// features (gate/up: 64 w1 rows and the same 64 w3 rows; down: 128 w2 rows) for up to 128 rows
+// of one group, K in steps of 64:
+//   - activations (bf16, FP8-simulated in reference numerics: exactly the bf16 kernel's
+//     operands) go global -> shared by cp.async through a 3-slot ring;
+//   - weights are read once per CTA tile: thread t loads row t's 32 bytes (FP4) or 64 bytes (FP8)
+//     of the next step into registers (one step ahead), dequantizes them to bf16 (exact: e2m1 x
+//     e8m0 / e4m3 and e4m3 x e8m0 are bf16 values) and stores them to a double-buffered bf16
+//     tile; one block barrier per K step;
+//   - both operands reach the mma (m16n8k16 bf16 -> fp32) through ldmatrix from 128-byte rows
+//     whose 16-byte units are XOR-swizzled by (row & 7): conflict-free.
+// e2m1 -> bf16 uses byte permutes (two 8-byte tables for the low and high bytes of the 8
+// magnitudes, the sign bits moved by a permute), then one bf16x2 multiply by the block scale:
+// ~3 instructions per weight, amortized over the tile's 128 tokens. The token dimension is split
+// between the two token warps in 16-row groups (warp wn owns groups wn, wn + 2, ...), and groups
+// past the tile's valid rows are skipped (a 96-row tile costs 96 rows of mma, balanced).
+// Numerics: the same operands as the bf16 kernel and the CPU oracle; only the fp32 summation
+// order differs (each output element is one thread's fixed-order sum: deterministic).
+
+constexpr int kPfThreads = 128;
+constexpr int kPfTokens = 128;  // tile rows (tokens) per CTA
+constexpr int kPfK = 64;        // K per step
+constexpr int kPfBSlots = 3;
+constexpr int kPfTileBytes = 128 * kPfK * 2;  // one [128][64] bf16 tile: 16 KB
+constexpr size_t kPfSmem = size_t(kPfBSlots + 2) * kPfTileBytes;  // 80 KB
+
+// Byte offset of 16-byte unit u (0..7) of row r in a [128][64] bf16 tile.
+__device__ __forceinline__ uint32_t pf_off(int r, int u) {
+  return uint32_t(r) * 128u + (uint32_t(u ^ (r & 7)) << 4);
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  __nv_bfloat162 x = *reinterpret_cast<__nv_bfloat162*>(&a);
+  __nv_bfloat162 y = *reinterpret_cast<__nv_bfloat162*>(&b);
+  __nv_bfloat162 z = __hmul2(x, y);  // exact here: power-of-two or <= 4-bit scales, 2-bit values
+  return *reinterpret_cast<uint32_t*>(&z);
+}
+
+// 8 e2m1 codes (nibble i = element i, K order) -> 8 bf16 (4 x bf16x2, element 2i in the low half),
+// times the bf16x2 scale s2. Tables: bf16 of the magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}: low
+// bytes {00, 00, 80, C0, 00, 40, 80, C0}, high bytes {00, 3F, 3F, 3F, 40, 40, 40, 40}.
+__device__ __forceinline__ uint4 e2m1x8_to_bf16x8(uint32_t w, uint32_t s2) {
+  const uint32_t m = w & 0x77777777u;  // magnitudes: selector nibbles with bit 3 clear
+  const uint32_t mh = m >> 16;
+  const uint32_t lo0 = __byte_perm(0xC0800000u, 0xC0804000u, m);
+  const uint32_t hi0 = __byte_perm(0x3F3F3F00u, 0x40404040u, m);
+  const uint32_t lo1 = __byte_perm(0xC0800000u, 0xC0804000u, mh);
+  const uint32_t hi1 = __byte_perm(0x3F3F3F00u, 0x40404040u, mh);
+  // Sign of element 2i: bit 3 of byte i (bit 7 of byte i of w << 4); of element 2i+1: bit 7 of
+  // byte i of w. They go to bits 15 and 31 of output word i.
+  const uint32_t w4 = w << 4;
+  constexpr uint32_t kSign = 0x80008000u;
+  uint4 o;
+  o.x = bf16x2_mul(__byte_perm(lo0, hi0, 0x5140) | (__byte_perm(w4, w, 0x4000) & kSign), s2);
+  o.y = bf16x2_mul(__byte_perm(lo0, hi0, 0x7362) | (__byte_perm(w4, w, 0x5010) & kSign), s2);
+  o.z = bf16x2_mul(__byte_perm(lo1, hi1, 0x5140) | (__byte_perm(w4, w, 0x6020) & kSign), s2);
+  o.w = bf16x2_mul(__byte_perm(lo1, hi1, 0x7362) | (__byte_perm(w4, w, 0x7030) & kSign), s2);
+  return o;
+}
+
+// e8m0 code -> bf16 bits (bf16 has the same 8-bit exponent; 0 is the subnormal 2^-127, 255 NaN).
+__device__ __forceinline__ uint32_t e8m0_to_bf16_bits(uint32_t c) {
+  return c == 0 ? 0x0040u : c == 255 ? 0x7FC0u : (c << 7);
+}
+
+__device__ __forceinline__ uint32_t bf16_bits(float v) {
+  __nv_bfloat16 b = __float2bfloat16_rn(v);
+  return uint32_t(*reinterpret_cast<uint16_t*>(&b));
+}
+
+template <int FMT>
+struct PfRaw {
+  static constexpr int kVec = FMT == int(WeightFormat::kFp8Block) ? 4 : 2;
+  uint4 d[kVec];
+  uint32_t sc;  // MXFP4: 2 e8m0 codes; NVFP4: 4 e4m3 codes; FP8 block: the e8m0 code
+};
+
+template <bool kFused, int FMT>
+__device__ __forceinline__ void pf_tile(const GemmArgs& a, const MoeDeviceExpert& ex, int g,
+                                        int base, int row0, int rows, uint8_t* smem) {
+  constexpr bool kFp8 = FMT == int(WeightFormat::kFp8Block);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
+  const int wm = warp >> 1, wn = warp & 1;
+  const int64_t K = a.K;
+  const int steps = int(K / kPfK);
+  uint8_t* bs = smem;                              // [3][128 tokens][64] bf16
+  uint8_t* as = smem + kPfBSlots * kPfTileBytes;   // [2][128 weight rows][64] bf16
+
+  // This thread's weight row (dequantization: row tid of the tile) and the tile's first feature.
+  const int64_t n0 = kFused ? int64_t(blockIdx.y) * 64 : int64_t(blockIdx.y) * 128;
+  // w1 / w3 / w2 (selects, not a dynamic index: the struct stays in registers)
+  const bool up = kFused && tid >= 64;
+  const int64_t wrow = kFused ? n0 + (tid & 63) : n0 + tid;
+  const uint8_t* wdata = !kFused ? ex.data[2] : up ? ex.data[1] : ex.data[0];
+  const uint8_t* wscale = !kFused ? ex.scale[2] : up ? ex.scale[1] : ex.scale[0];
+  const float gscale0 = kFused ? ex.global_scale[0] : ex.global_scale[2];
+  const float gscale1 = kFused ? ex.global_scale[1] : ex.global_scale[2];
+
+  auto load_raw = [&](PfRaw<FMT>& r, int step) {
+    const int64_t kc = int64_t(step) * kPfK;
+    if constexpr (kFp8) {
+      // (L1-allocating loads: the 16-byte halves of one 32-byte sector come from one L1 fill.)
+      const uint4* p = reinterpret_cast<const uint4*>(wdata + wrow * K + kc);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) r.d[i] = __ldg(p + i);
+      r.sc = __ldg(wscale + (wrow / 128) * (K / 128) + kc / 128);
+    } else {
+      const uint4* p = reinterpret_cast<const uint4*>(wdata + wrow * (K / 2) + kc / 2);
+      r.d[0] = __ldg(p);
+      r.d[1] = __ldg(p + 1);
+      if constexpr (FMT == int(WeightFormat::kMxfp4)) {
+        const uint8_t* s = wscale + wrow * (K / 32) + kc / 32;
+        r.sc = uint32_t(__ldg(s)) | (uint32_t(__ldg(s + 1)) << 8);
+      } else {
+        const uint8_t* s = wscale + wrow * (K / 16) + kc / 16;
+        r.sc = uint32_t(__ldg(s)) | (uint32_t(__ldg(s + 1)) << 8) |
+               (uint32_t(__ldg(s + 2)) << 16) | (uint32_t(__ldg(s + 3)) << 24);
+      }
+    }
+  };
+  auto dequant = [&](const PfRaw<FMT>& r, int buf) {
+    uint8_t* dst = as + buf * kPfTileBytes;
+    if constexpr (kFp8) {
+      const float sc = e8m0_to_float_dev(r.sc);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const uint32_t w0 = word(r.d[u >> 1], (u & 1) * 2), w1 = word(r.d[u >> 1], (u & 1) * 2 + 1);
+        const float2 f0 = e4m3x2_to_float2(w0), f1 = e4m3x2_to_float2(w0 >> 16);
+        const float2 f2 = e4m3x2_to_float2(w1), f3 = e4m3x2_to_float2(w1 >> 16);
+        uint4 o;
+        o.x = pack_bf16x2(f0.x * sc, f0.y * sc);
+        o.y = pack_bf16x2(f1.x * sc, f1.y * sc);
+        o.z = pack_bf16x2(f2.x * sc, f2.y * sc);
+        o.w = pack_bf16x2(f3.x * sc, f3.y * sc);
+        *reinterpret_cast<uint4*>(dst + pf_off(tid, u)) = o;
+      }
+    } else {
+      uint32_t s2[4];
+      if constexpr (FMT == int(WeightFormat::kMxfp4)) {
+        // Units 0..3 use the block of K [0, 32), units 4..7 the block [32, 64).
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const uint32_t bits = e8m0_to_bf16_bits((r.sc >> (8 * b)) & 0xFFu);
+          s2[2 * b] = s2[2 * b + 1] = bits | (bits << 16);
+        }
+      } else {
+        // NVFP4: e4m3 scale per 16 K: units 2b, 2b+1 use scale b (exact in bf16).
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          const uint32_t bits = bf16_bits(e4m3_to_float_dev((r.sc >> (8 * b)) & 0xFFu));
+          s2[b] = bits | (bits << 16);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const uint32_t sc = FMT == int(WeightFormat::kMxfp4) ? s2[(u >> 2) * 2] : s2[u >> 1];
+        *reinterpret_cast<uint4*>(dst + pf_off(tid, u)) =
+            e2m1x8_to_bf16x8(word(r.d[u >> 2], u & 3), sc);
+      }
+    }
+  };
+
+  // Activation rows: thread tid copies unit (tid & 7) of tile rows (tid >> 3) + 16 j.
+  uint32_t src_row[8];  // element offset of the row in act (rows * K < 2^31: checked by forward)
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int r = (tid >> 3) + 16 * j;
+    const int gr = base + row0 + min(r, rows - 1);
+    src_row[j] = uint32_t((kFused ? int64_t(a.row_token[gr]) : int64_t(gr)) * K);
+  }
+  const int bu = tid & 7;
+  auto load_act = [&](int step) {
+    if (step < steps) {
+      uint8_t* dst = bs + (step % kPfBSlots) * kPfTileBytes;
+      const uint16_t* src = a.act + int64_t(step) * kPfK + bu * 8;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int r = (tid >> 3) + 16 * j;
+        if (r < rows) cp_async16(dst + pf_off(r, bu), src + src_row[j]);
+      }
+    }
+    cp_async_commit();  // possibly empty: uniform group count
+  };
+
+  float acc[4][8][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][n][c] = 0.0f;
+
+  // Smem weight row of m-fragment i of this warp.
+  auto a_row = [&](int i) {
+    return kFused ? (i < 2 ? 32 * wm + 16 * i : 64 + 32 * wm + 16 * (i - 2)) : 64 * wm + 16 * i;
+  };
+  const uint32_t as_addr = static_cast<uint32_t>(__cvta_generic_to_shared(as));
+  const uint32_t bs_addr = static_cast<uint32_t>(__cvta_generic_to_shared(bs));
+  const int lm = lane >> 3, lr = lane & 7;
+
+  auto mma_step = [&](int step) {
+    const uint32_t ab = as_addr + (step & 1) * kPfTileBytes;
+    const uint32_t bb = bs_addr + (step % kPfBSlots) * kPfTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t af[4][4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = a_row(i) + 8 * (lm & 1) + lr;
+        const uint32_t addr = ab + pf_off(r, 2 * kk + (lm >> 1));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(af[i][0]), "=r"(af[i][1]), "=r"(af[i][2]), "=r"(af[i][3])
+                     : "r"(addr));
+      }
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        const int q = wn + 2 * p;  // 16-row token group
+        if (q * 16 >= rows) continue;
+        uint32_t b[4];
+        const int r = q * 16 + 8 * (lm >> 1) + lr;
+        const uint32_t addr = bb + pf_off(r, 2 * kk + (lm & 1));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                     : "r"(addr));
+        const bool second = q * 16 + 8 < rows;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          mma_bf16(acc[i][2 * p], af[i], b[0], b[1]);
+          if (second) mma_bf16(acc[i][2 * p + 1], af[i], b[2], b[3]);
+        }
+      }
+    }
+  };
+
+  // Prologue: activation steps 0 and 1 in flight, weights of step 0 dequantized, step 1 loaded.
+  PfRaw<FMT> raw;
+  load_act(0);
+  load_act(1);
+  load_raw(raw, 0);
+  dequant(raw, 0);
+  load_raw(raw, 1);  // steps >= 2 (K % 128 == 0)
+  for (int s = 0; s < steps; ++s) {
+    cp_async_wait<1>();  // activation step s (this thread's part)
+    __syncthreads();     // everyone's step s, weights s in buffer s & 1; step s - 1 fully read
+    load_act(s + 2);     // into slot (s - 1) % 3
+    if (s + 1 < steps) {
+      dequant(raw, (s + 1) & 1);  // buffer (s - 1) & 1: free
+      if (s + 2 < steps) load_raw(raw, s + 2);
+    }
+    mma_step(s);
+  }
+  cp_async_wait<0>();
+
+  // Epilogue. acc[i][n][c]: smem weight row a_row(i) + gid + 8 * (c >> 1), token
+  // 16 * (wn + 2 * (n >> 1)) + 8 * (n & 1) + 2 * t4 + (c & 1).
+  const bool shared = g == a.E;
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int r = 16 * (wn + 2 * (n >> 1)) + 8 * (n & 1) + 2 * t4 + (c & 1);
+      if (r >= rows) continue;
+      const int gr = base + row0 + r;
+      if constexpr (kFused) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int64_t col = n0 + 32 * wm + 16 * i + gid + 8 * (c >> 1);
+          float av = acc[i][n][c] * gscale0, bv = acc[i + 2][n][c] * gscale1;
+          if (a.round_bf16) {
+            av = round_bf16_dev(av);
+            bv = round_bf16_dev(bv);
+          }
+          const float limit = shared && !a.shared_clamp ? 0.0f : a.swiglu_limit;
+          if (limit > 0.0f) {
+            av = fminf(av, limit);
+            bv = fminf(fmaxf(bv, -limit), limit);
+          }
+          const float silu = av / (1.0f + expf(-av));
+          float hidden = silu * bv;
+          if (!shared) hidden = a.row_weight[gr] * hidden;
+          if (a.round_bf16) hidden = round_bf16_dev(hidden);
+          a.out[int64_t(gr) * a.N + col] = hidden;
+        }
+      } else {
+        const int64_t orow = int64_t(a.row_slot[gr]) * a.N;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int64_t col = n0 + 64 * wm + 16 * i + gid + 8 * (c >> 1);
+          float v = acc[i][n][c] * gscale0;
+          if (a.round_bf16) v = round_bf16_dev(v);
+          a.out[orow + col] = v;
+        }
+      }
+    }
+  }
+}
+
+template <bool kFused>
+__global__ void __launch_bounds__(kPfThreads, 2) expert_gemm_pf_kernel(GemmArgs a) {
+  extern __shared__ __align__(16) uint8_t pf_smem[];
+  if (int(blockIdx.x) >= *a.num_tiles) return;
+  const int2 tile = a.tiles[blockIdx.x];
+  const int g = tile.x, row0 = tile.y;
+  const int base = a.group_offset[g];
+  const int rows = min(kPfTokens, a.group_offset[g + 1] - base - row0);
+  const MoeDeviceExpert ex = a.experts[g];
+  const int fmt = kFused ? ex.format[0] : ex.format[2];
+  if (fmt == int(WeightFormat::kMxfp4)) {
+    pf_tile<kFused, int(WeightFormat::kMxfp4)>(a, ex, g, base, row0, rows, pf_smem);
+  } else if (fmt == int(WeightFormat::kNvfp4)) {
+    pf_tile<kFused, int(WeightFormat::kNvfp4)>(a, ex, g, base, row0, rows, pf_smem);
+  } else {
+    pf_tile<kFused, int(WeightFormat::kFp8Block)>(a, ex, g, base, row0, rows, pf_smem);
+  }
+}
+
 // ---- 8. combine --------------------------------------------------------------------------------
 
 __global__ void combine_kernel(const float* __restrict__ ybuf, const int32_t* __restrict__ experts,
@@ -1237,6 +1581,31 @@ Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, in
          f8_smem_bytes(NT, inter, kRing), stream>>>(g2);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ok_status();
+}
+
+Status launch_gemms_pf(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64_t inter,
+                       int64_t dim, const float* h, uint16_t* hq, const int32_t* total_rows,
+                       int64_t rows_bound, bool fp8, cudaStream_t stream) {
+  // (The dynamic shared memory opt-in is done at load time: MoeDeviceLayer::create.)
+  expert_gemm_pf_kernel<true>
+      <<<dim3(unsigned(tiles), unsigned(inter / 64)), kPfThreads, kPfSmem, stream>>>(g1);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  const int64_t qblocks = rows_bound * (inter / kChunk);
+  quant_rows_kernel<<<unsigned(ceil_div(qblocks, 16)), 256, 0, stream>>>(h, inter, rows_bound,
+                                                                          total_rows, hq, fp8);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  expert_gemm_pf_kernel<false>
+      <<<dim3(unsigned(tiles), unsigned(dim / 128)), kPfThreads, kPfSmem, stream>>>(g2);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ok_status();
+}
+
+cudaError_t set_pf_smem_attributes() {
+  cudaError_t e = cudaFuncSetAttribute(expert_gemm_pf_kernel<true>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(kPfSmem));
+  if (e != cudaSuccess) return e;
+  return cudaFuncSetAttribute(expert_gemm_pf_kernel<false>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(kPfSmem));
 }
 
 // Opts every FP8-path kernel into large dynamic shared memory on the current device. Called by
@@ -1409,6 +1778,7 @@ Result<MoeDeviceLayer> MoeDeviceLayer::create(const cpu::MoeParams& p) {
     if (f8) DS_CUDA_RETURN_IF_ERROR(set_f8_smem_attributes());
     l.fp8_mma = f8;
   }
+  DS_CUDA_RETURN_IF_ERROR(set_pf_smem_attributes());
   const size_t bytes = table.size() * sizeof(MoeDeviceExpert);
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&l.experts), bytes));
   DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(l.experts, table.data(), bytes, cudaMemcpyHostToDevice));
@@ -1427,7 +1797,11 @@ int MoeRunner::tile_tokens(int64_t T, const MoeDeviceLayer& layer) {
   if (per_expert <= 8) return 8;
   if (per_expert <= 16) return 16;
   if (per_expert <= 32) return 32;
-  return 64;
+  // More than 32 rows per expert: the 128-row prefill tiles (expert_gemm_pf_kernel). Measured on
+  // H200 (session 7): faster than the 64-row bf16 tiles at T = 4096 / 8192 (9.6 / 18.3 ms vs
+  // 13.9 / 24.4 ms), equal at T = 1024, 2x slower at T = 512 (5.5 ms vs 2.9 ms with the FP8
+  // 16-row tiles): below ~1000 tokens it is bound by the weight bytes in flight (NOTES.md).
+  return kPfTokens;
 }
 
 Status MoeRunner::route(const MoeDeviceLayer& l, const float* x, const int32_t* token_ids,
@@ -1438,7 +1812,8 @@ Status MoeRunner::route(const MoeDeviceLayer& l, const float* x, const int32_t* 
   const Layout L = make_layout(T, l);
   auto* ws = static_cast<uint8_t*>(workspace);
   float* logits = reinterpret_cast<float*>(ws + L.logits);
-  const dim3 lg(unsigned(ceil_div(l.num_experts, 8)), unsigned(ceil_div(T, 8)));
+  const dim3 lg(unsigned(ceil_div(l.num_experts, kLogitsTile)),
+                unsigned(ceil_div(T, kLogitsTile)));
   const dim3 lg_small(unsigned(l.num_experts), unsigned(ceil_div(T, 8)));
   if (T <= 64 && l.gate_bf16) {
     router_logits_small_kernel<true>
@@ -1447,9 +1822,11 @@ Status MoeRunner::route(const MoeDeviceLayer& l, const float* x, const int32_t* 
     router_logits_small_kernel<false>
         <<<lg_small, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits);
   } else if (l.gate_bf16) {
-    router_logits_kernel<true><<<lg, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits);
+    router_logits_tiled_kernel<true><<<lg, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts,
+                                                             logits);
   } else {
-    router_logits_kernel<false><<<lg, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits);
+    router_logits_tiled_kernel<false><<<lg, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts,
+                                                              logits);
   }
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   RouteArgs ra{logits,      l.bias,         l.tid2eid, token_ids, T,      l.num_experts, l.topk,
@@ -1483,9 +1860,13 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
 
   DS_RETURN_IF_ERROR(route(l, x, token_ids, T, experts, weights, workspace, stream));
 
-  const int bt = tuning.tile_tokens > 0 ? tuning.tile_tokens : tile_tokens(T, l);
-  if (bt != 8 && bt != 16 && bt != 32 && bt != 64)
-    return invalid_argument("moe: tile_tokens must be 8, 16, 32 or 64");
+  const int bt = tuning.tile_tokens > 0 ? tuning.tile_tokens
+                 : tuning.path == 3     ? kPfTokens
+                                        : tile_tokens(T, l);
+  if (bt != 8 && bt != 16 && bt != 32 && bt != 64 && bt != kPfTokens)
+    return invalid_argument("moe: tile_tokens must be 8, 16, 32, 64 or 128");
+  if ((bt == kPfTokens) != (tuning.path == 3 || (tuning.path == 0 && bt == kPfTokens)))
+    return invalid_argument("moe: 128-row tiles are the prefill path (path 3) and vice versa");
   PlanArgs pa{experts,      weights,   T,         l.topk,    l.num_experts, l.expert_begin,
               l.expert_end, l.add_shared, bt,     group_offset, tiles,      num_tiles,
               row_token,    row_slot,  row_weight};
@@ -1497,7 +1878,7 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   auto* xs = reinterpret_cast<float*>(ws + L.xs);
   auto* hq8 = reinterpret_cast<uint8_t*>(ws + L.hq8);
   auto* hs = reinterpret_cast<float*>(ws + L.hs);
-  const bool want_f8 = tuning.path == 2 || (tuning.path == 0 && l.fp8_mma);
+  const bool want_f8 = tuning.path == 2 || (tuning.path == 0 && l.fp8_mma && bt <= 16);
   quant_rows_kernel<<<unsigned(ceil_div(xblocks, 16)), 256, 0, stream>>>(
       x, l.dim, T, nullptr, xq, l.quantize_activations, want_f8 ? xq8 : nullptr, xs);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
@@ -1537,7 +1918,10 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
     return launch_gemms_f8<decltype(nt)::value, decltype(kss)::value, decltype(ring)::value>(
         g1, g2, tiles_bound, l.inter, l.dim, h, hq8, hs, total_rows, rows_bound, stream);
   };
-  if (use_f8) {
+  if (bt == kPfTokens) {
+    DS_RETURN_IF_ERROR(launch_gemms_pf(g1, g2, tiles_bound, l.inter, l.dim, h, hq, total_rows,
+                                       rows_bound, fp8, stream));
+  } else if (use_f8) {
     // K split and ring of the FP8 path, measured on H200 (bench_moe, session 5): K split 4 at
     // T = 1 (80.6 us vs 84.9 with 2: 896 CTAs instead of 448 for the 7 groups, < 2 waves at 3
     // CTAs per SM), 2 at T = 16 and 64 (536 / 1240 us vs 548 / 1306 with 4, 616 / 1420 with 1).

@@ -13,7 +13,9 @@
 // exact in bf16), so the GPU sees exactly the operands the CPU reference sees. Decode-size tiles
 // of MXFP4 / FP8-block layers in reference numerics run on the FP8 tensor cores instead
 // (mma.sync e4m3, sm_89+: e2m1 is exact in e4m3, the block scales multiply fp32 partials; see
-// MoeDeviceLayer::fp8_mma and NOTES.md).
+// MoeDeviceLayer::fp8_mma and NOTES.md). Prefill-size batches (more than 32 rows per expert) run
+// 128 x 128 CTA tiles whose weights are dequantized once per tile into shared memory (bf16
+// mma.sync, every format).
 //
 // The shared expert runs as one more group of the same grouped launches (every token, weight 1).
 #pragma once
@@ -82,9 +84,11 @@ class MoeDeviceLayer {
 
 // Kernel choices, 0 = heuristic (benchmarks and tests only).
 struct MoeTuning {
-  int tile_tokens = 0;  // 8, 16, 32 or 64 rows per grouped-GEMM tile
+  int tile_tokens = 0;  // 8, 16, 32, 64 rows per grouped-GEMM tile, or 128 (the prefill path)
   int k_split = 0;      // warps of a CTA splitting K: 1, 2 or 4 (only with 8 or 16-row tiles)
-  int path = 0;         // 1: bf16 mma.sync GEMMs; 2: FP8 mma.sync (needs fp8_mma, 8/16-row tiles)
+  // 1: bf16 mma.sync GEMMs (8-64 row tiles); 2: FP8 mma.sync (needs fp8_mma, 8/16-row tiles);
+  // 3: the prefill path (128 x 128 CTA tiles, bf16 mma.sync, any weight format)
+  int path = 0;
   int ring_kb = 0;      // FP8 path, 8-row tiles: weight ring per warp, 8 (default) or 16 KB
 };
 
@@ -111,7 +115,8 @@ class MoeRunner {
                       int64_t T, int32_t* experts, float* weights, void* workspace,
                       cudaStream_t stream);
 
-  // The tokens-per-tile of the grouped GEMMs that forward() picks for T tokens (8, 16, 32 or 64).
+  // The tokens-per-tile of the grouped GEMMs that forward() picks for T tokens: 8, 16, 32, or
+  // 128 (the prefill path, when more than 32 rows per expert are expected).
   static int tile_tokens(int64_t T, const MoeDeviceLayer& layer);
 };
 
