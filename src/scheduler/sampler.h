@@ -69,13 +69,21 @@ class Sampler {
   // is the argmax); on rejection draw from max(0, p - q) renormalized. The emitted token is then
   // distributed exactly as p. Returns the token to emit (== draft when *accepted). Does not call
   // accept().
-  int32_t verify(const float* logits, int32_t draft, const std::vector<double>& q,
-                 bool* accepted);
+  int32_t verify(const float* logits, int32_t draft, const std::vector<double>& q, bool* accepted);
 
  private:
   // Steps 1-3 into work_ (the adjusted logits).
   void adjust(const float* logits);
   int32_t argmax_adjusted() const;
+  // Whether steps 1-3 can change any logit of this request now.
+  bool adjusts() const;
+  // Step 4 for temperature 0: the argmax after steps 1-3 (ties to the lowest id).
+  int32_t greedy_token(const float* logits);
+  // Step 4 after steps 1-3 for temperature > 0 (sample() and distribution() share it): prob_ =
+  // exp((work_ - max) / T) for every token, then the candidates. Returns how many are kept,
+  // listed in order_ in descending order; or -1 when every token is a candidate in id order (no
+  // top-k, no top-p; prob_ below the min-p cut is zeroed).
+  int64_t candidates();
 
   deepserve::SamplingParams params_;
   int64_t vocab_;
@@ -86,7 +94,8 @@ class Sampler {
   int64_t num_output_ = 0;
   std::vector<float> work_;     // [vocab] adjusted logits
   std::vector<int32_t> order_;  // candidate ids
-  std::vector<double> prob_;    // [vocab]
+  std::vector<double> prob_;    // [vocab] candidates()' unnormalized probabilities
+  std::vector<double> target_;  // [vocab] verify()'s target distribution
 };
 
 }  // namespace ds::sched

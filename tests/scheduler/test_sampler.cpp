@@ -2,10 +2,13 @@
 // reproducibility, a statistical check of temperature sampling, logprobs and range validation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <vector>
 
+#include "core/rng.h"
 #include "scheduler/sampler.h"
 
 namespace ds::sched {
@@ -199,6 +202,155 @@ TEST(Sampler, AllFinite) {
   EXPECT_FALSE(all_finite(l.data(), 3));
   l[1] = INFINITY;
   EXPECT_FALSE(all_finite(l.data(), 3));
+}
+
+// ---- At DeepSeek-V4's vocabulary, against plain definitions (one sorted pass, no shortcuts) ----
+
+constexpr int64_t kBigVocab = 129280;
+
+// Language-model-like logits: most small, a heavy upper tail; `ties` copies of the maximum at
+// random places when > 0.
+std::vector<float> big_logits(uint64_t seed, int ties = 0) {
+  Rng rng(seed);
+  std::vector<float> l(static_cast<size_t>(kBigVocab));
+  for (float& v : l) {
+    const float n = rng.normal();
+    v = 2.0f * n + (n > 2.5f ? 6.0f * (n - 2.5f) : 0.0f);
+  }
+  if (ties > 0) {
+    const float mx = *std::max_element(l.begin(), l.end());
+    for (int i = 0; i < ties; ++i) l[size_t(rng.below(uint64_t(kBigVocab)))] = mx;
+  }
+  return l;
+}
+
+int32_t naive_argmax(const std::vector<float>& l) {
+  int32_t best = 0;
+  for (size_t i = 1; i < l.size(); ++i) {
+    if (l[i] > l[size_t(best)]) best = int32_t(i);
+  }
+  return best;
+}
+
+TEST(Sampler, GreedyAtFullVocabularyIsTheFirstMaximum) {
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    std::vector<float> l = big_logits(seed, int(seed % 3) * 4);
+    if (seed == 5) l.back() = 1000.0f;  // the maximum in the tail past the vector lanes
+    if (seed == 6) l.front() = 1000.0f;
+    Sampler plain(greedy(), 0, kBigVocab, kEos, {});
+    EXPECT_EQ(plain.sample(l.data()), naive_argmax(l)) << "seed " << seed;
+    // With an adjustment (a bias that makes a low token the maximum): the adjusted argmax.
+    SamplingParams p = greedy();
+    const int32_t low = int32_t(seed * 1000);
+    p.logit_bias[low] = 100.0;
+    std::vector<float> adjusted = l;
+    adjusted[size_t(low)] = float(double(adjusted[size_t(low)]) + 100.0);
+    Sampler biased(p, 0, kBigVocab, kEos, {});
+    EXPECT_EQ(biased.sample(l.data()), naive_argmax(adjusted)) << "seed " << seed;
+  }
+}
+
+// distribution() against the documented rule computed over a full sort: softmax of w / T, the
+// top-k prefix, the smallest prefix whose mass reaches top_p of the kept mass, then p >= min_p x
+// p_max, renormalized. Supports must agree exactly; values to 1e-9 relative (summation orders
+// differ).
+TEST(Sampler, DistributionAtFullVocabularyMatchesTheDefinition) {
+  struct Combo {
+    double temperature, top_p;
+    int64_t top_k;
+    double min_p;
+  };
+  const std::vector<Combo> combos = {{1.0, 1.0, 0, 0.0},  {0.7, 0.9, 0, 0.0},  {1.0, 0.95, 50, 0.0},
+                                     {1.3, 1.0, 40, 0.0}, {1.0, 1.0, 0, 0.05}, {0.8, 0.9, 0, 0.02},
+                                     {1.0, 0.5, 200, 0.1}};
+  uint64_t seed = 40;
+  for (const Combo& c : combos) {
+    const std::vector<float> l = big_logits(++seed);
+    SamplingParams p;
+    p.temperature = c.temperature;
+    p.top_p = c.top_p;
+    p.top_k = c.top_k;
+    p.min_p = c.min_p;
+    Sampler s(p, 1, kBigVocab, kEos, {});
+    std::vector<double> got;
+    s.distribution(l.data(), &got);
+    ASSERT_EQ(int64_t(got.size()), kBigVocab);
+    // Reference.
+    const float mx = *std::max_element(l.begin(), l.end());
+    std::vector<double> e(l.size());
+    for (size_t i = 0; i < l.size(); ++i) {
+      e[i] = double(std::exp((l[i] - mx) * float(1.0 / c.temperature)));
+    }
+    std::vector<int32_t> order(l.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return l[size_t(a)] != l[size_t(b)] ? l[size_t(a)] > l[size_t(b)] : a < b;
+    });
+    size_t keep = c.top_k > 0 ? size_t(c.top_k) : order.size();
+    if (c.top_p < 1.0) {
+      double kept = 0, mass = 0;
+      for (size_t i = 0; i < keep; ++i) kept += e[size_t(order[i])];
+      size_t n = 0;
+      while (n < keep && mass < c.top_p * kept) mass += e[size_t(order[n++])];
+      keep = std::max<size_t>(1, n);
+    }
+    if (c.min_p > 0) {
+      size_t n = 1;
+      while (n < keep && e[size_t(order[n])] >= c.min_p * e[size_t(order[0])]) ++n;
+      keep = n;
+    }
+    double total = 0;
+    for (size_t i = 0; i < keep; ++i) total += e[size_t(order[i])];
+    std::vector<double> want(l.size(), 0.0);
+    for (size_t i = 0; i < keep; ++i) want[size_t(order[i])] = e[size_t(order[i])] / total;
+    int64_t support = 0;
+    double sum = 0;
+    for (size_t i = 0; i < l.size(); ++i) {
+      ASSERT_EQ(got[i] > 0, want[i] > 0) << "token " << i << " top_p " << c.top_p;
+      if (want[i] > 0) EXPECT_NEAR(got[i], want[i], 1e-9 * want[i]) << "token " << i;
+      support += got[i] > 0;
+      sum += got[i];
+    }
+    EXPECT_EQ(support, int64_t(keep));
+    EXPECT_NEAR(sum, 1.0, 1e-9);
+  }
+}
+
+TEST(Sampler, LogprobsAtFullVocabularyMatchTheDefinition) {
+  std::vector<float> l = big_logits(77, 5);  // five extra copies of the maximum: ties
+  const float mx = *std::max_element(l.begin(), l.end());
+  double sum = 0;
+  for (float v : l) sum += std::exp(double(v) - double(mx));
+  const double lse = double(mx) + std::log(sum);
+  std::vector<int32_t> ids(l.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
+  std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
+    return l[size_t(a)] != l[size_t(b)] ? l[size_t(a)] > l[size_t(b)] : a < b;
+  });
+  std::vector<LogprobEntry> best;
+  const float lp = token_logprob(l.data(), kBigVocab, 12345, 20, &best);
+  EXPECT_NEAR(lp, double(l[12345]) - lse, 2e-6);
+  ASSERT_EQ(best.size(), 20u);
+  for (size_t i = 0; i < best.size(); ++i) {
+    EXPECT_EQ(best[i].token_id, ids[i]) << "rank " << i;
+    EXPECT_NEAR(best[i].logprob, double(l[size_t(ids[i])]) - lse, 2e-6);
+  }
+}
+
+TEST(Sampler, AllFiniteFindsEveryNonFiniteValueAnywhere) {
+  std::vector<float> l = big_logits(9);
+  l[3] = std::numeric_limits<float>::max();
+  l[4] = -std::numeric_limits<float>::max();
+  l[5] = std::numeric_limits<float>::denorm_min();
+  l[6] = -0.0f;
+  EXPECT_TRUE(all_finite(l.data(), kBigVocab));
+  for (size_t at : {size_t(0), size_t(17), size_t(kBigVocab / 2), size_t(kBigVocab - 1)}) {
+    for (float bad : {std::nanf(""), -std::nanf(""), INFINITY, -INFINITY}) {
+      std::vector<float> m = l;
+      m[at] = bad;
+      EXPECT_FALSE(all_finite(m.data(), kBigVocab)) << "at " << at << " value " << bad;
+    }
+  }
 }
 
 TEST(Sampler, Validation) {
