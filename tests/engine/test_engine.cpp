@@ -395,6 +395,70 @@ TEST(EngineConfigs, QueueBoundsAndDrain) {
   EXPECT_TRUE(e->idle());
 }
 
+// The step's rows are sampled in parallel over the requests (each with its own sampler): the
+// tokens and logprobs of seeded sampled, penalized and greedy requests, with MTP drafts verified
+// and proposed in the same phase, are the same on one thread as on four.
+TEST(EngineConfigs, ParallelSamplingGivesTheSingleThreadOutputs) {
+  ds::Rng rng(57);
+  std::vector<GenerateRequest> requests;
+  for (int i = 0; i < 8; ++i) {
+    GenerateRequest r;
+    r.prompt_ids = random_prompt(&rng, 6 + 3 * i);
+    r.sampling.max_tokens = 10;
+    r.sampling.ignore_eos = true;
+    r.sampling.seed = 100 + uint64_t(i);
+    r.sampling.temperature = i % 4 == 0 ? 0.0 : 0.9;
+    if (i % 4 == 1) r.sampling.top_p = 0.9;
+    if (i % 4 == 2) r.sampling.top_k = 20;
+    if (i % 4 == 3) {
+      r.sampling.min_p = 0.05;
+      r.sampling.frequency_penalty = 0.5;
+    }
+    if (i % 2 == 0) r.sampling.logprobs = 3;
+    requests.push_back(r);
+  }
+  auto run_all = [&](int threads) {
+    EngineConfig c;
+    c.num_threads = threads;
+    c.speculative.method = "mtp";
+    c.speculative.num_speculative_tokens = 2;
+    c.speculative.adaptive = false;
+    auto e = make_engine(c);
+    std::vector<Outcome> out;
+    if (!e) return out;
+    std::vector<std::unique_ptr<RequestStream>> streams;
+    for (const auto& r : requests) {
+      ApiError err;
+      streams.push_back(e->submit(r, &err));
+      EXPECT_NE(streams.back(), nullptr) << err.message;
+      if (!streams.back()) return out;
+    }
+    for (auto& s : streams) out.push_back(collect(s.get()));
+    const EngineMetrics m = e->metrics();
+    EXPECT_GT(m.spec_draft_tokens_total, 0);
+    expect_kv_baseline(e.get());
+    return out;
+  };
+  const std::vector<Outcome> one = run_all(1), four = run_all(4);
+  ASSERT_EQ(one.size(), requests.size());
+  ASSERT_EQ(four.size(), requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(one[i].reason, FinishReason::kLength) << i;
+    EXPECT_EQ(one[i].ids.size(), 10u) << i;
+    EXPECT_EQ(one[i].ids, four[i].ids) << "request " << i;
+    ASSERT_EQ(one[i].tokens.size(), four[i].tokens.size());
+    for (size_t t = 0; t < one[i].tokens.size(); ++t) {
+      EXPECT_EQ(one[i].tokens[t].logprob, four[i].tokens[t].logprob) << i << "/" << t;
+      ASSERT_EQ(one[i].tokens[t].top.size(), four[i].tokens[t].top.size());
+      EXPECT_EQ(one[i].tokens[t].top.size(), requests[i].sampling.logprobs >= 0 ? 3u : 0u);
+      for (size_t k = 0; k < one[i].tokens[t].top.size(); ++k) {
+        EXPECT_EQ(one[i].tokens[t].top[k].token_id, four[i].tokens[t].top[k].token_id);
+        EXPECT_EQ(one[i].tokens[t].top[k].logprob, four[i].tokens[t].top[k].logprob);
+      }
+    }
+  }
+}
+
 TEST(EngineConfigs, NanHookEndsOnlyItsRequest) {
   ds::Rng rng(33);
   std::vector<std::vector<int32_t>> prompts;
