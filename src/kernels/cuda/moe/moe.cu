@@ -547,6 +547,27 @@ struct GemmArgs {
   const float* act_scale = nullptr;
 };
 
+// The gate/up epilogue of one h element, in cpu::moe_forward's order: gate `av` and up `bv` (fp32
+// sums, block scales applied) rounded to bf16 where REF keeps bf16, the clamped SwiGLU (the
+// shared expert unclamped unless shared_clamp), times the route weight of routed row `gr`.
+__device__ __forceinline__ float swiglu_hidden(const GemmArgs& a, float av, float bv, bool shared,
+                                               int gr) {
+  if (a.round_bf16) {
+    av = round_bf16_dev(av);
+    bv = round_bf16_dev(bv);
+  }
+  const float limit = shared && !a.shared_clamp ? 0.0f : a.swiglu_limit;
+  if (limit > 0.0f) {
+    av = fminf(av, limit);
+    bv = fminf(fmaxf(bv, -limit), limit);
+  }
+  const float silu = av / (1.0f + expf(-av));
+  float hidden = silu * bv;
+  if (!shared) hidden = a.row_weight[gr] * hidden;
+  if (a.round_bf16) hidden = round_bf16_dev(hidden);
+  return hidden;
+}
+
 __device__ __forceinline__ int swizzle_unit(int u, int r) {
   return u ^ (((u >> 3) & 1) | ((r & 1) << 1));
 }
@@ -777,21 +798,8 @@ __device__ __forceinline__ void gemm_tile(const GemmArgs& a, const MoeDeviceExpe
       const int gr = base + row0 + r;
       if constexpr (kFused) {
         const int64_t col = row_g[0] + 8 * (c >> 1);
-        float av = acc[0][n][c] * gscale[0], bv = acc[1][n][c] * gscale[1];
-        if (a.round_bf16) {
-          av = round_bf16_dev(av);
-          bv = round_bf16_dev(bv);
-        }
-        const float limit = shared && !a.shared_clamp ? 0.0f : a.swiglu_limit;
-        if (limit > 0.0f) {
-          av = fminf(av, limit);
-          bv = fminf(fmaxf(bv, -limit), limit);
-        }
-        const float silu = av / (1.0f + expf(-av));
-        float hidden = silu * bv;
-        if (!shared) hidden = a.row_weight[gr] * hidden;
-        if (a.round_bf16) hidden = round_bf16_dev(hidden);
-        a.out[int64_t(gr) * a.N + col] = hidden;
+        a.out[int64_t(gr) * a.N + col] =
+            swiglu_hidden(a, acc[0][n][c] * gscale[0], acc[1][n][c] * gscale[1], shared, gr);
       } else {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
@@ -907,21 +915,7 @@ __device__ __forceinline__ void f8_epilogue(const GemmArgs& a, float (&acc)[2][N
       const int gr = base + row0 + r;
       if constexpr (kFused) {
         const int64_t col = row_g[0] + 8 * (c >> 1);
-        float av = acc[0][n][c], bv = acc[1][n][c];
-        if (a.round_bf16) {
-          av = round_bf16_dev(av);
-          bv = round_bf16_dev(bv);
-        }
-        const float limit = shared && !a.shared_clamp ? 0.0f : a.swiglu_limit;
-        if (limit > 0.0f) {
-          av = fminf(av, limit);
-          bv = fminf(fmaxf(bv, -limit), limit);
-        }
-        const float silu = av / (1.0f + expf(-av));
-        float hidden = silu * bv;
-        if (!shared) hidden = a.row_weight[gr] * hidden;
-        if (a.round_bf16) hidden = round_bf16_dev(hidden);
-        a.out[int64_t(gr) * a.N + col] = hidden;
+        a.out[int64_t(gr) * a.N + col] = swiglu_hidden(a, acc[0][n][c], acc[1][n][c], shared, gr);
       } else {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
@@ -1454,21 +1448,8 @@ __device__ __forceinline__ void pf_tile(const GemmArgs& a, const MoeDeviceExpert
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int64_t col = n0 + 32 * wm + 16 * i + gid + 8 * (c >> 1);
-          float av = acc[i][n][c] * gscale0, bv = acc[i + 2][n][c] * gscale1;
-          if (a.round_bf16) {
-            av = round_bf16_dev(av);
-            bv = round_bf16_dev(bv);
-          }
-          const float limit = shared && !a.shared_clamp ? 0.0f : a.swiglu_limit;
-          if (limit > 0.0f) {
-            av = fminf(av, limit);
-            bv = fminf(fmaxf(bv, -limit), limit);
-          }
-          const float silu = av / (1.0f + expf(-av));
-          float hidden = silu * bv;
-          if (!shared) hidden = a.row_weight[gr] * hidden;
-          if (a.round_bf16) hidden = round_bf16_dev(hidden);
-          a.out[int64_t(gr) * a.N + col] = hidden;
+          a.out[int64_t(gr) * a.N + col] =
+              swiglu_hidden(a, acc[i][n][c] * gscale0, acc[i + 2][n][c] * gscale1, shared, gr);
         }
       } else {
         const int64_t orow = int64_t(a.row_slot[gr]) * a.N;
