@@ -144,7 +144,11 @@ class PinnedHostMemory final : public HostMemorySource {
       }
     }
     const cudaError_t e = cudaFreeHost(p);
-    if (e != cudaSuccess) spdlog::error("cuda: cudaFreeHost failed: {}", cudaGetErrorString(e));
+    // At process exit the runtime may be gone before the last buffer (nothing left to free then,
+    // and no logger to tell).
+    if (e != cudaSuccess && e != cudaErrorCudartUnloading) {
+      spdlog::error("cuda: cudaFreeHost failed: {}", cudaGetErrorString(e));
+    }
   }
 
  private:
