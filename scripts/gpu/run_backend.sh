@@ -9,13 +9,14 @@
 #
 #   scripts/gpu/run_backend.sh [OUT_DIR] [--layers N] [--profiles "1:512 16:512 64:512"]
 #                              [--no-tests] [--no-profile] [--eval TOKENS] [--spec DATASET]
-#                              [--gemm]
+#                              [--gemm] [--kernels]
 # --profiles lists batch:context pairs for `deepserve profile --device cuda`.
 # --eval: held-out perplexity of the embedded model on the CUDA backend (eval-checkpoint, 32
 # sequences of 256 tokens of the uint32 token file, as docs/tiny_model.md's CPU check).
 # --spec: scripts/gpu/run_speculative.sh with prompts cut from DATASET (a Brown-corpus directory
 # or a text file).
 # --gemm: test_gemm_cuda and bench_gemm_fp8 in decode mode (when pack_backend.sh packed them).
+# --kernels: test_moe_cuda and test_indexer_cuda (when packed).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:-${OUT:-bench/results}}"
@@ -27,6 +28,7 @@ profile=1
 eval_tokens=""
 spec_dataset=""
 gemm=0
+kernels=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --layers) layers="$2"; shift ;;
@@ -36,6 +38,7 @@ while [ $# -gt 0 ]; do
     --eval) eval_tokens="$2"; shift ;;
     --spec) spec_dataset="$2"; shift ;;
     --gemm) gemm=1 ;;
+    --kernels) kernels=1 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -107,6 +110,14 @@ if [ $gemm -eq 1 ] && [ -x "$carry/bench_gemm_fp8" ]; then
   grep -E "floor|ceilings" "$out/bench_gemm_fp8.log" | head -60
 fi
 
+if [ $kernels -eq 1 ]; then
+  for t in test_moe_cuda test_indexer_cuda; do
+    [ -x "$carry/$t" ] || { summary+=("$t: not packed"); continue; }
+    step "$t" timeout 150 "$carry/$t"
+    grep -E "^\[  (PASSED|FAILED) |Failure" "$out/$t.log" | head -10
+  done
+fi
+
 if [ -n "$eval_tokens" ]; then
   model=$("$carry/deepserve" inspect 2>/dev/null | head -1)  # expands the embedded model
   step eval_cuda "$carry/deepserve" eval-checkpoint --device cuda --model "$model" \
@@ -136,6 +147,8 @@ if [ $profile -eq 1 ]; then
   rm -rf "$model"
 fi
 cp "$out"/test_cuda_ops.log "$out"/generate_tiny_cuda.log "$json_out"/ 2>/dev/null
+# The other logs in one file (the run tool returns at most 8 files).
+tar -C "$out" -czf "$json_out/backend_logs.tgz" . 2>/dev/null
 echo "---- summary ----"
 printf '%s\n' "${summary[@]}"
 exit $failed
