@@ -14,6 +14,8 @@
 # OUT/summary.txt.
 #
 #   scripts/gpu/run_serving_1gpu.sh OUT [LAYERS]
+# Env: SERVE_THREADS="0 1" serves (and benchmarks) once per --num-threads value (default 0 = all
+# cores; 1 = sampling on the engine thread alone); PARTS="tiny profile serve" picks the parts.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:?usage: run_serving_1gpu.sh OUT [LAYERS]}"
@@ -46,7 +48,11 @@ trap finish EXIT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$log"
 say "commit ${DS_COMMIT:-unknown}"
 
+parts="${PARTS:-tiny profile serve}"
+has() { [[ " $parts " == *" $1 "* ]]; }
+
 # 1. Tiny model.
+if has tiny; then
 step generate_tiny_cuda timeout 120 "$ds" generate --device cuda --prompt "The capital of France is" \
   --max-tokens 24 --ignore-eos
 step generate_tiny_cpu timeout 120 "$ds" generate --device cpu --prompt "The capital of France is" \
@@ -54,6 +60,7 @@ step generate_tiny_cpu timeout 120 "$ds" generate --device cpu --prompt "The cap
 grep -h "generated ids" "$work"/generate_tiny_*.log | tee -a "$log"
 step kv_paging timeout 240 python3 scripts/gpu/check_kv_paging.py "$ds" "$work/json/kv_paging_gpu.json"
 tail -3 "$work/kv_paging.log" | tee -a "$log"
+fi
 
 # 2. Offline decode steps from CUDA graphs.
 model=/dev/shm/flash$layers
@@ -61,6 +68,7 @@ rm -rf "$model"
 step make_flash timeout 150 "$ds" make-checkpoint --preset flash --layers "$layers" --out "$model" \
   --no-verify || exit 1
 for b in 1 16 64; do
+  has profile || break
   name="profile_flash${layers}_b${b}_c512_graphs"
   step "$name" timeout 120 "$ds" profile --device cuda --model "$model" --batch "$b" \
     --context 512 --steps 8 --warmup 2 --graphs --output "$work/json/$name.json"
@@ -68,34 +76,38 @@ for b in 1 16 64; do
 done
 
 # 3. The server and the load generator.
-port=18231
-"$ds" serve --device cuda --model "$model" --served-model-name flash$layers --port $port \
-  --max-model-len 4096 --max-num-seqs 64 >"$work/serve.log" 2>&1 &
-pid=$!
-up=0
-for i in $(seq 1 150); do
-  if python3 scripts/gpu/http_get.py $port /health >/dev/null 2>&1; then up=1; break; fi
-  kill -0 $pid 2>/dev/null || break
-  sleep 1
-done
-say "serve: health after ${i}s: $([ $up -eq 1 ] && echo ok || echo FAILED)"
-if [ $up -eq 1 ]; then
-  for c in 16 64; do
-    for mode in greedy t1; do
-      temp=(); [ $mode = greedy ] && temp=(--temperature 0)
-      name="bench_flash${layers}_c${c}_${mode}"
-      step "$name" timeout 240 "$ds" bench --base-url "http://127.0.0.1:$port" \
-        --model "flash$layers" --dataset-path README.md --num-prompts $((2 * c)) \
-        --random-input-len 256 --random-output-len 64 --max-concurrency "$c" --ignore-eos \
-        --disable-tqdm "${temp[@]}" --result-filename "$work/json/$name.json"
-      grep -E "Successful|Failed req|Output token|Mean TTFT|Mean TPOT|Median TPOT|Mean ITL" \
-        "$work/$name.log" | sed "s/^/  /" | tee -a "$log"
-    done
+for nt in ${SERVE_THREADS:-0}; do
+  has serve || break
+  sfx=""; [ "$nt" != 0 ] && sfx="_nt$nt"
+  port=18231
+  "$ds" serve --device cuda --model "$model" --served-model-name flash$layers --port $port \
+    --max-model-len 4096 --max-num-seqs 64 --num-threads "$nt" >"$work/serve$sfx.log" 2>&1 &
+  pid=$!
+  up=0
+  for i in $(seq 1 150); do
+    if python3 scripts/gpu/http_get.py $port /health >/dev/null 2>&1; then up=1; break; fi
+    kill -0 $pid 2>/dev/null || break
+    sleep 1
   done
-  python3 scripts/gpu/http_get.py $port /metrics | grep -E \
-    "^deepserve:(generation_tokens_total|num_preemptions_total|engine_steps_total)" | tee -a "$log"
-fi
-kill -INT $pid 2>/dev/null
-wait $pid
-say "serve exit rc=$?"
+  say "serve --num-threads $nt: health after ${i}s: $([ $up -eq 1 ] && echo ok || echo FAILED)"
+  if [ $up -eq 1 ]; then
+    for c in 16 64; do
+      for mode in greedy t1; do
+        temp=(); [ $mode = greedy ] && temp=(--temperature 0)
+        name="bench_flash${layers}_c${c}_${mode}$sfx"
+        step "$name" timeout 240 "$ds" bench --base-url "http://127.0.0.1:$port" \
+          --model "flash$layers" --dataset-path README.md --num-prompts $((2 * c)) \
+          --random-input-len 256 --random-output-len 64 --max-concurrency "$c" --ignore-eos \
+          --disable-tqdm "${temp[@]}" --result-filename "$work/json/$name.json"
+        grep -E "Successful|Failed req|Output token|Mean TTFT|Mean TPOT|Median TPOT|Mean ITL" \
+          "$work/$name.log" | sed "s/^/  /" | tee -a "$log"
+      done
+    done
+    python3 scripts/gpu/http_get.py $port /metrics | grep -E \
+      "^deepserve:(generation_tokens_total|num_preemptions_total|engine_steps_total)" | tee -a "$log"
+  fi
+  kill -INT $pid 2>/dev/null
+  wait $pid
+  say "serve exit rc=$?"
+done
 rm -rf "$model"
