@@ -1124,6 +1124,15 @@ void EngineImpl::step() {
   // a 129280-token vocabulary phase 1 is 64 rows of 0.2-1 ms each on one core (bench_sampler).
   std::vector<RowDecisions> decided(plan.chunks.size());
   const int64_t num_chunks = int64_t(plan.chunks.size());
+  // Phase 1 allocates nothing large: the samplers' buffers and the decision lists are sized here,
+  // on the engine thread (memory a worker allocates stays in its malloc arena, and the engine
+  // keeps freed memory on the heap: RSS would creep up across requests).
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const sched::ScheduledChunk& sc = plan.chunks[i];
+    if (!sc.samples) continue;
+    requests_.at(sc.seq->id)->sampler->reserve_buffers(sc.num_draft > 0);
+    decided[i].rows.reserve(size_t(sc.num_draft + 1));
+  }
   DS_OMP_PARALLEL_FOR_DYNAMIC_IF(num_chunks >= 2)
   for (int64_t i = 0; i < num_chunks; ++i) {
     const sched::ScheduledChunk& sc = plan.chunks[size_t(i)];
@@ -1248,6 +1257,11 @@ std::vector<EngineImpl::Proposal> EngineImpl::propose_all(
     const std::vector<Request*>& requests, const std::vector<dsv4::ChunkOutput>& outs) const {
   std::vector<Proposal> out(requests.size());
   const int64_t n = int64_t(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {  // sized on this thread (see step())
+    if (requests[i] == nullptr) continue;
+    requests[i]->sampler->reserve_buffers(false);
+    if (!requests[i]->sampler->greedy()) out[i].q.reserve(size_t(vocab_));
+  }
   DS_OMP_PARALLEL_FOR_DYNAMIC_IF(n >= 2)
   for (int64_t i = 0; i < n; ++i) {
     Request* r = requests[size_t(i)];

@@ -170,6 +170,15 @@ void Sampler::adjust(const float* logits) {
   }
 }
 
+void Sampler::reserve_buffers(bool verify) {
+  const size_t V = size_t(vocab_);
+  if (!greedy() || adjusts()) work_.reserve(V);
+  if (greedy()) return;
+  prob_.reserve(V);
+  if ((params_.top_k > 0 && params_.top_k < vocab_) || params_.top_p < 1.0) order_.reserve(V);
+  if (verify) target_.reserve(V);
+}
+
 int32_t Sampler::argmax_adjusted() const {
   return argmax_first(work_.data(), vocab_);
 }

@@ -52,6 +52,11 @@ class Sampler {
   // Records a generated token (for the penalties and min_tokens).
   void accept(int32_t token);
 
+  // Sizes the buffers the next sample() / verify() (when `verify`) / propose() will use, so that
+  // such a call allocates nothing: the engine makes it on a worker thread, and large buffers that
+  // a worker allocates would stay in that thread's malloc arena (RSS growth across requests).
+  void reserve_buffers(bool verify);
+
   int64_t num_output() const { return num_output_; }
   bool greedy() const { return params_.temperature <= 0; }
 

@@ -307,7 +307,9 @@ TEST(Sampler, DistributionAtFullVocabularyMatchesTheDefinition) {
     double sum = 0;
     for (size_t i = 0; i < l.size(); ++i) {
       ASSERT_EQ(got[i] > 0, want[i] > 0) << "token " << i << " top_p " << c.top_p;
-      if (want[i] > 0) EXPECT_NEAR(got[i], want[i], 1e-9 * want[i]) << "token " << i;
+      if (want[i] > 0) {
+        EXPECT_NEAR(got[i], want[i], 1e-9 * want[i]) << "token " << i;
+      }
       support += got[i] > 0;
       sum += got[i];
     }
