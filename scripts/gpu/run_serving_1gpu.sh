@@ -4,7 +4,9 @@
 #      the server (scripts/gpu/check_kv_paging.py);
 #   2. the first LAYERS layers of the DeepSeek-V4-Flash geometry (a synthetic checkpoint in the
 #      published format, in /dev/shm): `deepserve profile --graphs` decode steps at B = 1, 16, 64
-#      (context 512), the offline step time as in serving;
+#      (context 512, or PROFILE_CONTEXTS), the offline step time as in serving, and the same
+#      steps again with --event-timing (per-component device times inside the graphs; off with
+#      PROFILE_EVENTS=0);
 #   3. `deepserve serve` of that checkpoint and `deepserve bench` against it at concurrency 16 and
 #      64 (256-token prompts, 64 output tokens), greedy and sampled (the server's default,
 #      temperature 1): the TPOT next to the offline step is what HTTP, scheduling and sampling
@@ -67,12 +69,22 @@ model=/dev/shm/flash$layers
 rm -rf "$model"
 step make_flash timeout 150 "$ds" make-checkpoint --preset flash --layers "$layers" --out "$model" \
   --no-verify || exit 1
+# PROFILE_CONTEXTS (default 512), and with PROFILE_EVENTS=1 (default) a second, event-timed run
+# of each (--event-timing: per-component device times of the replayed graphs).
+for ctx in ${PROFILE_CONTEXTS:-512}; do
 for b in 1 16 64; do
   has profile || break
-  name="profile_flash${layers}_b${b}_c512_graphs"
-  step "$name" timeout 120 "$ds" profile --device cuda --model "$model" --batch "$b" \
-    --context 512 --steps 8 --warmup 2 --graphs --output "$work/json/$name.json"
-  grep -E "^step" "$work/$name.log" | tee -a "$log"
+  for ev in "" ${PROFILE_EVENTS:-1}; do
+    [ "$ev" = 0 ] && continue
+    name="profile_flash${layers}_b${b}_c${ctx}_graphs${ev:+_events}"
+    step "$name" timeout 200 "$ds" profile --device cuda --model "$model" --batch "$b" \
+      --context "$ctx" --steps 8 --warmup 2 --graphs ${ev:+--event-timing} \
+      --output "$work/json/$name.json"
+    grep -E "^step" "$work/$name.log" | tee -a "$log"
+    [ -n "$ev" ] && grep -E "^(mhc|norm|attention|compressor|indexer|sparse|moe|head|embedding)" \
+      "$work/$name.log" | tee -a "$log"
+  done
+done
 done
 
 # 3. The server and the load generator.

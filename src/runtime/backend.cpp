@@ -44,6 +44,7 @@ Result<std::unique_ptr<dsv4::Ops>> make_backend(const std::string& device,
   o.max_step_tokens = limits.max_step_tokens;
   o.max_logit_rows = limits.max_logit_rows;
   o.synchronous_components = limits.synchronous_components;
+  o.component_events = limits.component_events;
   o.max_checkpoint_tokens = limits.max_checkpoint_tokens;
   o.gpu_memory_utilization = limits.gpu_memory_utilization;
   o.kv_cache_bytes = limits.kv_cache_bytes;

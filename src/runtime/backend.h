@@ -20,6 +20,9 @@ struct BackendLimits {
   int64_t max_step_tokens = 512;        // tokens of one forward call
   int64_t max_logit_rows = 0;           // 0 = max_step_tokens
   bool synchronous_components = false;  // profiling: component ranges measure device time
+  // Profiling (CUDA): time the component ranges with events on the stream, graphs included
+  // (CudaOpsOptions::component_events; Ops::take_component_times reads them).
+  bool component_events = false;
   int64_t max_checkpoint_tokens = 0;    // speculative decoding: 1 + k; 0 = no speculation
   // CUDA: the fraction of the GPU's memory to fill; the sequence slots (at most max_sequences)
   // and the KV pages are what fits after the weights and the step arena (0 = max_sequences slots

@@ -4,12 +4,15 @@
 // JSON report holds the same numbers, and bad requests are errors.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdlib>
+#include <span>
 
 #include <nlohmann/json.hpp>
 
 #include "forward_test_util.h"
 #include "model/deepseek_v4/cpu_ops.h"
+#include "model/deepseek_v4/forwarding_ops.h"
 #include "model/deepseek_v4/profile.h"
 
 namespace ds::dsv4::test {
@@ -78,6 +81,77 @@ TEST(Profile, DecodeAndPrefillComponentsCoverTheStep) {
   const std::string text = format_profile_report(*result, "tiny");
   EXPECT_NE(text.find("sparse attention"), std::string::npos);
   EXPECT_NE(text.find("components cover"), std::string::npos);
+}
+
+// A backend that times its ranges itself (Ops::take_component_times, as CudaOps does with
+// events): 2 ms of "device time" per range of a component it saw, nothing for the step-overhead
+// ranges (host work). The profile must report those times, not its host clock's, for every
+// component but the step overhead, drop what the backend timed before the timed steps (cache
+// fill, warm-up), and say so in the report and the JSON, even when told the steps replayed.
+class SelfTimingOps final : public ForwardingOps {
+ public:
+  using ForwardingOps::ForwardingOps;
+  void component_end(Component c) override {
+    ForwardingOps::component_end(c);
+    if (c != Component::kStep) ++pending_[size_t(c)];
+  }
+  bool take_component_times(std::span<double> seconds, std::span<int64_t> ranges) override {
+    for (size_t c = 0; c < pending_.size(); ++c) {
+      seconds[c] += 2e-3 * double(pending_[c]);
+      ranges[c] += pending_[c];
+    }
+    pending_.fill(0);
+    ++takes;
+    return true;
+  }
+  int takes = 0;
+
+ private:
+  std::array<int64_t, kNumComponents> pending_{};
+};
+
+TEST(Profile, ABackendsDeviceTimesReplaceTheHostClock) {
+  const ModelWeights& model = tiny_model();
+  CpuOps cpu(model.config());
+  SelfTimingOps self_timing(&cpu);
+  ProfileRequest req = small_request();
+  req.step_time_only = true;  // as `--graphs --event-timing` asks
+  auto result = run_profile(model, ForwardOptions::for_mode(cpu::NumericsMode::kReference),
+                            &self_timing, "cuda", req);
+  ASSERT_TRUE(result.ok()) << result.status().message();
+  EXPECT_FALSE(result->request.step_time_only);
+  EXPECT_NE(result->request.component_timing.find("device events"), std::string::npos);
+  EXPECT_GE(self_timing.takes, 3);  // reset before decode, decode, reset + prefill
+  for (const PhaseProfile* p : {&result->decode, &result->prefill}) {
+    SCOPED_TRACE(p->phase);
+    for (const ComponentProfile& cp : p->components) {
+      if (cp.component == Component::kStep) {
+        EXPECT_GT(cp.seconds, 0);  // the host clock's (the fake gives it nothing)
+        continue;
+      }
+      // Exactly the backend's 2 ms per range per step, whatever the host clock read.
+      EXPECT_NEAR(cp.seconds, 2e-3 * double(cp.ranges), 1e-12) << component_name(cp.component);
+    }
+  }
+  const ComponentProfile& moe = result->decode.components[size_t(Component::kMoe)];
+  EXPECT_GT(moe.ranges, 0);
+  const auto json = nlohmann::json::parse(profile_to_json(*result, "tiny"));
+  EXPECT_TRUE(json["components_timed"].get<bool>());
+  EXPECT_NE(json["component_timing"].get<std::string>().find("device events"), std::string::npos);
+  EXPECT_EQ(json["decode"]["components"].size(), size_t(kNumComponents));
+  EXPECT_NE(format_profile_report(*result, "tiny").find("device events"), std::string::npos);
+
+  // A backend that does not time (CpuOps): the host clock, and the report says so.
+  auto host = run_profile(model, ForwardOptions::for_mode(cpu::NumericsMode::kReference), &cpu,
+                          "cpu", small_request());
+  ASSERT_TRUE(host.ok());
+  // Same ranges per step as the host-timed run: the fill's and warm-up's were dropped.
+  for (int c = 0; c < kNumComponents; ++c) {
+    EXPECT_EQ(result->decode.components[size_t(c)].ranges, host->decode.components[size_t(c)].ranges)
+        << component_name(Component(c));
+  }
+  EXPECT_EQ(nlohmann::json::parse(profile_to_json(*host, "tiny"))["component_timing"],
+            "host clock, synchronized ranges");
 }
 
 TEST(Profile, EveryRooflineRowBelongsToAComponent) {

@@ -20,6 +20,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <span>
@@ -287,6 +289,54 @@ TEST_F(CudaOpsTest, GraphDecodeEqualsEagerDecode) {
   const int64_t replays = (*graph_ops)->graph_replays();
   EXPECT_EQ(batch_decode(graph_fwd), batch_decode(eager_fwd)) << "batch of 3, graph vs eager";
   EXPECT_GE((*graph_ops)->graph_replays() - replays, 15);
+}
+
+// Component ranges timed with events (CudaOpsOptions::component_events, what `deepserve profile
+// --graphs --event-timing` uses): the events are captured into the decode graphs and replayed,
+// the logits stay bit-identical to the same graph path without events, every component the tiny
+// model runs gets ranges with positive device time, the step-overhead ranges (host work) none,
+// the device times sum to less than the host's wall time around the steps, and a take drains.
+TEST_F(CudaOpsTest, EventTimedRangesInsideGraphsLeaveTheLogitsAlone) {
+  CudaOpsOptions o = ops_->options();
+  auto plain_ops = CudaOps::create(tiny_model(), options_, o);
+  o.component_events = true;
+  auto timed_ops = CudaOps::create(tiny_model(), options_, o);
+  ASSERT_TRUE(plain_ops.ok() && timed_ops.ok());
+  Forward plain_fwd(&tiny_model(), options_, plain_ops->get());
+  Forward timed_fwd(&tiny_model(), options_, timed_ops->get());
+  const auto tokens = random_tokens(140, 52);
+  const auto schedule = prefill_then_decode(100, 40);
+  std::array<double, dsv4::kNumComponents> s{};
+  std::array<int64_t, dsv4::kNumComponents> n{};
+  EXPECT_FALSE((*plain_ops)->take_component_times(s, n));
+  const std::vector<float> plain = run_chunked(plain_fwd, tokens, schedule);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<float> timed = run_chunked(timed_fwd, tokens, schedule);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(timed, plain) << "event-timed graph path vs plain graph path";
+  EXPECT_GE((*timed_ops)->graph_replays(), 30);
+  ASSERT_TRUE((*timed_ops)->take_component_times(s, n));
+  double total = 0;
+  for (dsv4::Component c : {dsv4::Component::kEmbed, dsv4::Component::kMhc,
+                            dsv4::Component::kAttentionProjections, dsv4::Component::kCompressor,
+                            dsv4::Component::kIndexer, dsv4::Component::kAttention,
+                            dsv4::Component::kMoe, dsv4::Component::kHead}) {
+    // Every step (1 prefill + 40 decode, 38 of them replayed) opens each of these ranges.
+    EXPECT_GE(n[size_t(c)], 41) << dsv4::component_name(c);
+    EXPECT_GT(s[size_t(c)], 0) << dsv4::component_name(c);
+  }
+  for (double v : s) total += v;
+  EXPECT_EQ(n[size_t(dsv4::Component::kStep)], 0);
+  EXPECT_LT(total, wall);
+  std::printf("[ metric ] event-timed components: %.3f ms of %.3f ms wall, %lld mhc ranges\n",
+              total * 1e3, wall * 1e3, static_cast<long long>(n[size_t(dsv4::Component::kMhc)]));
+  std::array<double, dsv4::kNumComponents> s2{};
+  std::array<int64_t, dsv4::kNumComponents> n2{};
+  ASSERT_TRUE((*timed_ops)->take_component_times(s2, n2));
+  for (int c = 0; c < dsv4::kNumComponents; ++c) {
+    EXPECT_EQ(n2[size_t(c)], 0);
+    EXPECT_EQ(s2[size_t(c)], 0);
+  }
 }
 
 bool is_pinned(const void* p) {

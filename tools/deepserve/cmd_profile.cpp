@@ -30,6 +30,7 @@ void register_profile(CLI::App& app, CommandFn* run) {
     std::string output;
     int tensor_parallel_size = 1;
     bool graphs = false;
+    bool event_timing = false;
   };
   auto args = std::make_shared<Args>();
   args->request.context = 512;
@@ -70,6 +71,11 @@ void register_profile(CLI::App& app, CommandFn* run) {
                 "cuda: leave the component ranges unsynchronized so that decode steps replay from "
                 "CUDA graphs as when serving; reports the step time only")
       ->envname("DEEPSERVE_PROFILE_GRAPHS");
+  cmd->add_flag("--event-timing", args->event_timing,
+                "cuda: time each component range with CUDA events on the stream instead of "
+                "synchronizing (with --graphs: events captured into the replayed decode graphs); "
+                "the events separate the kernels at range boundaries, costing a little time")
+      ->envname("DEEPSERVE_PROFILE_EVENT_TIMING");
   cmd->add_flag("--json", args->json, "print JSON instead of the table")
       ->envname("DEEPSERVE_PROFILE_JSON");
   cmd->add_option("--output", args->output, "also write the JSON to this file")
@@ -100,7 +106,10 @@ void register_profile(CLI::App& app, CommandFn* run) {
       limits.max_step_tokens =
           std::max({rq.batch, rq.prefill_tokens, std::min<int64_t>(rq.context, 512), int64_t(1)});
       limits.max_logit_rows = std::max<int64_t>(rq.batch, 1);
-      limits.synchronous_components = !args->graphs;
+      // --event-timing: the backend times its ranges (events); run_profile then reports the
+      // components whatever --graphs says.
+      limits.synchronous_components = !args->graphs && !args->event_timing;
+      limits.component_events = args->event_timing;
       args->request.step_time_only = args->graphs;
       // Every rank's component ranges are timed (so that each synchronizes the same way);
       // the report is rank 0's.

@@ -26,6 +26,9 @@ class ForwardingOps : public Ops {
   void release(size_t mark) override { inner_->release(mark); }
   void component_begin(Component component) override { inner_->component_begin(component); }
   void component_end(Component component) override { inner_->component_end(component); }
+  bool take_component_times(std::span<double> seconds, std::span<int64_t> ranges) override {
+    return inner_->take_component_times(seconds, ranges);
+  }
   void copy_to_host(const float* src, int64_t n, float* dst) override {
     before_op("copy_to_host");
     inner_->copy_to_host(src, n, dst);

@@ -110,6 +110,15 @@ class Ops {
   // ranges here; the profiler times them. Default: nothing.
   virtual void component_begin(Component component) {}
   virtual void component_end(Component component) {}
+  // Device time of the component ranges, for a backend that times them itself (CudaOps with
+  // CudaOpsOptions::component_events: events recorded on its stream, captured into CUDA graphs
+  // too): adds the seconds and the number of every range it timed since the previous call to
+  // seconds[c] / ranges[c] (kNumComponents each) and returns true. Step-overhead ranges
+  // (Component::kStep) are host work and not timed there. Default: false (the caller times
+  // the ranges on the host).
+  virtual bool take_component_times(std::span<double> seconds, std::span<int64_t> ranges) {
+    return false;
+  }
   // Host <-> backend copies of fp32 values (identity copies on the CPU).
   virtual void copy_to_host(const float* src, int64_t n, float* dst) = 0;
   virtual void copy_from_host(const float* src, int64_t n, float* dst) = 0;

@@ -28,6 +28,23 @@ void ProfilingOps::component_end(Component c) {
 void ProfilingOps::reset() {
   seconds.fill(0);
   ranges.fill(0);
+  std::array<double, kNumComponents> drop_s{};
+  std::array<int64_t, kNumComponents> drop_n{};
+  (void)inner()->take_component_times(drop_s, drop_n);
+  device_timed = false;
+}
+
+bool ProfilingOps::use_device_times() {
+  std::array<double, kNumComponents> dev_s{};
+  std::array<int64_t, kNumComponents> dev_n{};
+  if (!inner()->take_component_times(dev_s, dev_n)) return false;
+  for (int c = 0; c < kNumComponents; ++c) {
+    if (Component(c) == Component::kStep) continue;  // host work: the host clock's time stays
+    seconds[size_t(c)] = dev_s[size_t(c)];
+    ranges[size_t(c)] = dev_n[size_t(c)];
+  }
+  device_timed = true;
+  return true;
 }
 
 Component component_of_roofline_row(const std::string& row) {
@@ -176,6 +193,13 @@ Result<ProfileResult> run_profile(const DeepSeekV4Config& c, const ProfileTarget
       decode_s += std::chrono::duration<double>(Clock::now() - t0).count();
     }
   }
+  // A backend that times its ranges on the device (also inside CUDA graphs): its times replace
+  // the host clock's, and the component rows mean something even when the steps replayed.
+  const bool device_timed = timer.use_device_times();
+  if (device_timed) {
+    result.request.step_time_only = false;
+    result.request.component_timing = "device events (per range, inside CUDA graphs too)";
+  }
   RooflineRequest rr;
   rr.gpu = req.gpu;
   rr.batch = req.batch;
@@ -195,6 +219,7 @@ Result<ProfileResult> run_profile(const DeepSeekV4Config& c, const ProfileTarget
     const auto t0 = Clock::now();
     DS_RETURN_IF_ERROR(run_chunks(target, one, &outputs));
     const double prefill_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (device_timed) (void)timer.use_device_times();
     result.prefill = make_phase("prefill", 1, req.prefill_tokens, prefill_s, timer, roof.prefill,
                                 req.gpu, target.world_size);
   }
@@ -264,8 +289,10 @@ nlohmann::json phase_json(const PhaseProfile& p, bool step_time_only) {
 }  // namespace
 
 std::string format_profile_report(const ProfileResult& r, const std::string& model_label) {
-  std::string out = "model: " + model_label + "\nbackend: " + r.backend +
-                    " (wall-clock per component range)\nfloors: " + r.request.gpu.name + " (" +
+  std::string out = "model: " + model_label + "\nbackend: " + r.backend + " (" +
+                    (r.request.step_time_only ? std::string("step time only")
+                                              : r.request.component_timing) +
+                    ")\nfloors: " + r.request.gpu.name + " (" +
                     fmt("%.2f TB/s, ", r.request.gpu.bandwidth_tb_s) +
                     fmt("BF16 %.0f TFLOP/s, ", r.request.gpu.bf16_tflops) +
                     fmt("FP8 %.0f TFLOP/s)", r.request.gpu.fp8_tflops) + "\n";
@@ -302,6 +329,9 @@ std::string profile_to_json(const ProfileResult& r, const std::string& model_lab
                       {"batch", r.request.batch},
                       {"context", r.request.context},
                       {"components_timed", !r.request.step_time_only},
+                      {"component_timing", r.request.step_time_only
+                                               ? std::string("none")
+                                               : r.request.component_timing},
                       {"decode", phase_json(r.decode, r.request.step_time_only)}};
   if (r.prefill.steps > 0) j["prefill"] = phase_json(r.prefill, r.request.step_time_only);
   return j.dump(2);

@@ -6,8 +6,10 @@
 // the report shows how much of it the component ranges cover.
 //
 // Timing: ProfilingOps reads a steady clock at each range's begin and end. That is the op time
-// on a synchronous backend (CpuOps); a device backend must make its ranges synchronous (or time
-// them with events) for the numbers to mean the same.
+// on a synchronous backend (CpuOps); a device backend must make its ranges synchronous for the
+// numbers to mean the same, or time them itself (Ops::take_component_times: CudaOps records an
+// event at each range boundary, inside CUDA graphs too), in which case its device times replace
+// the host clock's for every component but the step overhead (host work).
 #pragma once
 
 #include <array>
@@ -32,10 +34,15 @@ class ProfilingOps final : public ForwardingOps {
 
   void component_begin(Component c) override;
   void component_end(Component c) override;
+  // Zeroes the totals, and drops the device times the backend holds (take_component_times).
   void reset();
+  // Replaces the totals of the components the backend timed on the device (all but kStep) by
+  // the backend's times since the last reset; false (totals untouched) when it does not time.
+  bool use_device_times();
 
   std::array<double, kNumComponents> seconds{};  // total per component
   std::array<int64_t, kNumComponents> ranges{};  // ranges closed per component
+  bool device_timed = false;                     // use_device_times() replaced the totals
 
  private:
   std::chrono::steady_clock::time_point begin_;
@@ -51,6 +58,9 @@ struct ProfileRequest {
   // The backend ran unsynchronized (a device backend's decode steps replayed from CUDA graphs):
   // only the step time means anything; the component rows are not reported.
   bool step_time_only = false;
+  // How the component rows were timed, for the report and the JSON ("host clock, synchronized
+  // ranges" unless the backend timed them on the device: run_profile sets it then).
+  std::string component_timing = "host clock, synchronized ranges";
   GpuSpec gpu = kGpuPresets[0];  // ceilings for the floors
 };
 

@@ -211,6 +211,7 @@ CudaOps::~CudaOps() {
     gemm_.reset();
     cudaStreamDestroy(stream_);
   }
+  for (cudaEvent_t e : range_events_) cudaEventDestroy(e);
 }
 
 Result<std::unique_ptr<CudaOps>> CudaOps::create(const dsv4::ModelWeights& weights,
@@ -911,6 +912,9 @@ void CudaOps::begin_step(const StepPlan& plan) {
   plan_ = &plan;
   error_ = ok_status();
   mode_ = Mode::kEager;
+  step_ranges_.clear();
+  next_range_event_ = 0;
+  open_range_event_ = -1;
   // Nothing lives in the arena between steps: the step's plan arrays start at its base, so a
   // decode step of a given size finds every buffer where its captured graph expects it.
   arena_.release(0);
@@ -1137,6 +1141,7 @@ void CudaOps::end_step() {
   mode_ = Mode::kEager;
   if (!failed()) {
     (void)check(cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(end_step)"));
+    if (opt_.component_events && !failed()) accumulate_range_times();
   } else {
     cudaStreamSynchronize(stream_);  // let in-flight work finish before the arena is reused
   }
@@ -1147,11 +1152,68 @@ void CudaOps::end_step() {
 void CudaOps::component_begin(dsv4::Component component) {
   if (opt_.synchronous_components) cudaStreamSynchronize(stream_);
   nvtxRangePushA(dsv4::component_name(component));
+  // Step-overhead ranges are host work around begin_step / end_step (outside the graph).
+  if (opt_.component_events && component != dsv4::Component::kStep && plan_ != nullptr &&
+      !failed()) {
+    open_range_event_ = next_range_event_++;
+    record_range_event(open_range_event_);
+  }
 }
 
 void CudaOps::component_end(dsv4::Component component) {
   if (opt_.synchronous_components) cudaStreamSynchronize(stream_);
   nvtxRangePop();
+  if (open_range_event_ >= 0) {
+    const int end = next_range_event_++;
+    record_range_event(end);
+    step_ranges_.push_back({component, open_range_event_, end});
+    open_range_event_ = -1;
+  }
+}
+
+// Event `index` of the step: recorded now (eager), as an event-record node of the graph being
+// captured, or not at all when the step replays (its graph records the same event there). The
+// forward opens the same ranges in the same order for every step of a given batch size, so the
+// indices of a replayed step are those of its capture.
+void CudaOps::record_range_event(int index) {
+  while (int(range_events_.size()) <= index) {
+    cudaEvent_t e = nullptr;
+    if (!check(cuda_check(cudaEventCreate(&e), "cudaEventCreate(component range)")).ok()) return;
+    range_events_.push_back(e);
+  }
+  if (mode_ == Mode::kReplay) return;
+  cudaEvent_t e = range_events_[size_t(index)];
+  (void)check(cuda_check(mode_ == Mode::kCapture
+                             ? cudaEventRecordWithFlags(e, stream_, cudaEventRecordExternal)
+                             : cudaEventRecord(e, stream_),
+                         "cudaEventRecord(component range)"));
+}
+
+// After the step's synchronization: every range's device time into the per-component totals.
+void CudaOps::accumulate_range_times() {
+  for (const TimedRange& r : step_ranges_) {
+    if (r.end >= int(range_events_.size())) continue;  // its event was never created
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, range_events_[size_t(r.begin)], range_events_[size_t(r.end)]) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();  // not recorded (a failed step): the range is not counted
+      continue;
+    }
+    range_seconds_[size_t(r.component)] += double(ms) * 1e-3;
+    ++range_counts_[size_t(r.component)];
+  }
+  step_ranges_.clear();
+}
+
+bool CudaOps::take_component_times(std::span<double> seconds, std::span<int64_t> ranges) {
+  if (!opt_.component_events) return false;
+  for (size_t c = 0; c < range_seconds_.size() && c < seconds.size() && c < ranges.size(); ++c) {
+    seconds[c] += range_seconds_[c];
+    ranges[c] += range_counts_[c];
+  }
+  range_seconds_.fill(0);
+  range_counts_.fill(0);
+  return true;
 }
 
 void CudaOps::copy_to_host(const float* src, int64_t n, float* dst) {

@@ -62,6 +62,12 @@ struct CudaOpsOptions {
   // Synchronize the stream at every component boundary, so that a host-clock profiler
   // (profile.h ProfilingOps) measures each component's device time. Turns CUDA graphs off.
   bool synchronous_components = false;
+  // Profiling without synchronizing: record a CUDA event on the stream at every component
+  // boundary (captured into the decode graphs as event-record nodes, so replayed steps are timed
+  // too) and sum each range's device time, read by take_component_times after the step. The
+  // events separate the kernels they sit between (no programmatic-launch overlap across a
+  // range boundary), so the step is slightly slower than without them.
+  bool component_events = false;
   // Decode steps (every sequence advancing by one token, main model) of up to
   // max_graph_tokens sequences are captured into a CUDA graph per batch size on their second
   // occurrence and replayed afterwards.
@@ -133,6 +139,7 @@ class CudaOps final : public dsv4::Ops {
   void release(size_t mark) override { arena_.release(mark); }
   void component_begin(dsv4::Component component) override;
   void component_end(dsv4::Component component) override;
+  bool take_component_times(std::span<double> seconds, std::span<int64_t> ranges) override;
   void copy_to_host(const float* src, int64_t n, float* dst) override;
   void copy_many_to_host(std::span<const HostCopy> copies) override;
   // Page-locked memory (cudaHostAlloc, portable to every device), so the logits copy runs at the
@@ -282,6 +289,22 @@ class CudaOps final : public dsv4::Ops {
   int64_t graph_captures_ = 0, graph_replays_ = 0;
   NcclCommunicator* comm_ = nullptr;  // set_communicator
   std::shared_ptr<HostMemorySource> host_memory_;  // pinned host buffers (host_memory)
+
+  // component_events: the events of the open step's range boundaries, in call order (reused
+  // from step to step: end_step reads them after its synchronization), the ranges they delimit,
+  // and the device seconds / range counts per component since take_component_times.
+  struct TimedRange {
+    dsv4::Component component;
+    int begin = 0, end = 0;  // indices into range_events_
+  };
+  void record_range_event(int index);
+  void accumulate_range_times();
+  std::vector<cudaEvent_t> range_events_;
+  std::vector<TimedRange> step_ranges_;
+  int next_range_event_ = 0;
+  int open_range_event_ = -1;  // the begin event of the open range, -1: none
+  std::array<double, dsv4::kNumComponents> range_seconds_{};
+  std::array<int64_t, dsv4::kNumComponents> range_counts_{};
 };
 
 }  // namespace ds::runtime
