@@ -13,25 +13,25 @@ if [ ! -f "$bdir/build.ninja" ]; then
   cmake -S . -B "$bdir" -G Ninja -DDEEPSERVE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
-cmake --build "$bdir" -j"$(nproc)" --target deepserve test_cuda_ops test_elementwise_cuda \
-  test_gemm_cuda bench_gemm_fp8 test_cuda_sharded test_moe_cuda test_indexer_cuda
+bins="test_cuda_ops test_elementwise_cuda test_gemm_cuda bench_gemm_fp8 test_cuda_sharded test_moe_cuda
+      test_indexer_cuda test_ops_cuda bench_ops"
+# shellcheck disable=SC2086
+cmake --build "$bdir" -j"$(nproc)" --target deepserve $bins
 rm -rf build/carry
 mkdir -p build/carry/lib
 cp "$bdir/bin/deepserve" build/carry/
-for t in test_cuda_ops test_elementwise_cuda test_gemm_cuda bench_gemm_fp8 test_cuda_sharded test_moe_cuda \
-         test_indexer_cuda; do
+for t in $bins; do
   cp "$(find "$bdir/tests" "$bdir/bench" -name "$t" -type f | head -1)" build/carry/
 done
-strip build/carry/deepserve build/carry/test_cuda_ops build/carry/test_elementwise_cuda \
-  build/carry/test_gemm_cuda build/carry/bench_gemm_fp8 build/carry/test_cuda_sharded build/carry/test_moe_cuda \
-  build/carry/test_indexer_cuda
+# shellcheck disable=SC2086
+(cd build/carry && strip deepserve $bins)
 # Shared libraries of Debian's -dev packages (the GPU machine has CUDA, glibc and libstdc++).
 for lib in libfmt.so.9 libspdlog.so.1.10 libcpp-httplib.so.0.11 libbrotlidec.so.1 \
            libbrotlienc.so.1 libbrotlicommon.so.1; do
   cp -L "/usr/lib/x86_64-linux-gnu/$lib" build/carry/lib/
 done
-tar -C build/carry -cf - deepserve test_cuda_ops test_elementwise_cuda test_gemm_cuda \
-  bench_gemm_fp8 test_cuda_sharded test_moe_cuda test_indexer_cuda lib |
+# shellcheck disable=SC2086
+tar -C build/carry -cf - deepserve $bins lib |
   xz -T2 -9 > build/carry.tar.xz  # a 64 MiB dictionary: the binaries share their CUDA kernels
 rm -rf build/carry
 mkdir -p build/carry

@@ -16,7 +16,7 @@
 # --spec: scripts/gpu/run_speculative.sh with prompts cut from DATASET (a Brown-corpus directory
 # or a text file).
 # --gemm: test_gemm_cuda and bench_gemm_fp8 in decode mode (when pack_backend.sh packed them).
-# --kernels: test_moe_cuda and test_indexer_cuda (when packed).
+# --kernels: test_moe_cuda, test_indexer_cuda, test_ops_cuda and bench_ops (when packed).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:-${OUT:-bench/results}}"
@@ -111,11 +111,15 @@ if [ $gemm -eq 1 ] && [ -x "$carry/bench_gemm_fp8" ]; then
 fi
 
 if [ $kernels -eq 1 ]; then
-  for t in test_moe_cuda test_indexer_cuda; do
+  for t in test_moe_cuda test_indexer_cuda test_ops_cuda; do
     [ -x "$carry/$t" ] || { summary+=("$t: not packed"); continue; }
     step "$t" timeout 150 "$carry/$t"
     grep -E "^\[  (PASSED|FAILED) |Failure" "$out/$t.log" | head -10
   done
+  if [ -x "$carry/bench_ops" ]; then  # norms, RoPE, mHC, compressors, sampling: ops.json
+    step bench_ops timeout 150 "$carry/bench_ops" "$json_out/ops.json"
+    grep -E "mhc|ceiling" "$out/bench_ops.log" | head -20
+  fi
 fi
 
 if [ -n "$eval_tokens" ]; then

@@ -2,8 +2,9 @@
 // numbering, so the 8 warps of a block read the same fn chunk (L1 reuse) for 32 tokens; each lane
 // accumulates 4 tokens x kMixes dot products plus the 4 sums of squares over float4 columns, the
 // warp reduces them and lane 0 writes the partials. Finish: one block per token sums the partials
-// in chunk order, applies rsqrt, the split and Sinkhorn (thread 0; 4x4 is tiny) in the CPU
-// reference's operation order, then collapses the streams with float4 loads.
+// in chunk order, applies rsqrt, the split and Sinkhorn (16 lanes of warp 0, one per element of
+// the 4x4 matrix, exchanging row and column values by shuffles) in the CPU reference's operation
+// order, then collapses the streams with float4 loads.
 #include <algorithm>
 
 #include "kernels/cuda/mhc/mhc.h"
@@ -65,14 +66,15 @@ __global__ void __launch_bounds__(kMixWarps * 32)
 #pragma unroll
   for (int t = 0; t < kTok; ++t) {
     const int64_t tok = g * kTok + t;
+    if (tok >= num_tokens) break;  // warp-uniform: padding tokens of the last group
     float* out = ws + (tok * num_chunks + c) * (kMixes + 1);
 #pragma unroll
     for (int m = 0; m < kMixes; ++m) {
       const float v = ops::warp_sum(acc[t][m]);
-      if (lane == 0 && tok < num_tokens) out[m] = v;
+      if (lane == 0) out[m] = v;
     }
     const float v = ops::warp_sum(ss[t]);
-    if (lane == 0 && tok < num_tokens) out[kMixes] = v;
+    if (lane == 0) out[kMixes] = v;
   }
 }
 
@@ -138,47 +140,54 @@ __global__ void __launch_bounds__(kFinishThreads)
   const int64_t tok = blockIdx.x;
   const int64_t hc_dim = hc * p.dim;
   gather_mixes<kPreMixes>(p.workspace, tok, num_chunks, hc_dim, p.norm_eps, mixes);
-  if (threadIdx.x == 0) {
-    const float s0 = p.scale[0], s1 = p.scale[1], s2 = p.scale[2];
+  if (threadIdx.x < 32) {
+    // Warp 0: lane l < 16 holds C[j][k] (j = l / 4, k = l % 4); lanes 16..31 mirror lanes 0..15
+    // so that every shuffle has a valid source. Each row / column sum gathers its 4 values and
+    // adds them in the CPU reference's order (k or j ascending), so every lane computes exactly
+    // what ds::cpu::mhc_sinkhorn computes for its element, with one division per normalization
+    // instead of 16 on one thread (20 rounds of IEEE divisions: the serial chain was the kernel).
+    const unsigned full = 0xffffffffu;
+    const int lane = int(threadIdx.x);
+    const int l = lane & 15, j = l >> 2, k = l & 3;
     const float eps = p.hc_eps;
-    for (int i = 0; i < hc; ++i) {
-      pre[i] = ops::sigmoid_f32(__fadd_rn(__fmul_rn(mixes[i], s0), p.base[i])) + eps;
-      p.post[tok * hc + i] =
-          2.0f * ops::sigmoid_f32(__fadd_rn(__fmul_rn(mixes[hc + i], s1), p.base[hc + i]));
+    if (lane < hc) {
+      pre[lane] =
+          ops::sigmoid_f32(__fadd_rn(__fmul_rn(mixes[lane], p.scale[0]), p.base[lane])) + eps;
+      p.post[tok * hc + lane] = 2.0f * ops::sigmoid_f32(__fadd_rn(
+                                           __fmul_rn(mixes[hc + lane], p.scale[1]), p.base[hc + lane]));
     }
-    float c[hc * hc];
-    for (int jk = 0; jk < hc * hc; ++jk) {
-      c[jk] = __fadd_rn(__fmul_rn(mixes[2 * hc + jk], s2), p.base[2 * hc + jk]);
-    }
-    // Sinkhorn (ds::cpu::mhc_sinkhorn): row softmax + eps, a column normalization, then
-    // (iters - 1) rounds of rows then columns.
-    for (int j = 0; j < hc; ++j) {
-      float mx = c[j * hc];
-      for (int k = 1; k < hc; ++k) mx = mx < c[j * hc + k] ? c[j * hc + k] : mx;
+    float c = __fadd_rn(__fmul_rn(mixes[2 * hc + l], p.scale[2]), p.base[2 * hc + l]);
+    // C[j][kk] and C[jj][k] from the lanes that hold them (lane & 16 keeps the mirror half apart).
+    auto row = [&](float v, int kk) { return __shfl_sync(full, v, (lane & 16) | (j << 2) | kk); };
+    auto col = [&](float v, int jj) { return __shfl_sync(full, v, (lane & 16) | (jj << 2) | k); };
+    auto row_sum = [&](float v) {
       float sum = 0.0f;
-      for (int k = 0; k < hc; ++k) {
-        c[j * hc + k] = ops::exp_f32(c[j * hc + k] - mx);
-        sum += c[j * hc + k];
-      }
-      for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / sum + eps;
-    }
-    auto columns = [&] {
-      for (int k = 0; k < hc; ++k) {
-        float sum = 0.0f;
-        for (int j = 0; j < hc; ++j) sum += c[j * hc + k];
-        for (int j = 0; j < hc; ++j) c[j * hc + k] /= (sum + eps);
-      }
+#pragma unroll
+      for (int kk = 0; kk < hc; ++kk) sum = __fadd_rn(sum, row(v, kk));
+      return sum;
     };
-    columns();
-    for (int it = 0; it + 1 < p.sinkhorn_iters; ++it) {
-      for (int j = 0; j < hc; ++j) {
-        float sum = 0.0f;
-        for (int k = 0; k < hc; ++k) sum += c[j * hc + k];
-        for (int k = 0; k < hc; ++k) c[j * hc + k] /= (sum + eps);
-      }
-      columns();
+    auto col_sum = [&](float v) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int jj = 0; jj < hc; ++jj) sum = __fadd_rn(sum, col(v, jj));
+      return sum;
+    };
+    // Softmax over each row (over k) + eps, a column normalization, then (iters - 1) rounds of
+    // rows then columns.
+    float mx = row(c, 0);
+#pragma unroll
+    for (int kk = 1; kk < hc; ++kk) {
+      const float v = row(c, kk);
+      mx = mx < v ? v : mx;
     }
-    for (int jk = 0; jk < hc * hc; ++jk) p.comb[tok * hc * hc + jk] = c[jk];
+    c = ops::exp_f32(c - mx);
+    c = __fadd_rn(__fdiv_rn(c, row_sum(c)), eps);
+    c = __fdiv_rn(c, __fadd_rn(col_sum(c), eps));
+    for (int it = 0; it + 1 < p.sinkhorn_iters; ++it) {
+      c = __fdiv_rn(c, __fadd_rn(row_sum(c), eps));
+      c = __fdiv_rn(c, __fadd_rn(col_sum(c), eps));
+    }
+    if (lane < 16) p.comb[tok * hc * hc + l] = c;
   }
   __syncthreads();
   collapse(p.x + tok * hc_dim, pre, p.u + tok * p.dim, p.dim, p.round_bf16);
