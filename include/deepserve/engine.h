@@ -247,6 +247,22 @@ struct EngineMetrics {
   int64_t requests_failed_total = 0;    // finish_reason error
   int64_t requests_rejected_total = 0;  // 429/503 at admission
   int64_t engine_steps_total = 0;
+  // Where the engine thread's time goes, cumulative seconds per phase of its steps: schedule
+  // (aborts, timeouts, the scheduler, the step's chunk list), forward (the model call, the
+  // device's work and the logits copy included), sample (judging every sampled row: the parallel
+  // phase), emit (tokens into the requests, events, finishing), speculate (MTP drafts). With the
+  // step count and the token counts below, a serving benchmark's TPOT splits into the forward's
+  // share, the host's and the prefill work sharing the steps.
+  double step_schedule_seconds_total = 0;
+  double step_forward_seconds_total = 0;
+  double step_sample_seconds_total = 0;
+  double step_emit_seconds_total = 0;
+  double step_speculate_seconds_total = 0;
+  // Tokens fed to the model: decode rows (a generated token, plus its drafts) and prefill rows
+  // (prompt tokens, and everything a preempted request recomputes); steps with prefill rows.
+  int64_t step_decode_tokens_total = 0;
+  int64_t step_prefill_tokens_total = 0;
+  int64_t prefill_steps_total = 0;
   // Speculative decoding: verify steps of one sequence with >= 1 draft token (drafts), draft
   // tokens verified, draft tokens accepted; the k the adaptive policy chose last (0 = off).
   // Acceptance rate = accepted / draft tokens; mean accepted length = 1 + accepted / drafts.

@@ -107,12 +107,17 @@ for nt in ${SERVE_THREADS:-0}; do
       for mode in greedy t1; do
         temp=(); [ $mode = greedy ] && temp=(--temperature 0)
         name="bench_flash${layers}_c${c}_${mode}$sfx"
+        python3 scripts/gpu/http_get.py $port /metrics >"$work/metrics_before.txt" 2>&1
         step "$name" timeout 240 "$ds" bench --base-url "http://127.0.0.1:$port" \
           --model "flash$layers" --dataset-path README.md --num-prompts $((2 * c)) \
           --random-input-len 256 --random-output-len 64 --max-concurrency "$c" --ignore-eos \
           --disable-tqdm "${temp[@]}" --result-filename "$work/json/$name.json"
         grep -E "Successful|Failed req|Output token|Mean TTFT|Mean TPOT|Median TPOT|Mean ITL" \
           "$work/$name.log" | sed "s/^/  /" | tee -a "$log"
+        # The engine's steps during the run: forward vs host time per step, prefill sharing.
+        python3 scripts/gpu/http_get.py $port /metrics >"$work/metrics_after.txt" 2>&1
+        python3 scripts/gpu/step_breakdown.py "$work/metrics_before.txt" "$work/metrics_after.txt" \
+          --json "$work/json/steps_$name.json" 2>&1 | sed "s/^/  /" | tee -a "$log"
       done
     done
     python3 scripts/gpu/http_get.py $port /metrics | grep -E \

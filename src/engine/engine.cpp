@@ -63,6 +63,10 @@ namespace sched = ds::sched;
 namespace rt = ds::runtime;
 
 constexpr size_t kMaxQueuedEvents = 64;  // past it, new output merges into the last event
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 constexpr uint64_t kDefaultKvBudgetCap = uint64_t(2) << 30;  // CPU default: at most 2 GiB
 // CUDA backend without --max-model-len: each sequence's device state is sized for this context.
 constexpr int64_t kDefaultGpuContext = 32768;
@@ -1048,6 +1052,7 @@ void EngineImpl::step() {
   std::vector<dsv4::SequenceChunk> chunks(plan.chunks.size());
   std::vector<std::vector<int32_t>> verify_tokens(plan.chunks.size());  // [last token, drafts]
   int64_t prompt_tokens = 0;
+  int64_t decode_rows = 0, prefill_rows = 0;  // engine_step_tokens_total
   bool pure_decode = true;  // every chunk feeds one real token (plus drafts) and samples
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const sched::ScheduledChunk& sc = plan.chunks[i];
@@ -1077,6 +1082,9 @@ void EngineImpl::step() {
       for (int64_t j = 0; j < sc.count; ++j) chunks[i].stream_rows.push_back(j);
     }
     if (!sc.samples || sc.count - sc.num_draft != 1) pure_decode = false;
+    const bool decode_chunk =
+        sc.samples && sc.count - sc.num_draft == 1 && sc.start >= sc.seq->num_prompt;
+    (decode_chunk ? decode_rows : prefill_rows) += sc.count;
     // Prompt tokens computed for the first time count toward prompt_tokens_total (not again
     // when a preempted request recomputes them).
     const int64_t prompt_end = std::min(sc.start + sc.count, sc.seq->num_prompt);
@@ -1091,12 +1099,19 @@ void EngineImpl::step() {
     }
   }
   std::vector<dsv4::ChunkOutput>& outputs = step_outputs_;
+  const Clock::time_point forward_start = Clock::now();
   ds::Status st = runner_->run(chunks, &outputs);
+  const Clock::time_point forward_end = Clock::now();
   ++steps_;
   {
     std::lock_guard<std::mutex> lock(metrics_mu_);
-    last_step_ = Clock::now();
+    last_step_ = forward_end;
     metrics_.prompt_tokens_total += prompt_tokens;
+    metrics_.step_schedule_seconds_total += seconds_between(now, forward_start);
+    metrics_.step_forward_seconds_total += seconds_between(forward_start, forward_end);
+    metrics_.step_decode_tokens_total += decode_rows;
+    metrics_.step_prefill_tokens_total += prefill_rows;
+    if (prefill_rows > 0) ++metrics_.prefill_steps_total;
   }
   if (!st.ok()) {
     spdlog::error("engine: forward failed: {}", st.message());
@@ -1140,6 +1155,7 @@ void EngineImpl::step() {
       decided[size_t(i)] = decide_rows(requests_.at(sc.seq->id).get(), sc, outputs[size_t(i)]);
     }
   }
+  const Clock::time_point sample_end = Clock::now();
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const sched::ScheduledChunk& sc = plan.chunks[i];
     const uint64_t id = sc.seq->id;
@@ -1198,14 +1214,22 @@ void EngineImpl::step() {
       work.push_back({r, sc.start, sc.count - nd + accepted, out.row_streams.data(), k});
     }
   }
+  const Clock::time_point emit_end = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(metrics_mu_);
+    metrics_.step_sample_seconds_total += seconds_between(forward_end, sample_end);
+    metrics_.step_emit_seconds_total += seconds_between(sample_end, emit_end);
+  }
   if (spec_) {
-    const double verify_s = std::chrono::duration<double>(Clock::now() - step_start).count();
+    const double verify_s = std::chrono::duration<double>(emit_end - step_start).count();
     if (pure_decode) {
       spec_policy_->record(decode_batch, spec_k_, emitted, verify_s + spec_draft_seconds_);
     }
     const Clock::time_point draft_start = Clock::now();
     speculate(&work);
     spec_draft_seconds_ = std::chrono::duration<double>(Clock::now() - draft_start).count();
+    std::lock_guard<std::mutex> lock(metrics_mu_);
+    metrics_.step_speculate_seconds_total += spec_draft_seconds_;
     spec_k_ = k_next;
   }
 }

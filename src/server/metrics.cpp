@@ -2,6 +2,7 @@
 #include "server/metrics.h"
 
 #include <cstdio>
+#include <utility>
 
 namespace ds::server {
 namespace {
@@ -125,6 +126,26 @@ std::string ServerMetrics::render(const deepserve::EngineMetrics* engine,
   counter("deepserve:num_preemptions_total", "Preemptions of running requests.",
           double(m.num_preemptions_total));
   counter("deepserve:engine_steps_total", "Engine steps run.", double(m.engine_steps_total));
+  counter("deepserve:engine_prefill_steps_total",
+          "Engine steps that computed prefill rows (alone or next to decode rows).",
+          double(m.prefill_steps_total));
+  metric_header(&out, "deepserve:engine_step_seconds_total", "counter",
+                "Engine-thread seconds per step phase (schedule, forward, sample, emit, "
+                "speculate).");
+  for (const auto& [phase, v] : {std::pair<const char*, double>{"schedule", m.step_schedule_seconds_total},
+                                 {"forward", m.step_forward_seconds_total},
+                                 {"sample", m.step_sample_seconds_total},
+                                 {"emit", m.step_emit_seconds_total},
+                                 {"speculate", m.step_speculate_seconds_total}}) {
+    sample(&out, "deepserve:engine_step_seconds_total", labels + ",phase=\"" + phase + "\"", v);
+  }
+  metric_header(&out, "deepserve:engine_step_tokens_total", "counter",
+                "Rows fed to the model, by kind: decode (a generated token and its drafts) or "
+                "prefill (prompt tokens and recomputation).");
+  sample(&out, "deepserve:engine_step_tokens_total", labels + ",kind=\"decode\"",
+         double(m.step_decode_tokens_total));
+  sample(&out, "deepserve:engine_step_tokens_total", labels + ",kind=\"prefill\"",
+         double(m.step_prefill_tokens_total));
   counter("deepserve:request_failed_total", "Requests the engine ended with an error.",
           double(m.requests_failed_total));
   counter("deepserve:request_rejected_total",

@@ -157,6 +157,43 @@ TEST_F(EngineTest, BatchInvariance64ConcurrentGreedy) {
   expect_kv_baseline(engine_);
 }
 
+// The step-phase metrics (EngineMetrics::step_*): requests run one after another (no batching,
+// no preemption), so every prompt is one prefill step of its length and every generated token
+// but the last is fed back as one decode row; the phases' seconds grow, the forward's is
+// positive, and all of them together fit in the wall time the requests took.
+TEST_F(EngineTest, StepPhaseMetricsAddUp) {
+  ASSERT_NE(engine_, nullptr);
+  wait_idle(engine_);
+  const EngineMetrics before = engine_->metrics();
+  const auto t0 = std::chrono::steady_clock::now();
+  ds::Rng rng(23);
+  int64_t prompt_rows = 0, decode_rows = 0;
+  for (int64_t n : {7, 19, 33}) {
+    const int64_t max_tokens = 2 + n % 5;
+    const Outcome o = run_one(engine_, greedy_request(random_prompt(&rng, n), max_tokens));
+    EXPECT_EQ(o.usage.completion_tokens, max_tokens);
+    prompt_rows += n;
+    decode_rows += max_tokens - 1;
+  }
+  wait_idle(engine_);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const EngineMetrics after = engine_->metrics();
+  EXPECT_EQ(after.step_prefill_tokens_total - before.step_prefill_tokens_total, prompt_rows);
+  EXPECT_EQ(after.step_decode_tokens_total - before.step_decode_tokens_total, decode_rows);
+  EXPECT_EQ(after.prefill_steps_total - before.prefill_steps_total, 3);
+  EXPECT_EQ(after.engine_steps_total - before.engine_steps_total, 3 + decode_rows);
+  const double forward = after.step_forward_seconds_total - before.step_forward_seconds_total;
+  const double host = (after.step_schedule_seconds_total - before.step_schedule_seconds_total) +
+                      (after.step_sample_seconds_total - before.step_sample_seconds_total) +
+                      (after.step_emit_seconds_total - before.step_emit_seconds_total);
+  EXPECT_GT(forward, 0);
+  EXPECT_GT(after.step_sample_seconds_total, before.step_sample_seconds_total);
+  EXPECT_GE(after.step_schedule_seconds_total, before.step_schedule_seconds_total);
+  EXPECT_GE(after.step_emit_seconds_total, before.step_emit_seconds_total);
+  EXPECT_EQ(after.step_speculate_seconds_total, before.step_speculate_seconds_total);  // no MTP
+  EXPECT_LE(forward + host, wall);
+}
+
 TEST_F(EngineTest, AbortAndDroppedStreamFreeKv) {
   ASSERT_NE(engine_, nullptr);
   ds::Rng rng(11);
