@@ -1,6 +1,6 @@
 // Lightning indexer kernels (see indexer.h and NOTES.md).
 //
-// Score kernel, CTA (split x, query q), 8 warps:
+// Score kernel, CTA (query x, split y), 8 warps:
 //   0. quantizes q's heads to e4m3 (one power-of-two scale per head, folded into the weights:
 //      ReLU(s x) = s ReLU(x) for s > 0) into shared memory; every warp keeps the B fragments of all
 //      heads for the whole kernel (as f16: 64 heads x 128 dims = 128 registers);
@@ -249,6 +249,82 @@ __device__ __forceinline__ void select_emit(const uint32_t (&e)[kR], int rows, u
     }
 }
 
+// DS_INDEXER_SELECT_BUCKETS (session 8), default 1: the chunk select and the merge run with the
+// register-row count rounded up to a bucket (score kernel 4 / 8 / kScoreRows, merge 2 / 4 / 8 /
+// kMergeRows) instead of always the maximum: the rows past `rows` were skipped by a predicate,
+// but their predicated compares were still issued in every one of the 16 steps (session 8 run 1:
+// chunk 4096 = 8 more dead rows cost +3.6 us per select).
+#ifndef DS_INDEXER_SELECT_BUCKETS
+#define DS_INDEXER_SELECT_BUCKETS 1
+#endif
+
+template <int kR>
+struct RowsTag {
+  static constexpr int value = kR;
+};
+
+// Calls f(RowsTag<R>{}) with the smallest bucket R >= rows among kB... (the last >= any rows).
+template <int kB0, int... kBs, class F>
+__device__ __forceinline__ void with_row_bucket(int rows, const F& f) {
+  if constexpr (sizeof...(kBs) == 0 || !DS_INDEXER_SELECT_BUCKETS) {
+    f(RowsTag<kB0>{});
+  } else {
+    if (rows <= kB0)
+      f(RowsTag<kB0>{});
+    else
+      with_row_bucket<kBs...>(rows, f);
+  }
+}
+
+// Chunk end of the score kernel (both MMA paths): merges the chunk's m keys (chunk_key, indices
+// c0 ..) into the running top-k (candidate list `cur` of cand_keys / cand_idxs, cand_n entries),
+// keeping ascending index order. Threshold filter: once the list is full, a chunk key <= its k-th
+// key (thr_f) cannot enter it (equal keys lose to the lower indices already held) and was stored
+// as kFiltered; a chunk with no survivor skips the select. All threads call it.
+__device__ __forceinline__ void score_chunk_end(const uint32_t* chunk_key, uint32_t* cand_keys,
+                                                int32_t* cand_idxs, int k, int m, int c0,
+                                                SelectShared& sh, int& cur, int& cand_n,
+                                                uint32_t& thr_f, int& survivor) {
+  const int tid = threadIdx.x;
+  const bool any = __syncthreads_or(survivor) != 0;  // also publishes chunk_key
+  survivor = 0;
+  const int total = cand_n + m;
+  uint32_t* ck = cand_keys + cur * k;
+  int32_t* ci = cand_idxs + cur * k;
+  if (total <= k) {  // still filling (thr_f == 0: nothing was filtered)
+    for (int x = tid; x < m; x += kThreads) {
+      ck[cand_n + x] = chunk_key[x];
+      ci[cand_n + x] = c0 + x;
+    }
+    cand_n = total;
+  } else if (any) {
+    uint32_t* ok = cand_keys + (cur ^ 1) * k;
+    int32_t* oi = cand_idxs + (cur ^ 1) * k;
+    const int n_old = cand_n;
+    const int rows = (total + kThreads - 1) / kThreads;
+    with_row_bucket<4, 8, kScoreRows>(rows, [&](auto tag) {
+      constexpr int kR = decltype(tag)::value;
+      uint32_t e[kR];
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        const int x = r * kThreads + tid;
+        e[r] = x < n_old ? ck[x] : (x < total ? chunk_key[x - n_old] : 0u);
+      }
+      uint32_t thr, gt;
+      select_threshold<kThreads, kR>(e, rows, k, sh, thr, gt);
+      select_emit<kThreads, kR>(e, rows, thr, uint32_t(k) - gt, sh,
+                                [&](int x, uint32_t pos, uint32_t key) {
+                                  ok[pos] = key;
+                                  oi[pos] = x < n_old ? ci[x] : c0 + (x - n_old);
+                                });
+      thr_f = thr;
+    });
+    cur ^= 1;
+    cand_n = k;
+  }  // else: every chunk key was filtered out; the top-k is unchanged
+  __syncthreads();  // chunk_key and the candidate lists are rewritten from here on
+}
+
 // ---- pack kernel ---------------------------------------------------------------------------------
 __global__ void __launch_bounds__(256) pack_index_keys_kernel(const PackIndexKeysParams p) {
   const int64_t row = int64_t(blockIdx.x) * 8 + (threadIdx.x >> 5);
@@ -325,6 +401,11 @@ __device__ __forceinline__ void cp_async_wait() {
 #define DS_INDEXER_WGMMA_PATH 1
 #else
 #define DS_INDEXER_WGMMA_PATH 0
+#endif
+// DS_INDEXER_WG_COALESCED (session 8), default 1: the ring copies of a warp cover whole 128-byte
+// key rows (see score_wgmma); 0: two threads per row, 64 bytes each (run 1 of session 8).
+#ifndef DS_INDEXER_WG_COALESCED
+#define DS_INDEXER_WG_COALESCED 1
 #endif
 #ifndef DS_INDEXER_WG_STAGES
 #define DS_INDEXER_WG_STAGES 4
@@ -415,8 +496,8 @@ __device__ __forceinline__ void score_wgmma(const IndexerSelectParams& p, uint8_
   auto cand_key = [&](int b) { return cand_keys + b * k; };
   auto cand_idx = [&](int b) { return cand_idxs + b * k; };
 
-  const int split = blockIdx.x;
-  const int q = blockIdx.y;
+  const int split = blockIdx.y;
+  const int q = blockIdx.x;
   const int tid = threadIdx.x;
   const int v = p.visible[q];
   int32_t* sel = p.selected + int64_t(q) * k;
@@ -439,12 +520,50 @@ __device__ __forceinline__ void score_wgmma(const IndexerSelectParams& p, uint8_
   const int num_tiles = (n_keys + kWgKeys - 1) / kWgKeys;
   const int iters = (num_tiles + 1) / 2;
   const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
-  const int wg = warp >> 2, w4 = warp & 3, wt = tid & 127;
-  const int lrow = wt >> 1, lhalf = wt & 1;  // the key row / 64-byte half this thread copies
+  const int wg = warp >> 2, w4 = warp & 3;
+  [[maybe_unused]] const int wt = tid & 127;
   uint8_t* ring = smem + kWgOffRing + wg * kWgStages * kWgTileBytes;
   float* ring_sc = reinterpret_cast<float*>(smem + kWgOffScale) + wg * kWgStages * kWgKeys;
   // Page + slot of this thread's row of tile t (page -1: past the split); one division per
   // thread per 64-key tile, computed one iteration before the tile is issued.
+#if DS_INDEXER_WG_COALESCED
+  // Coalesced copies: in copy u (0..3) lane l of warp w4 writes 16-byte chunk l % 8 of tile row
+  // 16 u + 4 w4 + l / 8, so each warp instruction covers 4 whole 128-byte rows (4 lines; the
+  // row-per-thread-pair mapping touched 16 lines with 32 bytes each). Lanes 0..15 look up the
+  // page + slot of the warp's 16 rows (lane L: row 16 (L / 4) + 4 w4 + L % 4, one division per
+  // tile) and the copying lanes read them with shuffles.
+  const int lrow = 16 * ((lane >> 2) & 3) + 4 * w4 + (lane & 3);
+  auto locate = [&](int t, int& pg, int& slot) {
+    const int j = t * kWgKeys + lrow;
+    pg = -1;
+    slot = 0;
+    if (lane < 16 && j < n_keys) {
+      const int idx = begin + j;
+      const int pi = idx / ks.page_size;
+      slot = idx - pi * ks.page_size;
+      pg = __ldg(table + pi);
+    }
+  };
+  auto issue = [&](int st, int pg, int slot) {
+    uint8_t* dst = ring + st * kWgTileBytes;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int src_lane = 4 * u + (lane >> 3);
+      const int pgu = __shfl_sync(0xFFFFFFFFu, pg, src_lane);
+      const int slotu = __shfl_sync(0xFFFFFFFFu, slot, src_lane);
+      if (pgu >= 0) {  // rows past the split keep stale bytes: their scores are never stored
+        const uint8_t* src = ks.pool + int64_t(pgu) * ks.page_bytes +
+                             int64_t(slotu) * kIndexKeyDataBytes + 16 * (lane & 7);
+        cp_async16(dst + swz128(16 * u + 4 * w4 + (lane >> 3), lane & 7), src);
+      }
+    }
+    if (pg >= 0)  // lanes 0..15: the scale of their own row
+      cp_async4(ring_sc + st * kWgKeys + lrow,
+                reinterpret_cast<const float*>(ks.pool + int64_t(pg) * ks.page_bytes + scale_off) +
+                    slot);
+  };
+#else
+  const int lrow = wt >> 1, lhalf = wt & 1;  // the key row / 64-byte half this thread copies
   auto locate = [&](int t, int& pg, int& slot) {
     const int j = t * kWgKeys + lrow;
     pg = -1;
@@ -467,15 +586,19 @@ __device__ __forceinline__ void score_wgmma(const IndexerSelectParams& p, uint8_
     if (lhalf == 0)
       cp_async4(ring_sc + st * kWgKeys + lrow, reinterpret_cast<const float*>(base + scale_off) + slot);
   };
+#endif
   // The first tiles' loads go out before the q prologue.
+  // Tiles issued ahead of the one being multiplied (a stage is busy for one iteration).
+  constexpr int kAhead = kWgStages - 1;
+  static_assert(kAhead >= 1, "ring too short");
   int pg, slot;
 #pragma unroll
-  for (int i = 0; i < kWgStages - 1; ++i) {
+  for (int i = 0; i < kAhead; ++i) {
     locate(wg + 2 * i, pg, slot);
     issue(i, pg, slot);
     cp_async_commit();
   }
-  locate(wg + 2 * (kWgStages - 1), pg, slot);
+  locate(wg + 2 * kAhead, pg, slot);
 
   // ---- q -> e4m3 per head (4 threads x 32 dims per head, 64 heads, zeros past num_heads) ----
   {
@@ -523,91 +646,61 @@ __device__ __forceinline__ void score_wgmma(const IndexerSelectParams& p, uint8_
   const uint64_t desc_ring = wg_desc(smem_addr(ring));
 
   int cur = 0, cand_n = 0;
-  uint32_t thr_f = 0;  // threshold filter, as in the mma.sync path
+  uint32_t thr_f = 0;  // threshold filter (score_chunk_end)
   int survivor = 0;
+  // ReLU, weights, head sum and key scale of tile t (ring stage st) -> chunk_key.
+  auto epilogue = [&](float (&acc)[32], int t, int st, int m) {
+#pragma unroll
+    for (int x = 0; x < 32; ++x) fence_operand(acc[x]);
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      s0 += wreg[j][0] * fmaxf(acc[4 * j], 0.0f) + wreg[j][1] * fmaxf(acc[4 * j + 1], 0.0f);
+      s1 += wreg[j][0] * fmaxf(acc[4 * j + 2], 0.0f) + wreg[j][1] * fmaxf(acc[4 * j + 3], 0.0f);
+    }
+    s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, 1);
+    s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, 2);
+    s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 1);
+    s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 2);
+    // Lane c == 0 owns row 16 w4 + g, lane c == 1 row 16 w4 + g + 8.
+    const int row = 16 * w4 + g + (c == 1 ? 8 : 0);
+    const int j = (t % kWgChunkTiles) * kWgKeys + row;
+    if (c < 2 && j < m) {
+      const float sc = ring_sc[st * kWgKeys + row];
+      uint32_t u = order_key((c == 0 ? s0 : s1) * sc);
+      if (u <= thr_f) u = kFiltered;
+      survivor |= u != kFiltered;
+      chunk_key[j] = u;
+    }
+  };
+  auto mma_tile = [&](float (&acc)[32], int st) {
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_m64n64k32_e4m3(acc, desc_ring + uint64_t((st * kWgTileBytes + 32 * kk) >> 4),
+                           desc_q + uint64_t((32 * kk) >> 4), kk > 0 ? 1 : 0);
+    wg_commit();
+  };
   for (int i = 0; i < iters; ++i) {
     const int t = wg + 2 * i;
-    cp_async_wait<kWgStages - 2>();  // this thread's copies of tile t have landed
+    cp_async_wait<kAhead - 1>();  // this thread's copies of tile t have landed
     fence_proxy_async_smem();
     warpgroup_bar_sync(wg);  // ... and every thread's; stage (i - 1) % S is free again
-    issue((i + kWgStages - 1) % kWgStages, pg, slot);
+    issue((i + kAhead) % kWgStages, pg, slot);
     cp_async_commit();
-    locate(t + 2 * kWgStages, pg, slot);
+    locate(t + 2 * (kAhead + 1), pg, slot);
     const int chunk = i / kWgChunkIters;
     const int c0 = begin + chunk * kChunk;
     const int m = min(kChunk, n_keys - chunk * kChunk);
     if (t < num_tiles) {
       const int st = i % kWgStages;
       float acc[32];
-#pragma unroll
-      for (int x = 0; x < 32; ++x) acc[x] = 0.0f;
-      wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        wgmma_m64n64k32_e4m3(acc, desc_ring + uint64_t((st * kWgTileBytes + 32 * kk) >> 4),
-                             desc_q + uint64_t((32 * kk) >> 4), kk > 0 ? 1 : 0);
-      wg_commit();
+      mma_tile(acc, st);
       wg_wait0();
-#pragma unroll
-      for (int x = 0; x < 32; ++x) fence_operand(acc[x]);
-      float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        s0 += wreg[j][0] * fmaxf(acc[4 * j], 0.0f) + wreg[j][1] * fmaxf(acc[4 * j + 1], 0.0f);
-        s1 += wreg[j][0] * fmaxf(acc[4 * j + 2], 0.0f) + wreg[j][1] * fmaxf(acc[4 * j + 3], 0.0f);
-      }
-      s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, 1);
-      s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, 2);
-      s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 1);
-      s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 2);
-      // Lane c == 0 owns row 16 w4 + g, lane c == 1 row 16 w4 + g + 8.
-      const int row = 16 * w4 + g + (c == 1 ? 8 : 0);
-      const int j = (t % kWgChunkTiles) * kWgKeys + row;
-      if (c < 2 && j < m) {
-        const float sc = ring_sc[st * kWgKeys + row];
-        uint32_t u = order_key((c == 0 ? s0 : s1) * sc);
-        if (u <= thr_f) u = kFiltered;
-        survivor |= u != kFiltered;
-        chunk_key[j] = u;
-      }
+      epilogue(acc, t, st, m);
     }
     if ((i + 1) % kWgChunkIters != 0 && i + 1 != iters) continue;
-
-    // ---- chunk end: as in the mma.sync path ----
-    const bool any = __syncthreads_or(survivor) != 0;
-    survivor = 0;
-    const int total = cand_n + m;
-    if (total <= k) {
-      for (int x = tid; x < m; x += kThreads) {
-        cand_key(cur)[cand_n + x] = chunk_key[x];
-        cand_idx(cur)[cand_n + x] = c0 + x;
-      }
-      cand_n = total;
-    } else if (any) {
-      const uint32_t* ck = cand_key(cur);
-      const int32_t* ci = cand_idx(cur);
-      uint32_t* ok = cand_key(cur ^ 1);
-      int32_t* oi = cand_idx(cur ^ 1);
-      const int n_old = cand_n;
-      const int rows = (total + kThreads - 1) / kThreads;
-      uint32_t e[kScoreRows];
-#pragma unroll
-      for (int r = 0; r < kScoreRows; ++r) {
-        const int x = r * kThreads + tid;
-        e[r] = x < n_old ? ck[x] : (x < total ? chunk_key[x - n_old] : 0u);
-      }
-      uint32_t thr, gt;
-      select_threshold<kThreads, kScoreRows>(e, rows, k, sh, thr, gt);
-      select_emit<kThreads, kScoreRows>(e, rows, thr, uint32_t(k) - gt, sh,
-                                        [&](int x, uint32_t pos, uint32_t key) {
-                                          ok[pos] = key;
-                                          oi[pos] = x < n_old ? ci[x] : c0 + (x - n_old);
-                                        });
-      cur ^= 1;
-      cand_n = k;
-      thr_f = thr;
-    }
-    __syncthreads();
+    score_chunk_end(chunk_key, cand_keys, cand_idxs, k, m, c0, sh, cur, cand_n, thr_f, survivor);
   }
   cp_async_wait<0>();
 
@@ -652,8 +745,8 @@ __global__ void __launch_bounds__(kThreads, DS_INDEXER_SCORE_MIN_BLOCKS)
   auto cand_key = [&](int b) { return cand_keys + b * k; };
   auto cand_idx = [&](int b) { return cand_idxs + b * k; };
 
-  const int split = blockIdx.x;
-  const int q = blockIdx.y;
+  const int split = blockIdx.y;
+  const int q = blockIdx.x;
   const int tid = threadIdx.x;
   const int v = p.visible[q];
   int32_t* sel = p.selected + int64_t(q) * k;
@@ -853,41 +946,7 @@ __global__ void __launch_bounds__(kThreads, DS_INDEXER_SCORE_MIN_BLOCKS)
     }
     if ((i + 1) % kChunkIters != 0 && i + 1 != iters) continue;
 
-    // ---- chunk end: merge the chunk into the running top-k (ascending index order kept) ----
-    const bool any = __syncthreads_or(survivor) != 0;  // also publishes chunk_key
-    survivor = 0;
-    const int total = cand_n + m;
-    if (total <= k) {  // still filling (thr_f == 0: nothing was filtered)
-      for (int x = tid; x < m; x += kThreads) {
-        cand_key(cur)[cand_n + x] = chunk_key[x];
-        cand_idx(cur)[cand_n + x] = c0 + x;
-      }
-      cand_n = total;
-    } else if (any) {
-      const uint32_t* ck = cand_key(cur);
-      const int32_t* ci = cand_idx(cur);
-      uint32_t* ok = cand_key(cur ^ 1);
-      int32_t* oi = cand_idx(cur ^ 1);
-      const int n_old = cand_n;
-      const int rows = (total + kThreads - 1) / kThreads;
-      uint32_t e[kScoreRows];
-#pragma unroll
-      for (int r = 0; r < kScoreRows; ++r) {
-        const int x = r * kThreads + tid;
-        e[r] = x < n_old ? ck[x] : (x < total ? chunk_key[x - n_old] : 0u);
-      }
-      uint32_t thr, gt;
-      select_threshold<kThreads, kScoreRows>(e, rows, k, sh, thr, gt);
-      select_emit<kThreads, kScoreRows>(e, rows, thr, uint32_t(k) - gt, sh,
-                                        [&](int x, uint32_t pos, uint32_t key) {
-                                          ok[pos] = key;
-                                          oi[pos] = x < n_old ? ci[x] : c0 + (x - n_old);
-                                        });
-      cur ^= 1;
-      cand_n = k;
-      thr_f = thr;
-    }  // else: every chunk key was filtered out; the top-k is unchanged
-    __syncthreads();  // chunk_key and the candidate lists are rewritten from here on
+    score_chunk_end(chunk_key, cand_keys, cand_idxs, k, m, c0, sh, cur, cand_n, thr_f, survivor);
   }
   cp_async_wait<0>();  // tiles issued past the split (zero-filled rows only) must land
 
@@ -928,18 +987,21 @@ __global__ void __launch_bounds__(kMergeThreads) indexer_merge_kernel(const Inde
   int32_t* sel = p.selected + int64_t(q) * k;
   const int n = splits * k;  // <= kMergeMaxKeys (checked by the launch)
   const int rows = (n + kMergeThreads - 1) / kMergeThreads;
-  uint32_t e[kMergeRows];
+  with_row_bucket<2, 4, 8, kMergeRows>(rows, [&](auto tag) {
+    constexpr int kR = decltype(tag)::value;
+    uint32_t e[kR];
 #pragma unroll
-  for (int r = 0; r < kMergeRows; ++r) {
-    const int i = r * kMergeThreads + int(threadIdx.x);
-    e[r] = i < n ? __ldcg(keys + i) : 0u;
-  }
-  uint32_t thr, gt;
-  select_threshold<kMergeThreads, kMergeRows>(e, rows, k, sh, thr, gt);
-  select_emit<kMergeThreads, kMergeRows>(e, rows, thr, uint32_t(k) - gt, sh,
-                                         [&](int i, uint32_t pos, uint32_t) {
-                                           sel[pos] = __ldcg(idx + i);
-                                         });
+    for (int r = 0; r < kR; ++r) {
+      const int i = r * kMergeThreads + int(threadIdx.x);
+      e[r] = i < n ? __ldcg(keys + i) : 0u;
+    }
+    uint32_t thr, gt;
+    select_threshold<kMergeThreads, kR>(e, rows, k, sh, thr, gt);
+    select_emit<kMergeThreads, kR>(e, rows, thr, uint32_t(k) - gt, sh,
+                                   [&](int i, uint32_t pos, uint32_t) {
+                                     sel[pos] = __ldcg(idx + i);
+                                   });
+  });
   if (threadIdx.x == 0 && p.count) p.count[q] = k;
 }
 
@@ -967,7 +1029,12 @@ Status launch_score(const IndexerSelectParams& p, cudaStream_t stream) {
   if (Status st = score_smem_for_device(kIndexerMaxTopk, max_bytes); !st.ok()) return st;
   if (Status st = score_smem_for_device(p.topk, bytes); !st.ok()) return st;
   DS_CUDA_RETURN_IF_ERROR(ensure_max_dynamic_smem(indexer_score_kernel<kNT>, int(max_bytes)));
-  const dim3 grid(unsigned(p.plan.max_splits), unsigned(p.num_queries));
+  // Queries in x (dispatched first), splits in y: CTA ids of the splits a query really uses
+  // (split < its own count) come first and spread one per SM; with the split in x, the
+  // active CTAs of a plan with more splits than used (max model length >> real context) paired
+  // up on SMs while others got only CTAs that exit at once (session 8: B=64 ctx 8K 33.4 us with
+  // a plan for 8K, 39.5 us with a plan for 1M, at 2 CTAs per SM).
+  const dim3 grid(unsigned(p.num_queries), unsigned(p.plan.max_splits));
   indexer_score_kernel<kNT><<<grid, kThreads, bytes, stream>>>(p);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ok_status();
