@@ -6,7 +6,8 @@
 # clock probes), ncu of one score launch of the default (--clock-control none: clocks untouched).
 # Everything in $OUT/r.tgz (the run returns at most 8 files), the summary last on stdout.
 #   DS_COMMIT=... bash build/h8-idx-carry/run.sh
-# Run 1 (commit 7828e11) ran the earlier version of this script (variants mma / c4k / s3).
+# Run 1 (commit 7828e11) ran an earlier version of this script; run 2 (commit 940da90) this one
+# with the variants mma, c4k (tested), uncoal, nobucket, s5.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${OUT:-/tmp/h_idx8_out}"
@@ -46,12 +47,17 @@ if command -v compute-sanitizer >/dev/null; then
   say "memcheck default rc=$? $(grep -E 'ERROR SUMMARY' "$r/memcheck.log" | tail -1) ($(el)s)"
 fi
 run_bench default "$here/bench_indexer"
-for n in mma c4k; do
-  [ -x "$here/v/$n/test_indexer_cuda" ] && run_test "$n" "$here/v/$n/test_indexer_cuda"
-  run_bench "$n" "$here/v/$n/bench_indexer"
+# Variants with a test binary first (tested + benched), then bench-only ones while time allows.
+for d in "$here"/v/*/; do
+  n=$(basename "$d")
+  [ -x "$d/test_indexer_cuda" ] || continue
+  run_test "$n" "$d/test_indexer_cuda"
+  run_bench "$n" "$d/bench_indexer"
 done
-for n in uncoal nobucket s5; do
-  [ "$(el)" -lt "${T_EXTRA:-150}" ] && run_bench "$n" "$here/v/$n/bench_indexer"
+for d in "$here"/v/*/; do
+  n=$(basename "$d")
+  [ -x "$d/test_indexer_cuda" ] && continue
+  [ "$(el)" -lt "${T_EXTRA:-150}" ] && run_bench "$n" "$d/bench_indexer"
 done
 if command -v ncu >/dev/null && [ "$(el)" -lt "${T_NCU:-170}" ]; then
   timeout 60 ncu --clock-control none -k regex:indexer_score --launch-count 1 \

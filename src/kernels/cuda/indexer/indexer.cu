@@ -1,6 +1,8 @@
 // Lightning indexer kernels (see indexer.h and NOTES.md).
 //
-// Score kernel, CTA (query x, split y), 8 warps:
+// Score kernel, CTA (query x, split y), 8 warps. On sm_90a (session 8) steps 0-1 are
+// score_wgmma's: 2 warpgroups score 64-key tiles with wgmma e4m3 (keys and q in swizzled shared
+// memory); elsewhere, and with DS_INDEXER_WGMMA=0, the mma.sync loop below:
 //   0. quantizes q's heads to e4m3 (one power-of-two scale per head, folded into the weights:
 //      ReLU(s x) = s ReLU(x) for s > 0) into shared memory; every warp keeps the B fragments of all
 //      heads for the whole kernel (as f16: 64 heads x 128 dims = 128 registers);
@@ -20,6 +22,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 
@@ -263,13 +266,15 @@ struct RowsTag {
   static constexpr int value = kR;
 };
 
-// Calls f(RowsTag<R>{}) with the smallest bucket R >= rows among kB... (the last >= any rows).
+// Calls f(RowsTag<R>{}) with the smallest bucket R >= rows among kB... (ascending; the last is
+// >= any rows), or with the last one when DS_INDEXER_SELECT_BUCKETS is 0. (Session 8 run 2's
+// "nobucket" build took the *first* bucket here: it dropped keys, its times are invalid.)
 template <int kB0, int... kBs, class F>
 __device__ __forceinline__ void with_row_bucket(int rows, const F& f) {
-  if constexpr (sizeof...(kBs) == 0 || !DS_INDEXER_SELECT_BUCKETS) {
+  if constexpr (sizeof...(kBs) == 0) {
     f(RowsTag<kB0>{});
   } else {
-    if (rows <= kB0)
+    if (DS_INDEXER_SELECT_BUCKETS && rows <= kB0)
       f(RowsTag<kB0>{});
     else
       with_row_bucket<kBs...>(rows, f);
@@ -392,8 +397,8 @@ __device__ __forceinline__ void cp_async_wait() {
 // (A: 64 keys x 128 e4m3 dims, shared memory, 128-byte swizzle) by q (B: 64 heads x 128 dims,
 // shared memory, same layout; fewer heads are padded with zero q and zero weights) in 4
 // m64n64k32 instructions, fp32 accumulators: 32 registers per thread instead of the 128 of the
-// q fragments and 64 HMMA per 16 keys of the mma.sync loop. Other architectures (and builds
-// without sm_90a features) compile the mma.sync loop.
+// q fragments and 64 HMMA per 16 keys of the mma.sync loop (100 registers in all, 2 CTAs per
+// SM). Other architectures (and builds without sm_90a features) compile the mma.sync loop.
 #ifndef DS_INDEXER_WGMMA
 #define DS_INDEXER_WGMMA 1
 #endif
@@ -401,11 +406,6 @@ __device__ __forceinline__ void cp_async_wait() {
 #define DS_INDEXER_WGMMA_PATH 1
 #else
 #define DS_INDEXER_WGMMA_PATH 0
-#endif
-// DS_INDEXER_WG_COALESCED (session 8), default 1: the ring copies of a warp cover whole 128-byte
-// key rows (see score_wgmma); 0: two threads per row, 64 bytes each (run 1 of session 8).
-#ifndef DS_INDEXER_WG_COALESCED
-#define DS_INDEXER_WG_COALESCED 1
 #endif
 #ifndef DS_INDEXER_WG_STAGES
 #define DS_INDEXER_WG_STAGES 4
@@ -520,49 +520,13 @@ __device__ __forceinline__ void score_wgmma(const IndexerSelectParams& p, uint8_
   const int num_tiles = (n_keys + kWgKeys - 1) / kWgKeys;
   const int iters = (num_tiles + 1) / 2;
   const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
-  const int wg = warp >> 2, w4 = warp & 3;
-  [[maybe_unused]] const int wt = tid & 127;
+  const int wg = warp >> 2, w4 = warp & 3, wt = tid & 127;
   uint8_t* ring = smem + kWgOffRing + wg * kWgStages * kWgTileBytes;
   float* ring_sc = reinterpret_cast<float*>(smem + kWgOffScale) + wg * kWgStages * kWgKeys;
   // Page + slot of this thread's row of tile t (page -1: past the split); one division per
-  // thread per 64-key tile, computed one iteration before the tile is issued.
-#if DS_INDEXER_WG_COALESCED
-  // Coalesced copies: in copy u (0..3) lane l of warp w4 writes 16-byte chunk l % 8 of tile row
-  // 16 u + 4 w4 + l / 8, so each warp instruction covers 4 whole 128-byte rows (4 lines; the
-  // row-per-thread-pair mapping touched 16 lines with 32 bytes each). Lanes 0..15 look up the
-  // page + slot of the warp's 16 rows (lane L: row 16 (L / 4) + 4 w4 + L % 4, one division per
-  // tile) and the copying lanes read them with shuffles.
-  const int lrow = 16 * ((lane >> 2) & 3) + 4 * w4 + (lane & 3);
-  auto locate = [&](int t, int& pg, int& slot) {
-    const int j = t * kWgKeys + lrow;
-    pg = -1;
-    slot = 0;
-    if (lane < 16 && j < n_keys) {
-      const int idx = begin + j;
-      const int pi = idx / ks.page_size;
-      slot = idx - pi * ks.page_size;
-      pg = __ldg(table + pi);
-    }
-  };
-  auto issue = [&](int st, int pg, int slot) {
-    uint8_t* dst = ring + st * kWgTileBytes;
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int src_lane = 4 * u + (lane >> 3);
-      const int pgu = __shfl_sync(0xFFFFFFFFu, pg, src_lane);
-      const int slotu = __shfl_sync(0xFFFFFFFFu, slot, src_lane);
-      if (pgu >= 0) {  // rows past the split keep stale bytes: their scores are never stored
-        const uint8_t* src = ks.pool + int64_t(pgu) * ks.page_bytes +
-                             int64_t(slotu) * kIndexKeyDataBytes + 16 * (lane & 7);
-        cp_async16(dst + swz128(16 * u + 4 * w4 + (lane >> 3), lane & 7), src);
-      }
-    }
-    if (pg >= 0)  // lanes 0..15: the scale of their own row
-      cp_async4(ring_sc + st * kWgKeys + lrow,
-                reinterpret_cast<const float*>(ks.pool + int64_t(pg) * ks.page_bytes + scale_off) +
-                    slot);
-  };
-#else
+  // thread per 64-key tile, computed one iteration before the tile is issued. (Copies where each
+  // warp instruction covers 4 whole rows, pages handed out by shuffles, measured 4-8% slower in
+  // session 8 run 2 and were removed.)
   const int lrow = wt >> 1, lhalf = wt & 1;  // the key row / 64-byte half this thread copies
   auto locate = [&](int t, int& pg, int& slot) {
     const int j = t * kWgKeys + lrow;
@@ -586,7 +550,6 @@ __device__ __forceinline__ void score_wgmma(const IndexerSelectParams& p, uint8_
     if (lhalf == 0)
       cp_async4(ring_sc + st * kWgKeys + lrow, reinterpret_cast<const float*>(base + scale_off) + slot);
   };
-#endif
   // The first tiles' loads go out before the q prologue.
   // Tiles issued ahead of the one being multiplied (a stage is busy for one iteration).
   constexpr int kAhead = kWgStages - 1;
@@ -1012,11 +975,11 @@ Status score_smem_for_device(int topk, size_t& bytes) {
   int device = 0;
   DS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   constexpr int kMaxDevices = 64;
-  static int major_of[kMaxDevices] = {};  // 0: not queried yet (benign race: same value)
-  int major = device < kMaxDevices ? major_of[device] : 0;
+  static std::atomic<int> major_of[kMaxDevices] = {};  // 0: not queried yet
+  int major = device < kMaxDevices ? major_of[device].load(std::memory_order_relaxed) : 0;
   if (major == 0) {
     DS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    if (device < kMaxDevices) major_of[device] = major;
+    if (device < kMaxDevices) major_of[device].store(major, std::memory_order_relaxed);
   }
   bytes = score_smem_bytes(topk);
   if (DS_INDEXER_WGMMA && major == 9) bytes = std::max(bytes, wg_smem_bytes(topk));
