@@ -43,7 +43,8 @@ constexpr int kTile = 16;       // keys per MMA tile
 #endif
 constexpr int kChunk = DS_INDEXER_CHUNK;
 constexpr int kChunkTiles = kChunk / kTile;
-[[maybe_unused]] constexpr int kChunkIters = kChunkTiles / kWarps;  // iterations of every warp per chunk
+// Iterations of every warp per chunk (mma.sync path).
+[[maybe_unused]] constexpr int kChunkIters = kChunkTiles / kWarps;
 static_assert(kChunkTiles % kWarps == 0, "a warp's tiles never straddle two chunks per iteration");
 // Rows of register-resident keys per thread in the chunk select: old top-k + one chunk.
 constexpr int kScoreRows = (kIndexerMaxTopk + kChunk + kThreads - 1) / kThreads;
@@ -107,8 +108,9 @@ __device__ __forceinline__ uint32_t order_key(float s) {
 }
 
 // D = A(16x16 f16, row) * B(16x8 f16, col) + C, fp32.
-[[maybe_unused]] __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+[[maybe_unused]] __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                         uint32_t a2, uint32_t a3, uint32_t b0,
+                                                         uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};\n"
@@ -118,8 +120,9 @@ __device__ __forceinline__ uint32_t order_key(float s) {
 
 #else
 // D = A(16x32 e4m3, row) * B(32x8 e4m3, col) + C, fp32 (sm_89+).
-[[maybe_unused]] __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+[[maybe_unused]] __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                          uint32_t a2, uint32_t a3, uint32_t b0,
+                                                          uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};\n"
@@ -417,7 +420,8 @@ constexpr int kWgKeys = 64;                            // keys per warpgroup til
 constexpr int kWgTileBytes = kWgKeys * kIndexHeadDim;  // 8192
 constexpr int kWgStages = DS_INDEXER_WG_STAGES;        // tiles per warpgroup in flight: stages - 1
 constexpr int kWgChunkTiles = kChunk / kWgKeys;
-[[maybe_unused]] constexpr int kWgChunkIters = kWgChunkTiles / 2;  // iterations of each warpgroup per chunk
+// Iterations of each warpgroup per chunk.
+[[maybe_unused]] constexpr int kWgChunkIters = kWgChunkTiles / 2;
 static_assert(kWgChunkTiles % 2 == 0, "a chunk is an even number of 64-key tiles");
 constexpr int kWgOffQ = 0;
 constexpr int kWgOffRing = kWgOffQ + kWgTileBytes;
@@ -431,7 +435,9 @@ static_assert(wg_smem_bytes(kIndexerMaxTopk) <= 227 * 1024, "sm_90: <= 227 KB pe
 
 // Byte offset of 16-byte chunk `c` (0..7) of row `r` in a [rows][128] tile with the 128-byte
 // swizzle of wgmma (chunk index XOR row % 8; the tile base is 1024-byte aligned).
-[[maybe_unused]] __device__ __forceinline__ int swz128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+[[maybe_unused]] __device__ __forceinline__ int swz128(int r, int c) {
+  return r * 128 + ((c ^ (r & 7)) << 4);
+}
 
 #if DS_INDEXER_WGMMA_PATH
 // Shared-memory matrix descriptor (PTX ISA, wgmma "matrix descriptor"): start address >> 4,
@@ -441,7 +447,9 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
   return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
          (uint64_t(1) << 62);
 }
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ void wg_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
@@ -548,7 +556,8 @@ __device__ __forceinline__ void score_wgmma(const IndexerSelectParams& p, uint8_
 #pragma unroll
     for (int u = 0; u < 4; ++u) cp_async16(dst + swz128(lrow, 4 * lhalf + u), src + u);
     if (lhalf == 0)
-      cp_async4(ring_sc + st * kWgKeys + lrow, reinterpret_cast<const float*>(base + scale_off) + slot);
+      cp_async4(ring_sc + st * kWgKeys + lrow,
+                reinterpret_cast<const float*>(base + scale_off) + slot);
   };
   // The first tiles' loads go out before the q prologue.
   // Tiles issued ahead of the one being multiplied (a stage is busy for one iteration).
@@ -978,7 +987,8 @@ Status score_smem_for_device(int topk, size_t& bytes) {
   static std::atomic<int> major_of[kMaxDevices] = {};  // 0: not queried yet
   int major = device < kMaxDevices ? major_of[device].load(std::memory_order_relaxed) : 0;
   if (major == 0) {
-    DS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    DS_CUDA_RETURN_IF_ERROR(
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     if (device < kMaxDevices) major_of[device].store(major, std::memory_order_relaxed);
   }
   bytes = score_smem_bytes(topk);
