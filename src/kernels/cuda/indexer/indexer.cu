@@ -1,6 +1,8 @@
 // Lightning indexer kernels (see indexer.h and NOTES.md).
 //
-// Score kernel, CTA (split x, query q), 8 warps:
+// Score kernel, CTA (query x, split y), 8 warps. On sm_90a (session 8) steps 0-1 are
+// score_wgmma's: 2 warpgroups score 64-key tiles with wgmma e4m3 (keys and q in swizzled shared
+// memory); elsewhere, and with DS_INDEXER_WGMMA=0, the mma.sync loop below:
 //   0. quantizes q's heads to e4m3 (one power-of-two scale per head, folded into the weights:
 //      ReLU(s x) = s ReLU(x) for s > 0) into shared memory; every warp keeps the B fragments of all
 //      heads for the whole kernel (as f16: 64 heads x 128 dims = 128 registers);
@@ -20,6 +22,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 
@@ -34,9 +37,14 @@ namespace {
 constexpr int kThreads = 256;  // score kernel
 constexpr int kWarps = kThreads / 32;
 constexpr int kTile = 16;       // keys per MMA tile
-constexpr int kChunk = 2048;    // keys scored between two selections
+// Keys scored between two selections (DS_INDEXER_CHUNK: build-time experiment, NOTES.md).
+#ifndef DS_INDEXER_CHUNK
+#define DS_INDEXER_CHUNK 2048
+#endif
+constexpr int kChunk = DS_INDEXER_CHUNK;
 constexpr int kChunkTiles = kChunk / kTile;
-constexpr int kChunkIters = kChunkTiles / kWarps;  // iterations of every warp per chunk
+// Iterations of every warp per chunk (mma.sync path).
+[[maybe_unused]] constexpr int kChunkIters = kChunkTiles / kWarps;
 static_assert(kChunkTiles % kWarps == 0, "a warp's tiles never straddle two chunks per iteration");
 // Rows of register-resident keys per thread in the chunk select: old top-k + one chunk.
 constexpr int kScoreRows = (kIndexerMaxTopk + kChunk + kThreads - 1) / kThreads;
@@ -94,14 +102,15 @@ __device__ __forceinline__ uint32_t order_key(float s) {
 
 #if DS_INDEXER_F16_MMA
 // Two e4m3 codes (low byte first) -> f16x2 (low half first), exact.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
+[[maybe_unused]] __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xFFFFu), __NV_E4M3);
   return uint32_t(h.x) | (uint32_t(h.y) << 16);
 }
 
 // D = A(16x16 f16, row) * B(16x8 f16, col) + C, fp32.
-__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+[[maybe_unused]] __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                         uint32_t a2, uint32_t a3, uint32_t b0,
+                                                         uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};\n"
@@ -111,8 +120,9 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1,
 
 #else
 // D = A(16x32 e4m3, row) * B(32x8 e4m3, col) + C, fp32 (sm_89+).
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+[[maybe_unused]] __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                          uint32_t a2, uint32_t a3, uint32_t b0,
+                                                          uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};\n"
@@ -245,6 +255,84 @@ __device__ __forceinline__ void select_emit(const uint32_t (&e)[kR], int rows, u
     }
 }
 
+// DS_INDEXER_SELECT_BUCKETS (session 8), default 1: the chunk select and the merge run with the
+// register-row count rounded up to a bucket (score kernel 4 / 8 / kScoreRows, merge 2 / 4 / 8 /
+// kMergeRows) instead of always the maximum: the rows past `rows` were skipped by a predicate,
+// but their predicated compares were still issued in every one of the 16 steps (session 8 run 1:
+// chunk 4096 = 8 more dead rows cost +3.6 us per select).
+#ifndef DS_INDEXER_SELECT_BUCKETS
+#define DS_INDEXER_SELECT_BUCKETS 1
+#endif
+
+template <int kR>
+struct RowsTag {
+  static constexpr int value = kR;
+};
+
+// Calls f(RowsTag<R>{}) with the smallest bucket R >= rows among kB... (ascending; the last is
+// >= any rows), or with the last one when DS_INDEXER_SELECT_BUCKETS is 0. (Session 8 run 2's
+// "nobucket" build took the *first* bucket here: it dropped keys, its times are invalid.)
+template <int kB0, int... kBs, class F>
+__device__ __forceinline__ void with_row_bucket(int rows, const F& f) {
+  if constexpr (sizeof...(kBs) == 0) {
+    f(RowsTag<kB0>{});
+  } else {
+    if (DS_INDEXER_SELECT_BUCKETS && rows <= kB0)
+      f(RowsTag<kB0>{});
+    else
+      with_row_bucket<kBs...>(rows, f);
+  }
+}
+
+// Chunk end of the score kernel (both MMA paths): merges the chunk's m keys (chunk_key, indices
+// c0 ..) into the running top-k (candidate list `cur` of cand_keys / cand_idxs, cand_n entries),
+// keeping ascending index order. Threshold filter: once the list is full, a chunk key <= its k-th
+// key (thr_f) cannot enter it (equal keys lose to the lower indices already held) and was stored
+// as kFiltered; a chunk with no survivor skips the select. All threads call it.
+__device__ __forceinline__ void score_chunk_end(const uint32_t* chunk_key, uint32_t* cand_keys,
+                                                int32_t* cand_idxs, int k, int m, int c0,
+                                                SelectShared& sh, int& cur, int& cand_n,
+                                                uint32_t& thr_f, int& survivor) {
+  const int tid = threadIdx.x;
+  const bool any = __syncthreads_or(survivor) != 0;  // also publishes chunk_key
+  survivor = 0;
+  const int total = cand_n + m;
+  uint32_t* ck = cand_keys + cur * k;
+  int32_t* ci = cand_idxs + cur * k;
+  if (total <= k) {  // still filling (thr_f == 0: nothing was filtered)
+    for (int x = tid; x < m; x += kThreads) {
+      ck[cand_n + x] = chunk_key[x];
+      ci[cand_n + x] = c0 + x;
+    }
+    cand_n = total;
+  } else if (any) {
+    uint32_t* ok = cand_keys + (cur ^ 1) * k;
+    int32_t* oi = cand_idxs + (cur ^ 1) * k;
+    const int n_old = cand_n;
+    const int rows = (total + kThreads - 1) / kThreads;
+    with_row_bucket<4, 8, kScoreRows>(rows, [&](auto tag) {
+      constexpr int kR = decltype(tag)::value;
+      uint32_t e[kR];
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        const int x = r * kThreads + tid;
+        e[r] = x < n_old ? ck[x] : (x < total ? chunk_key[x - n_old] : 0u);
+      }
+      uint32_t thr, gt;
+      select_threshold<kThreads, kR>(e, rows, k, sh, thr, gt);
+      select_emit<kThreads, kR>(e, rows, thr, uint32_t(k) - gt, sh,
+                                [&](int x, uint32_t pos, uint32_t key) {
+                                  ok[pos] = key;
+                                  oi[pos] = x < n_old ? ci[x] : c0 + (x - n_old);
+                                });
+      thr_f = thr;
+    });
+    cur ^= 1;
+    cand_n = k;
+  }  // else: every chunk key was filtered out; the top-k is unchanged
+  __syncthreads();  // chunk_key and the candidate lists are rewritten from here on
+}
+
 // ---- pack kernel ---------------------------------------------------------------------------------
 __global__ void __launch_bounds__(256) pack_index_keys_kernel(const PackIndexKeysParams p) {
   const int64_t row = int64_t(blockIdx.x) * 8 + (threadIdx.x >> 5);
@@ -286,7 +374,9 @@ constexpr int kOffSel = kRingBytes;
 constexpr int kOffChunk = kOffSel + int((sizeof(SelectShared) + 15) / 16 * 16);
 constexpr int kOffCand = kOffChunk + kChunk * 4;
 constexpr size_t score_smem_bytes(int topk) { return size_t(kOffCand) + size_t(topk) * 16; }
-static_assert(score_smem_bytes(kIndexerMaxTopk) <= 99 * 1024, "portable: <= 99 KB shared memory");
+// (A DS_INDEXER_CHUNK experiment above 2048 is for sm_90, where a CTA may use 227 KB.)
+static_assert(kChunk > 2048 || score_smem_bytes(kIndexerMaxTopk) <= 99 * 1024,
+              "portable: <= 99 KB shared memory");
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return uint32_t(__cvta_generic_to_shared(p));
@@ -303,9 +393,318 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
+// ---- sm_90a score path: wgmma e4m3 (session 8, NOTES.md) ---------------------------------------
+// DS_INDEXER_WGMMA (default 1): on sm_90a the score kernel runs score_wgmma below instead of the
+// mma.sync loop. sm_90 has no FP8 mma.sync (ptxas lowers it to conversions + f16 HMMA, NOTES.md
+// session 7), but wgmma.mma_async e4m3 is native there: one warpgroup multiplies a 64-key tile
+// (A: 64 keys x 128 e4m3 dims, shared memory, 128-byte swizzle) by q (B: 64 heads x 128 dims,
+// shared memory, same layout; fewer heads are padded with zero q and zero weights) in 4
+// m64n64k32 instructions, fp32 accumulators: 32 registers per thread instead of the 128 of the
+// q fragments and 64 HMMA per 16 keys of the mma.sync loop (100 registers in all, 2 CTAs per
+// SM). Other architectures (and builds without sm_90a features) compile the mma.sync loop.
+#ifndef DS_INDEXER_WGMMA
+#define DS_INDEXER_WGMMA 1
+#endif
+#if DS_INDEXER_WGMMA && defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DS_INDEXER_WGMMA_PATH 1
+#else
+#define DS_INDEXER_WGMMA_PATH 0
+#endif
+#ifndef DS_INDEXER_WG_STAGES
+#define DS_INDEXER_WG_STAGES 4
+#endif
+// Shared memory of the wgmma path (offsets from a 1024-byte aligned base): q e4m3 [64][128]
+// swizzled | rings [2 warpgroups][stages][64 keys][128] swizzled | key scales [2][stages][64] |
+// scaled weights [64] | SelectShared | chunk keys [kChunk] | candidate keys [2][topk] | indices.
+constexpr int kWgKeys = 64;                            // keys per warpgroup tile (wgmma M)
+constexpr int kWgTileBytes = kWgKeys * kIndexHeadDim;  // 8192
+constexpr int kWgStages = DS_INDEXER_WG_STAGES;        // tiles per warpgroup in flight: stages - 1
+constexpr int kWgChunkTiles = kChunk / kWgKeys;
+// Iterations of each warpgroup per chunk.
+[[maybe_unused]] constexpr int kWgChunkIters = kWgChunkTiles / 2;
+static_assert(kWgChunkTiles % 2 == 0, "a chunk is an even number of 64-key tiles");
+constexpr int kWgOffQ = 0;
+constexpr int kWgOffRing = kWgOffQ + kWgTileBytes;
+constexpr int kWgOffScale = kWgOffRing + 2 * kWgStages * kWgTileBytes;
+constexpr int kWgOffW = kWgOffScale + 2 * kWgStages * kWgKeys * 4;
+constexpr int kWgOffSel = kWgOffW + kIndexerMaxHeads * 4;
+constexpr int kWgOffChunk = kWgOffSel + int((sizeof(SelectShared) + 15) / 16 * 16);
+constexpr int kWgOffCand = kWgOffChunk + kChunk * 4;
+constexpr size_t wg_smem_bytes(int topk) { return 1024 + size_t(kWgOffCand) + size_t(topk) * 16; }
+static_assert(wg_smem_bytes(kIndexerMaxTopk) <= 227 * 1024, "sm_90: <= 227 KB per CTA");
+
+// Byte offset of 16-byte chunk `c` (0..7) of row `r` in a [rows][128] tile with the 128-byte
+// swizzle of wgmma (chunk index XOR row % 8; the tile base is 1024-byte aligned).
+[[maybe_unused]] __device__ __forceinline__ int swz128(int r, int c) {
+  return r * 128 + ((c ^ (r & 7)) << 4);
+}
+
+#if DS_INDEXER_WGMMA_PATH
+// Shared-memory matrix descriptor (PTX ISA, wgmma "matrix descriptor"): start address >> 4,
+// leading byte offset 16 (unused for K-major swizzled layouts), stride byte offset 1024 (8 rows
+// of 128 bytes), swizzle mode 1 = 128 bytes. K-step k adds 32 bytes to the start address.
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+  return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+__device__ __forceinline__ void wg_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_wait0() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Barrier of warpgroup wg alone (ids 1 and 2; __syncthreads uses 0). Immediate ids, so ptxas
+// reserves 3 barriers, not all 16.
+__device__ __forceinline__ void warpgroup_bar_sync(int wg) {
+  if (wg == 0)
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+  else
+    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+
+// D[64 x 64] (+)= A[64 x 32] * B[32 x 64], e4m3 inputs, fp32 accumulators; scale_d 0: D = A * B.
+__device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], uint64_t da, uint64_t db,
+                                                     int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// The score kernel's body on sm_90a. Warpgroup wg (warps 4wg .. 4wg+3) scores the 64-key tiles
+// wg, wg + 2, ... of the split; thread (row r = wt / 2, half wt % 2) of a warpgroup copies 64
+// bytes of key r (and its scale) into the ring stage with cp.async; after wait_group + a proxy
+// fence + a warpgroup barrier the tile is visible to the tensor cores. The accumulators have the
+// mma.sync layout (warp w4 of the warpgroup: rows 16 w4 + g, + 8; heads 8j + 2c, + 1), so the
+// epilogue is the mma.sync path's. Chunk ends, the running top-k and the outputs are the same.
+__device__ __forceinline__ void score_wgmma(const IndexerSelectParams& p, uint8_t* smem_raw) {
+  uint8_t* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  uint8_t* q8 = smem + kWgOffQ;
+  float* wq = reinterpret_cast<float*>(smem + kWgOffW);
+  SelectShared& sh = *reinterpret_cast<SelectShared*>(smem + kWgOffSel);
+  uint32_t* chunk_key = reinterpret_cast<uint32_t*>(smem + kWgOffChunk);
+  const int k = p.topk;
+  uint32_t* const cand_keys = reinterpret_cast<uint32_t*>(smem + kWgOffCand);
+  int32_t* const cand_idxs = reinterpret_cast<int32_t*>(cand_keys + 2 * k);
+  auto cand_key = [&](int b) { return cand_keys + b * k; };
+  auto cand_idx = [&](int b) { return cand_idxs + b * k; };
+
+  const int split = blockIdx.y;
+  const int q = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int v = p.visible[q];
+  int32_t* sel = p.selected + int64_t(q) * k;
+  if (v <= k) {
+    if (split == 0) {
+      for (int i = tid; i < k; i += kThreads) sel[i] = i < v ? i : -1;
+      if (tid == 0 && p.count) p.count[q] = max(v, 0);
+    }
+    return;
+  }
+  const int splits = active_splits(p.plan.max_splits, p.plan.min_keys, v);
+  if (split >= splits) return;
+  const int begin = int(int64_t(v) * split / splits);
+  const int end = int(int64_t(v) * (split + 1) / splits);
+
+  const IndexKeySource& ks = p.keys;
+  const int32_t* table = ks.page_table + int64_t(p.query_seq[q]) * ks.page_table_stride;
+  const int64_t scale_off = int64_t(ks.page_size) * kIndexKeyDataBytes;
+  const int n_keys = end - begin;
+  const int num_tiles = (n_keys + kWgKeys - 1) / kWgKeys;
+  const int iters = (num_tiles + 1) / 2;
+  const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+  const int wg = warp >> 2, w4 = warp & 3, wt = tid & 127;
+  uint8_t* ring = smem + kWgOffRing + wg * kWgStages * kWgTileBytes;
+  float* ring_sc = reinterpret_cast<float*>(smem + kWgOffScale) + wg * kWgStages * kWgKeys;
+  // Page + slot of this thread's row of tile t (page -1: past the split); one division per
+  // thread per 64-key tile, computed one iteration before the tile is issued. (Copies where each
+  // warp instruction covers 4 whole rows, pages handed out by shuffles, measured 4-8% slower in
+  // session 8 run 2 and were removed.)
+  const int lrow = wt >> 1, lhalf = wt & 1;  // the key row / 64-byte half this thread copies
+  auto locate = [&](int t, int& pg, int& slot) {
+    const int j = t * kWgKeys + lrow;
+    pg = -1;
+    slot = 0;
+    if (j < n_keys) {
+      const int idx = begin + j;
+      const int pi = idx / ks.page_size;
+      slot = idx - pi * ks.page_size;
+      pg = __ldg(table + pi);
+    }
+  };
+  auto issue = [&](int st, int pg, int slot) {
+    if (pg < 0) return;  // rows past the split keep stale bytes: their scores are never stored
+    const uint8_t* base = ks.pool + int64_t(pg) * ks.page_bytes;
+    const uint4* src = reinterpret_cast<const uint4*>(base + int64_t(slot) * kIndexKeyDataBytes) +
+                       4 * lhalf;
+    uint8_t* dst = ring + st * kWgTileBytes;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) cp_async16(dst + swz128(lrow, 4 * lhalf + u), src + u);
+    if (lhalf == 0)
+      cp_async4(ring_sc + st * kWgKeys + lrow,
+                reinterpret_cast<const float*>(base + scale_off) + slot);
+  };
+  // The first tiles' loads go out before the q prologue.
+  // Tiles issued ahead of the one being multiplied (a stage is busy for one iteration).
+  constexpr int kAhead = kWgStages - 1;
+  static_assert(kAhead >= 1, "ring too short");
+  int pg, slot;
+#pragma unroll
+  for (int i = 0; i < kAhead; ++i) {
+    locate(wg + 2 * i, pg, slot);
+    issue(i, pg, slot);
+    cp_async_commit();
+  }
+  locate(wg + 2 * kAhead, pg, slot);
+
+  // ---- q -> e4m3 per head (4 threads x 32 dims per head, 64 heads, zeros past num_heads) ----
+  {
+    const int h = tid >> 2, part = tid & 3;
+    float x[32];
+    float amax = 0.0f;
+    const bool live = h < p.num_heads;
+    const float* src = p.q + (int64_t(q) * p.num_heads + h) * kIndexHeadDim + part * 32;
+#pragma unroll
+    for (int i = 0; i < 32; i += 4) {
+      const float4 f = live ? *reinterpret_cast<const float4*>(src + i) : make_float4(0, 0, 0, 0);
+      x[i] = f.x;
+      x[i + 1] = f.y;
+      x[i + 2] = f.z;
+      x[i + 3] = f.w;
+      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(f.x), fabsf(f.y)), fmaxf(fabsf(f.z), fabsf(f.w))));
+    }
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+    float inv;
+    const float scale = fp8_scale(amax, inv);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint4 wv;
+      uint32_t* w = reinterpret_cast<uint32_t*>(&wv);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = half * 16 + 4 * u;
+        w[u] = to_e4m3(x[i] * inv) | (to_e4m3(x[i + 1] * inv) << 8) |
+               (to_e4m3(x[i + 2] * inv) << 16) | (to_e4m3(x[i + 3] * inv) << 24);
+      }
+      *reinterpret_cast<uint4*>(q8 + swz128(h, 2 * part + half)) = wv;
+    }
+    if (part == 0) wq[h] = live ? p.weights[int64_t(q) * p.num_heads + h] * scale : 0.0f;
+  }
+  fence_proxy_async_smem();  // q8 is read by the tensor cores (async proxy)
+  __syncthreads();
+  float wreg[8][2];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    wreg[j][0] = wq[8 * j + 2 * c];
+    wreg[j][1] = wq[8 * j + 2 * c + 1];
+  }
+  const uint64_t desc_q = wg_desc(smem_addr(q8));
+  const uint64_t desc_ring = wg_desc(smem_addr(ring));
+
+  int cur = 0, cand_n = 0;
+  uint32_t thr_f = 0;  // threshold filter (score_chunk_end)
+  int survivor = 0;
+  // ReLU, weights, head sum and key scale of tile t (ring stage st) -> chunk_key.
+  auto epilogue = [&](float (&acc)[32], int t, int st, int m) {
+#pragma unroll
+    for (int x = 0; x < 32; ++x) fence_operand(acc[x]);
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      s0 += wreg[j][0] * fmaxf(acc[4 * j], 0.0f) + wreg[j][1] * fmaxf(acc[4 * j + 1], 0.0f);
+      s1 += wreg[j][0] * fmaxf(acc[4 * j + 2], 0.0f) + wreg[j][1] * fmaxf(acc[4 * j + 3], 0.0f);
+    }
+    s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, 1);
+    s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, 2);
+    s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 1);
+    s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 2);
+    // Lane c == 0 owns row 16 w4 + g, lane c == 1 row 16 w4 + g + 8.
+    const int row = 16 * w4 + g + (c == 1 ? 8 : 0);
+    const int j = (t % kWgChunkTiles) * kWgKeys + row;
+    if (c < 2 && j < m) {
+      const float sc = ring_sc[st * kWgKeys + row];
+      uint32_t u = order_key((c == 0 ? s0 : s1) * sc);
+      if (u <= thr_f) u = kFiltered;
+      survivor |= u != kFiltered;
+      chunk_key[j] = u;
+    }
+  };
+  auto mma_tile = [&](float (&acc)[32], int st) {
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_m64n64k32_e4m3(acc, desc_ring + uint64_t((st * kWgTileBytes + 32 * kk) >> 4),
+                           desc_q + uint64_t((32 * kk) >> 4), kk > 0 ? 1 : 0);
+    wg_commit();
+  };
+  for (int i = 0; i < iters; ++i) {
+    const int t = wg + 2 * i;
+    cp_async_wait<kAhead - 1>();  // this thread's copies of tile t have landed
+    fence_proxy_async_smem();
+    warpgroup_bar_sync(wg);  // ... and every thread's; stage (i - 1) % S is free again
+    issue((i + kAhead) % kWgStages, pg, slot);
+    cp_async_commit();
+    locate(t + 2 * (kAhead + 1), pg, slot);
+    const int chunk = i / kWgChunkIters;
+    const int c0 = begin + chunk * kChunk;
+    const int m = min(kChunk, n_keys - chunk * kChunk);
+    if (t < num_tiles) {
+      const int st = i % kWgStages;
+      float acc[32];
+      mma_tile(acc, st);
+      wg_wait0();
+      epilogue(acc, t, st, m);
+    }
+    if ((i + 1) % kWgChunkIters != 0 && i + 1 != iters) continue;
+    score_chunk_end(chunk_key, cand_keys, cand_idxs, k, m, c0, sh, cur, cand_n, thr_f, survivor);
+  }
+  cp_async_wait<0>();
+
+  if (splits == 1) {
+    for (int i = tid; i < k; i += kThreads) sel[i] = cand_idx(cur)[i];
+    if (tid == 0 && p.count) p.count[q] = k;
+  } else {
+    const int64_t slot_ws = (int64_t(q) * p.plan.max_splits + split) * k;
+    uint32_t* ws_key = static_cast<uint32_t*>(p.workspace);
+    int32_t* ws_idx = reinterpret_cast<int32_t*>(ws_key + int64_t(p.plan.num_queries) *
+                                                              p.plan.max_splits * k);
+    for (int i = tid; i < k; i += kThreads) {
+      ws_key[slot_ws + i] = cand_key(cur)[i];
+      ws_idx[slot_ws + i] = cand_idx(cur)[i];
+    }
+  }
+}
+#endif  // DS_INDEXER_WGMMA_PATH
+
+#if DS_INDEXER_WGMMA_PATH
+#define DS_INDEXER_SCORE_MIN_BLOCKS 2  // 2 CTAs per SM: <= 128 registers
+#else
+#define DS_INDEXER_SCORE_MIN_BLOCKS 1
+#endif
+
 template <int kNT>
-__global__ void __launch_bounds__(kThreads) indexer_score_kernel(const IndexerSelectParams p) {
+__global__ void __launch_bounds__(kThreads, DS_INDEXER_SCORE_MIN_BLOCKS)
+    indexer_score_kernel(const IndexerSelectParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
+#if DS_INDEXER_WGMMA_PATH
+  score_wgmma(p, smem);
+#else
   uint8_t* q8 = smem;
   float* wq = reinterpret_cast<float*>(smem + kOffW);
   SelectShared& sh = *reinterpret_cast<SelectShared*>(smem + kOffSel);
@@ -318,8 +717,8 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(const IndexerSe
   auto cand_key = [&](int b) { return cand_keys + b * k; };
   auto cand_idx = [&](int b) { return cand_idxs + b * k; };
 
-  const int split = blockIdx.x;
-  const int q = blockIdx.y;
+  const int split = blockIdx.y;
+  const int q = blockIdx.x;
   const int tid = threadIdx.x;
   const int v = p.visible[q];
   int32_t* sel = p.selected + int64_t(q) * k;
@@ -519,41 +918,7 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(const IndexerSe
     }
     if ((i + 1) % kChunkIters != 0 && i + 1 != iters) continue;
 
-    // ---- chunk end: merge the chunk into the running top-k (ascending index order kept) ----
-    const bool any = __syncthreads_or(survivor) != 0;  // also publishes chunk_key
-    survivor = 0;
-    const int total = cand_n + m;
-    if (total <= k) {  // still filling (thr_f == 0: nothing was filtered)
-      for (int x = tid; x < m; x += kThreads) {
-        cand_key(cur)[cand_n + x] = chunk_key[x];
-        cand_idx(cur)[cand_n + x] = c0 + x;
-      }
-      cand_n = total;
-    } else if (any) {
-      const uint32_t* ck = cand_key(cur);
-      const int32_t* ci = cand_idx(cur);
-      uint32_t* ok = cand_key(cur ^ 1);
-      int32_t* oi = cand_idx(cur ^ 1);
-      const int n_old = cand_n;
-      const int rows = (total + kThreads - 1) / kThreads;
-      uint32_t e[kScoreRows];
-#pragma unroll
-      for (int r = 0; r < kScoreRows; ++r) {
-        const int x = r * kThreads + tid;
-        e[r] = x < n_old ? ck[x] : (x < total ? chunk_key[x - n_old] : 0u);
-      }
-      uint32_t thr, gt;
-      select_threshold<kThreads, kScoreRows>(e, rows, k, sh, thr, gt);
-      select_emit<kThreads, kScoreRows>(e, rows, thr, uint32_t(k) - gt, sh,
-                                        [&](int x, uint32_t pos, uint32_t key) {
-                                          ok[pos] = key;
-                                          oi[pos] = x < n_old ? ci[x] : c0 + (x - n_old);
-                                        });
-      cur ^= 1;
-      cand_n = k;
-      thr_f = thr;
-    }  // else: every chunk key was filtered out; the top-k is unchanged
-    __syncthreads();  // chunk_key and the candidate lists are rewritten from here on
+    score_chunk_end(chunk_key, cand_keys, cand_idxs, k, m, c0, sh, cur, cand_n, thr_f, survivor);
   }
   cp_async_wait<0>();  // tiles issued past the split (zero-filled rows only) must land
 
@@ -571,6 +936,7 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(const IndexerSe
       ws_idx[slot + i] = cand_idx(cur)[i];
     }
   }
+#endif  // DS_INDEXER_WGMMA_PATH
 }
 
 // Final top-k over the splits' candidate lists (consecutive in the workspace, in index order).
@@ -593,27 +959,56 @@ __global__ void __launch_bounds__(kMergeThreads) indexer_merge_kernel(const Inde
   int32_t* sel = p.selected + int64_t(q) * k;
   const int n = splits * k;  // <= kMergeMaxKeys (checked by the launch)
   const int rows = (n + kMergeThreads - 1) / kMergeThreads;
-  uint32_t e[kMergeRows];
+  with_row_bucket<2, 4, 8, kMergeRows>(rows, [&](auto tag) {
+    constexpr int kR = decltype(tag)::value;
+    uint32_t e[kR];
 #pragma unroll
-  for (int r = 0; r < kMergeRows; ++r) {
-    const int i = r * kMergeThreads + int(threadIdx.x);
-    e[r] = i < n ? __ldcg(keys + i) : 0u;
-  }
-  uint32_t thr, gt;
-  select_threshold<kMergeThreads, kMergeRows>(e, rows, k, sh, thr, gt);
-  select_emit<kMergeThreads, kMergeRows>(e, rows, thr, uint32_t(k) - gt, sh,
-                                         [&](int i, uint32_t pos, uint32_t) {
-                                           sel[pos] = __ldcg(idx + i);
-                                         });
+    for (int r = 0; r < kR; ++r) {
+      const int i = r * kMergeThreads + int(threadIdx.x);
+      e[r] = i < n ? __ldcg(keys + i) : 0u;
+    }
+    uint32_t thr, gt;
+    select_threshold<kMergeThreads, kR>(e, rows, k, sh, thr, gt);
+    select_emit<kMergeThreads, kR>(e, rows, thr, uint32_t(k) - gt, sh,
+                                   [&](int i, uint32_t pos, uint32_t) {
+                                     sel[pos] = __ldcg(idx + i);
+                                   });
+  });
   if (threadIdx.x == 0 && p.count) p.count[q] = k;
+}
+
+// Dynamic shared memory of the score kernel on the current device: on compute capability 9.x
+// the sm_90a image may run the wgmma path, so its size (the larger) is requested; elsewhere the
+// mma.sync path's (<= 99 KB). Host arithmetic + one cached attribute query per device.
+Status score_smem_for_device(int topk, size_t& bytes) {
+  int device = 0;
+  DS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> major_of[kMaxDevices] = {};  // 0: not queried yet
+  int major = device < kMaxDevices ? major_of[device].load(std::memory_order_relaxed) : 0;
+  if (major == 0) {
+    DS_CUDA_RETURN_IF_ERROR(
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    if (device < kMaxDevices) major_of[device].store(major, std::memory_order_relaxed);
+  }
+  bytes = score_smem_bytes(topk);
+  if (DS_INDEXER_WGMMA && major == 9) bytes = std::max(bytes, wg_smem_bytes(topk));
+  return ok_status();
 }
 
 template <int kNT>
 Status launch_score(const IndexerSelectParams& p, cudaStream_t stream) {
-  DS_CUDA_RETURN_IF_ERROR(
-      ensure_max_dynamic_smem(indexer_score_kernel<kNT>, int(score_smem_bytes(kIndexerMaxTopk))));
-  const dim3 grid(unsigned(p.plan.max_splits), unsigned(p.num_queries));
-  indexer_score_kernel<kNT><<<grid, kThreads, score_smem_bytes(p.topk), stream>>>(p);
+  size_t max_bytes = 0, bytes = 0;
+  if (Status st = score_smem_for_device(kIndexerMaxTopk, max_bytes); !st.ok()) return st;
+  if (Status st = score_smem_for_device(p.topk, bytes); !st.ok()) return st;
+  DS_CUDA_RETURN_IF_ERROR(ensure_max_dynamic_smem(indexer_score_kernel<kNT>, int(max_bytes)));
+  // Queries in x (dispatched first), splits in y: CTA ids of the splits a query really uses
+  // (split < its own count) come first and spread one per SM; with the split in x, the
+  // active CTAs of a plan with more splits than used (max model length >> real context) paired
+  // up on SMs while others got only CTAs that exit at once (session 8: B=64 ctx 8K 33.4 us with
+  // a plan for 8K, 39.5 us with a plan for 1M, at 2 CTAs per SM).
+  const dim3 grid(unsigned(p.num_queries), unsigned(p.plan.max_splits));
+  indexer_score_kernel<kNT><<<grid, kThreads, bytes, stream>>>(p);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ok_status();
 }
