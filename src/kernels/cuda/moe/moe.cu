@@ -900,6 +900,41 @@ __device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t w, uint32_t& even, uint3
   odd = ((w >> 2) & 0x1C1C1C1Cu) | (sign & ~0x1C1C1C1Cu & 0x80808080u);
 }
 
+// ---- f16 variant of the FP8 path (sm_90 / sm_100: no native FP8 mma.sync; ptxas lowers an
+// m16n8k32 e4m3 mma to two f16 HMMAs plus e4m3 -> f16 conversions of both operands, redone for
+// every mma). The same operands as f16: an e2m1 code placed into the f16 bits
+// sign << 15 | (code & 7) << 9 is exactly 2^-14 times its value (the 0.5 code lands on the f16
+// subnormal 2^-15; the 2^14 is folded into the e8m0 block scale), an e4m3 code converts to f16
+// exactly (one cvt per two codes), and mma.sync m16n8k16 f16 x f16 -> fp32 takes them.
+
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two e4m3 codes (bits 0..15: element 0 low) -> f16x2 (element 0 in the low half), exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xFFFFu), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+// 8 e2m1 codes (nibble i = element i) -> four f16x2 of 2^-14 times the values:
+// r[0] = (e0, e2), r[1] = (e4, e6), r[2] = (e1, e3), r[3] = (e5, e7) (low half first).
+// The f16 high byte of code c is (c & 8) << 4 | (c & 7) << 1 (the low byte is 0): computed for
+// the 4 even and the 4 odd codes of the word at once, then spread by byte permutes.
+__device__ __forceinline__ void e2m1x8_to_f16(uint32_t w, uint32_t (&r)[4]) {
+  const uint32_t odd = (w & 0x80808080u) | ((w >> 3) & 0x0E0E0E0Eu);
+  const uint32_t even = ((w << 4) & 0x80808080u) | ((w << 1) & 0x0E0E0E0Eu);
+  r[0] = __byte_perm(even, 0u, 0x1404);
+  r[1] = __byte_perm(even, 0u, 0x3424);
+  r[2] = __byte_perm(odd, 0u, 0x1404);
+  r[3] = __byte_perm(odd, 0u, 0x3424);
+}
+
 template <int NT, bool kFused>
 __device__ __forceinline__ void f8_epilogue(const GemmArgs& a, float (&acc)[2][NT][4],
                                             const int64_t (&row_g)[2], int g, int base, int row0,
@@ -929,7 +964,7 @@ __device__ __forceinline__ void f8_epilogue(const GemmArgs& a, float (&acc)[2][N
   }
 }
 
-template <int NT, bool kFused, int KS, bool kFp4, int kRing>
+template <int NT, bool kFused, int KS, bool kFp4, int kRing, bool kH16>
 __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert& ex, int g,
                                         int base, int row0, int rows, uint8_t* smem) {
   constexpr int BT = 8 * NT;
@@ -1064,6 +1099,38 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
             bf[n][0] = __byte_perm(v.x, v.y, 0x6420);
             bf[n][1] = __byte_perm(v.x, v.y, 0x7531);
           }
+          if constexpr (kH16) {
+            // B as f16x2: (e0, e2), (e4, e6), (e1, e3), (e5, e7): the pairs of e2m1x8_to_f16.
+            uint32_t bh[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+              bh[n][0] = e4m3x2_to_f16x2(bf[n][0]);
+              bh[n][1] = e4m3x2_to_f16x2(bf[n][0] >> 16);
+              bh[n][2] = e4m3x2_to_f16x2(bf[n][1]);
+              bh[n][3] = e4m3x2_to_f16x2(bf[n][1] >> 16);
+            }
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              uint32_t ag[4], a8[4];  // rows g and g+8
+              e2m1x8_to_f16(w[j][2 * ss], ag);
+              e2m1x8_to_f16(w[j][2 * ss + 1], a8);
+              // e8m0 code + 14 as an fp32 exponent: 2^(code - 127) * 2^14 (codes <= 240).
+              float f[2];
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const uint32_t code = __byte_perm(wsc[j][h], 0u, 0x4440 + (s + ss));
+                f[h] = __uint_as_float((code + 14u) << 23);
+              }
+#pragma unroll
+              for (int n = 0; n < NT; ++n) {
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma_f16(d, ag[0], a8[0], ag[1], a8[1], bh[n][0], bh[n][1]);  // even elements
+                mma_f16(d, ag[2], a8[2], ag[3], a8[3], bh[n][2], bh[n][3]);  // odd elements
+#pragma unroll
+                for (int c = 0; c < 4; ++c) cacc[j][n][c] = fmaf(d[c], f[c >> 1], cacc[j][n][c]);
+              }
+            }
+          } else {
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             uint32_t af[4];
@@ -1084,6 +1151,7 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
               for (int c = 0; c < 4; ++c) cacc[j][n][c] = fmaf(d[c], f[c >> 1], cacc[j][n][c]);
             }
           }
+          }
         }
       }
     } else {
@@ -1096,13 +1164,36 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
           bf[n][0] = *reinterpret_cast<const uint32_t*>(p);
           bf[n][1] = *reinterpret_cast<const uint32_t*>(p + 16);
         }
+        if constexpr (kH16) {
+          // f16: bytes (0, 1) and (2, 3) of each 4-byte group as f16x2, A and B alike.
+          uint32_t bh[NT][4];
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          uint32_t af[4];  // (row g, K 32s + [0,16)), (g+8, same), (g, 32s + [16,32)), (g+8, ..)
-          const int r = 16 * j + 8 * (m & 1) + mr, u = 2 * s + (m >> 1);
-          ldmatrix_x4(af, st + r * kRowBytes + (u ^ (r & 7)) * 16);
+          for (int n = 0; n < NT; ++n)
 #pragma unroll
-          for (int n = 0; n < NT; ++n) mma_e4m3(cacc[j][n], af, bf[n][0], bf[n][1]);
+            for (int q = 0; q < 4; ++q) bh[n][q] = e4m3x2_to_f16x2(bf[n][q >> 1] >> (16 * (q & 1)));
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            uint32_t af[4];
+            const int r = 16 * j + 8 * (m & 1) + mr, u = 2 * s + (m >> 1);
+            ldmatrix_x4(af, st + r * kRowBytes + (u ^ (r & 7)) * 16);
+            uint32_t ah[8];  // [4 * half + reg]: bytes (0, 1) (half 0) or (2, 3) of af[reg]
+#pragma unroll
+            for (int q = 0; q < 8; ++q) ah[q] = e4m3x2_to_f16x2(af[q & 3] >> (16 * (q >> 2)));
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+              mma_f16(cacc[j][n], ah[0], ah[1], ah[4], ah[5], bh[n][0], bh[n][1]);
+              mma_f16(cacc[j][n], ah[2], ah[3], ah[6], ah[7], bh[n][2], bh[n][3]);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            uint32_t af[4];  // (row g, K 32s + [0,16)), (g+8, same), (g, 32s + [16,32)), (g+8..)
+            const int r = 16 * j + 8 * (m & 1) + mr, u = 2 * s + (m >> 1);
+            ldmatrix_x4(af, st + r * kRowBytes + (u ^ (r & 7)) * 16);
+#pragma unroll
+            for (int n = 0; n < NT; ++n) mma_e4m3(cacc[j][n], af, bf[n][0], bf[n][1]);
+          }
         }
       }
       // The 128x128 block scale of each set (16 rows lie in one block).
@@ -1160,7 +1251,7 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
   f8_epilogue<NT, kFused>(a, acc, row_g, g, base, row0, rows, t4);
 }
 
-template <int NT, bool kFused, int KS, int kRing>
+template <int NT, bool kFused, int KS, int kRing, bool kH16>
 __global__ void __launch_bounds__(kGemmThreads, kRing > 8192 ? 2 : 3)
     expert_gemm_f8_kernel(GemmArgs a) {
   extern __shared__ __align__(16) uint8_t f8_smem[];
@@ -1172,9 +1263,9 @@ __global__ void __launch_bounds__(kGemmThreads, kRing > 8192 ? 2 : 3)
   const MoeDeviceExpert ex = a.experts[g];
   const int fmt = kFused ? ex.format[0] : ex.format[2];
   if (fmt == int(WeightFormat::kMxfp4)) {
-    f8_tile<NT, kFused, KS, true, kRing>(a, ex, g, base, row0, rows, f8_smem);
+    f8_tile<NT, kFused, KS, true, kRing, kH16>(a, ex, g, base, row0, rows, f8_smem);
   } else {
-    f8_tile<NT, kFused, KS, false, kRing>(a, ex, g, base, row0, rows, f8_smem);
+    f8_tile<NT, kFused, KS, false, kRing, kH16>(a, ex, g, base, row0, rows, f8_smem);
   }
 }
 
@@ -1543,13 +1634,13 @@ Status launch_gemms(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64
 
 constexpr size_t kF8MaxSmem = 227 * 1024;  // sm_90 opt-in maximum per block
 
-template <int NT, int KS, int kRing>
+template <int NT, int KS, int kRing, bool kH16>
 Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64_t inter,
                        int64_t dim, const float* h, uint8_t* hq8, float* hs,
                        const int32_t* total_rows, int64_t rows_bound, cudaStream_t stream) {
   constexpr int WN = 4 / KS;
   // (The dynamic shared memory opt-in is done at load time: set_f8_smem_attributes.)
-  expert_gemm_f8_kernel<NT, true, KS, kRing>
+  expert_gemm_f8_kernel<NT, true, KS, kRing, kH16>
       <<<dim3(unsigned(tiles), unsigned(inter / (16 * WN))), kGemmThreads,
          f8_smem_bytes(NT, dim, kRing), stream>>>(g1);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
@@ -1557,7 +1648,7 @@ Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, in
   quant_rows_kernel<<<unsigned(ceil_div(qblocks, 16)), 256, 0, stream>>>(
       h, inter, rows_bound, total_rows, nullptr, true, hq8, hs);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  expert_gemm_f8_kernel<NT, false, KS, kRing>
+  expert_gemm_f8_kernel<NT, false, KS, kRing, kH16>
       <<<dim3(unsigned(tiles), unsigned(dim / (32 * WN))), kGemmThreads,
          f8_smem_bytes(NT, inter, kRing), stream>>>(g2);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
@@ -1593,12 +1684,18 @@ cudaError_t set_pf_smem_attributes() {
 // MoeDeviceLayer::create (load time), so that no attribute call happens inside a graph capture.
 template <int NT, int KS, int kRing>
 cudaError_t set_f8_smem_attribute() {
-  cudaError_t e = cudaFuncSetAttribute(expert_gemm_f8_kernel<NT, true, KS, kRing>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(kF8MaxSmem));
-  if (e != cudaSuccess) return e;
-  return cudaFuncSetAttribute(expert_gemm_f8_kernel<NT, false, KS, kRing>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(kF8MaxSmem));
+  // Both MMA variants (e4m3, f16), gate/up and down.
+  const void* fns[] = {
+      reinterpret_cast<const void*>(expert_gemm_f8_kernel<NT, true, KS, kRing, false>),
+      reinterpret_cast<const void*>(expert_gemm_f8_kernel<NT, false, KS, kRing, false>),
+      reinterpret_cast<const void*>(expert_gemm_f8_kernel<NT, true, KS, kRing, true>),
+      reinterpret_cast<const void*>(expert_gemm_f8_kernel<NT, false, KS, kRing, true>)};
+  for (const void* f : fns) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kF8MaxSmem));
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t set_f8_smem_attributes() {
@@ -1675,6 +1772,7 @@ MoeDeviceLayer& MoeDeviceLayer::operator=(MoeDeviceLayer&& o) noexcept {
     add_shared = o.add_shared;
     experts = o.experts;
     fp8_mma = o.fp8_mma;
+    fp8_f16 = o.fp8_f16;
     o.experts = nullptr;
   }
   return *this;
@@ -1754,6 +1852,9 @@ Result<MoeDeviceLayer> MoeDeviceLayer::create(const cpu::MoeParams& p) {
     DS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     DS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
     f8 = f8 && major * 10 + minor >= 89;
+    // sm_90 / sm_100 have no FP8 mma.sync of their own (ptxas lowers it to f16 HMMAs plus
+    // conversions): the FP8 path runs its f16 variant there; sm_89 / sm_120 keep the e4m3 mma.
+    l.fp8_f16 = major == 9 || major == 10;
     f8 = f8 && f8_smem_bytes(2, std::max(l.dim, l.inter), 8192) <= kF8MaxSmem &&
          f8_smem_bytes(1, std::max(l.dim, l.inter), 16384) <= kF8MaxSmem;
     if (f8) DS_CUDA_RETURN_IF_ERROR(set_f8_smem_attributes());
@@ -1880,6 +1981,8 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   const int64_t rows_bound = T * l.topk + T;
   const int32_t* total_rows = group_offset + (l.num_experts + 1);
   const bool fp8 = l.quantize_activations;
+  if (tuning.mma < 0 || tuning.mma > 2)
+    return invalid_argument("moe: tuning.mma must be 0, 1 or 2");
   if (tuning.path == 2 && (!l.fp8_mma || bt > 16))
     return invalid_argument("moe: the FP8 path needs fp8_mma and 8 or 16-row tiles");
   const bool use_f8 = tuning.path == 2 || (tuning.path == 0 && l.fp8_mma && bt <= 16);
@@ -1895,9 +1998,15 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   using I2 = std::integral_constant<int, 2>;
   using I4 = std::integral_constant<int, 4>;
   using I8 = std::integral_constant<int, 8>;
+  // The FP8 path's MMA: f16 mma.sync on the exactly converted operands, or e4m3 mma.sync.
+  const bool h16 = tuning.mma == 0 ? l.fp8_f16 : tuning.mma == 2;
   const auto run_f8 = [&](auto nt, auto kss, auto ring) {
-    return launch_gemms_f8<decltype(nt)::value, decltype(kss)::value, decltype(ring)::value>(
-        g1, g2, tiles_bound, l.inter, l.dim, h, hq8, hs, total_rows, rows_bound, stream);
+    constexpr int kNt = decltype(nt)::value, kKs = decltype(kss)::value;
+    constexpr int kR = decltype(ring)::value;
+    return h16 ? launch_gemms_f8<kNt, kKs, kR, true>(g1, g2, tiles_bound, l.inter, l.dim, h, hq8,
+                                                     hs, total_rows, rows_bound, stream)
+               : launch_gemms_f8<kNt, kKs, kR, false>(g1, g2, tiles_bound, l.inter, l.dim, h,
+                                                      hq8, hs, total_rows, rows_bound, stream);
   };
   if (bt == kPfTokens) {
     DS_RETURN_IF_ERROR(launch_gemms_pf(g1, g2, tiles_bound, l.inter, l.dim, h, hq, total_rows,
