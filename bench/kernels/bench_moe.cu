@@ -324,6 +324,10 @@ int main(int argc, char** argv) {
         for (int ks : {1, 2, 4}) cases.push_back({T, cuda::MoeTuning{8, ks, 2, 0, 2}});
         cases.push_back({T, cuda::MoeTuning{8, T <= 4 ? 4 : 2, 2, 16, 2}});
       }
+      // 8 warps per CTA (16 warps per SM), both MMAs, every K split.
+      for (int64_t T : {1, 2, 4, 8, 16, 32, 64})
+        for (int ks : {1, 2, 4}) cases.push_back({T, cuda::MoeTuning{8, ks, 2, 0, 2, 8}});
+      for (int64_t T : {1, 16, 64}) cases.push_back({T, cuda::MoeTuning{8, 2, 2, 0, 1, 8}});
       cases.push_back({8192, cuda::MoeTuning{64, 1, 1, 0}});
       for (int64_t T : {128, 256}) cases.push_back({T, cuda::MoeTuning{0, 0, 3, 0}});
     }
@@ -370,6 +374,7 @@ int main(int argc, char** argv) {
           r.kernel += bc.tuning.path == 3 ? "_pf" : bc.tuning.path == 2 ? "_fp8" : "_bf16";
         if (bc.tuning.ring_kb > 0) r.kernel += "_ring" + std::to_string(bc.tuning.ring_kb);
         if (bc.tuning.mma > 0) r.kernel += bc.tuning.mma == 1 ? "_e4m3" : "_f16";
+        if (bc.tuning.warps > 0) r.kernel += "_w" + std::to_string(bc.tuning.warps);
       }
       char shape[160];
       std::snprintf(shape, sizeof shape,
@@ -391,11 +396,11 @@ int main(int argc, char** argv) {
       r.max_error = double(nonfinite);
       r.error_metric = "non-finite outputs (correctness: test_moe_cuda)";
       records.push_back(r);
-      std::printf("%s bt%d ks%d p%d r%d m%d T=%-5lld distinct=%-3lld eager %9.1f us  %s %9.1f us  "
-                  "%7.0f GB/s (expert bytes %.0f GB/s = %.0f%% of copy)  %6.1f TFLOP/s "
+      std::printf("%s bt%d ks%d p%d r%d m%d w%d T=%-5lld distinct=%-3lld eager %9.1f us  %s "
+                  "%9.1f us  %7.0f GB/s (expert bytes %.0f GB/s = %.0f%% of copy)  %6.1f TFLOP/s "
                   "(%.0f%% of mma)\n",
                   fname, bc.tuning.tile_tokens, bc.tuning.k_split, bc.tuning.path,
-                  bc.tuning.ring_kb, bc.tuning.mma, (long long)T,
+                  bc.tuning.ring_kb, bc.tuning.mma, bc.tuning.warps, (long long)T,
                   (long long)distinct, eager_us, graph ? "graph" : "     ",
                   us, r.achieved_gbps, routed_bytes / (us * 1e-6) / 1e9,
                   100.0 * routed_bytes / (us * 1e-6) / 1e9 / copy_gbps, r.achieved_tflops,

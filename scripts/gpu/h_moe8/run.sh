@@ -21,7 +21,7 @@ if [ -n "$cuobj" ]; then
   timeout 60 "$cuobj" -sass "$bb" >"$logs/all.sass" 2>"$logs/cuobjdump.err"
   rc_x=$?
   # (mangled) expert_gemm_f8_kernel<1, true|false, 4|2, 8192, false|true>
-  for ks in 4 2; do
+  for ks in 4 2 1; do
     for fused in Lb1E Lb0E; do
       for h16 in Lb0E Lb1E; do
         timeout 30 python3 "$here/sass_hist.py" "$logs/all.sass" expert_gemm_f8_kernel \
@@ -56,7 +56,7 @@ fi
 t4=$(date +%s)
 (cd "$out" && tar czf logs.tgz logs && rm -rf logs/test_moe_cuda.log.unused)
 echo "==== SASS (decode GEMM loops)"
-grep -E "^====|loop|HMMA:|F2FP" "$logs/sass_hist.txt" 2>/dev/null | cut -c1-400 | head -60
+grep -E "^====|loop" "$logs/sass_hist.txt" 2>/dev/null | sed "s/_ZN2ds4cuda.*expert_gemm_f8_kernel//" | cut -c1-200 | head -80
 echo "==== test_moe_cuda"
 grep -E "Failure|Expected|Which is|worst|error:" "$logs/test_moe_cuda.log" | head -20
 grep -E "\] T=" "$logs/test_moe_cuda.log" | sed -E 's/ oracle=.*\(/ (/; s/ mean_err.*//' | \

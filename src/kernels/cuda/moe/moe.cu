@@ -859,8 +859,8 @@ __global__ void __launch_bounds__(kGemmThreads, NT == 1 ? 4 : 1)
 constexpr int ring_scale_bytes(int ring) { return ring / 2048 * 128; }
 constexpr int kF8ActPad = 32;  // activation row stride K + 32: conflict-free 8-byte loads
 
-size_t f8_smem_bytes(int nt, int64_t K, int ring) {
-  return size_t(4) * size_t(ring + ring_scale_bytes(ring)) +
+size_t f8_smem_bytes(int nt, int64_t K, int ring, int warps = 4) {
+  return size_t(warps) * size_t(ring + ring_scale_bytes(ring)) +
          size_t(8 * nt) * size_t(K + kF8ActPad) + size_t(8 * nt) * size_t(K / kChunk) * 4;
 }
 
@@ -964,11 +964,12 @@ __device__ __forceinline__ void f8_epilogue(const GemmArgs& a, float (&acc)[2][N
   }
 }
 
-template <int NT, bool kFused, int KS, bool kFp4, int kRing, bool kH16>
+template <int NT, bool kFused, int KS, bool kFp4, int kRing, bool kH16, int kWarps>
 __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert& ex, int g,
                                         int base, int row0, int rows, uint8_t* smem) {
   constexpr int BT = 8 * NT;
-  constexpr int WN = 4 / KS;
+  constexpr int WN = kWarps / KS;
+  constexpr int kThreads = 32 * kWarps;
   constexpr int kStageBytes = kFp4 ? 2048 : 4096;  // 32 rows x 64 (FP4) or 128 (FP8) bytes
   constexpr int kStages = kRing / kStageBytes;
   constexpr int kRowBytes = kStageBytes / 32;
@@ -978,8 +979,8 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
   const int64_t chunks = K / kChunk;
   const int64_t act_stride = K + kF8ActPad;
   uint8_t* ring = smem + warp * kRing;
-  uint8_t* ring_scale = smem + 4 * kRing + warp * ring_scale_bytes(kRing);
-  uint8_t* act = smem + 4 * (kRing + ring_scale_bytes(kRing));
+  uint8_t* ring_scale = smem + kWarps * kRing + warp * ring_scale_bytes(kRing);
+  uint8_t* act = smem + kWarps * (kRing + ring_scale_bytes(kRing));
   float* act_sc = reinterpret_cast<float*>(act + BT * act_stride);
 
   // Weight rows of the warp: set j covers rows base_row[j] + [0, 16).
@@ -1005,14 +1006,14 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
   // Activation tile (valid rows) and its scales, one cp.async group of the whole CTA.
   {
     const int64_t units = K / 16, nsc = K / kChunk;
-    for (int64_t i = tid; i < int64_t(rows) * units; i += kGemmThreads) {
+    for (int64_t i = tid; i < int64_t(rows) * units; i += kThreads) {
       const int r = int(i / units);
       const int64_t u = i % units;
       const int gr = base + row0 + r;
       const int64_t src_row = kFused ? int64_t(a.row_token[gr]) : int64_t(gr);
       cp_async16(act + r * act_stride + u * 16, a.act8 + src_row * K + u * 16);
     }
-    for (int64_t i = tid; i < int64_t(rows) * nsc; i += kGemmThreads) {
+    for (int64_t i = tid; i < int64_t(rows) * nsc; i += kThreads) {
       const int r = int(i / nsc);
       const int gr = base + row0 + r;
       const int64_t src_row = kFused ? int64_t(a.row_token[gr]) : int64_t(gr);
@@ -1022,26 +1023,31 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
   }
 
   const int64_t my_chunks = chunks > warp_k ? (chunks - warp_k + KS - 1) / KS : 0;
-  // Stage i of the warp holds its chunk warp_k + KS * i.
+  // Stage i of the warp holds its chunk warp_k + KS * i. The lane's sources at K = 0 and its
+  // ring offsets are computed once (session 8: the per-stage int64 row arithmetic was ~40
+  // instructions of the ~420 of a stage); a stage adds its K byte offset.
+  constexpr int kUnits = kRowBytes / 16;  // 16-byte units per row: 4 (FP4) or 8 (FP8)
+  const uint8_t* wsrc[kUnits];
+  int wdst[kUnits];
+#pragma unroll
+  for (int it = 0; it < kUnits; ++it) {
+    const int q = lane + 32 * it;
+    const int r = q / kUnits, u = q % kUnits, j = r >> 4;
+    const int64_t grow = base_row[j] + (r & 15);
+    const int su = kFp4 ? (u ^ ((r >> 1) & 3)) : (u ^ (r & 7));
+    wsrc[it] = data[j] + grow * (kFp4 ? K / 2 : K) + u * 16;
+    wdst[it] = r * kRowBytes + su * 16;
+  }
+  const uint8_t* ssrc =
+      kFp4 ? scale[lane >> 4] + (base_row[lane >> 4] + (lane & 15)) * (K / 32) : nullptr;
   auto issue = [&](int64_t i) {
     if (i < my_chunks) {
-      const int64_t kc = (warp_k + KS * i) * kChunk;
+      const int kc = int(warp_k + KS * i) * kChunk;
       uint8_t* st = ring + (i % kStages) * kStageBytes;
-      constexpr int kUnits = kRowBytes / 16;  // 16-byte units per row: 4 (FP4) or 8 (FP8)
 #pragma unroll
-      for (int q = lane; q < 32 * kUnits; q += 32) {
-        const int r = q / kUnits, u = q % kUnits, j = r >> 4;
-        const int64_t grow = base_row[j] + (r & 15);
-        const int su = kFp4 ? (u ^ ((r >> 1) & 3)) : (u ^ (r & 7));
-        const uint8_t* src = kFp4 ? data[j] + grow * (K / 2) + kc / 2 + u * 16
-                                  : data[j] + grow * K + kc + u * 16;
-        cp_async16(st + r * kRowBytes + su * 16, src);
-      }
-      if constexpr (kFp4) {
-        const int j = lane >> 4;
-        cp_async4(ring_scale + (i % kStages) * 128 + lane * 4,
-                  scale[j] + (base_row[j] + (lane & 15)) * (K / 32) + kc / 32);
-      }
+      for (int it = 0; it < kUnits; ++it)
+        cp_async16(st + wdst[it], wsrc[it] + (kFp4 ? kc / 2 : kc));
+      if constexpr (kFp4) cp_async4(ring_scale + (i % kStages) * 128 + lane * 4, ssrc + kc / 32);
     }
     cp_async_commit();  // possibly empty: keeps the group count uniform
   };
@@ -1251,8 +1257,8 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
   f8_epilogue<NT, kFused>(a, acc, row_g, g, base, row0, rows, t4);
 }
 
-template <int NT, bool kFused, int KS, int kRing, bool kH16>
-__global__ void __launch_bounds__(kGemmThreads, kRing > 8192 ? 2 : 3)
+template <int NT, bool kFused, int KS, int kRing, bool kH16, int kWarps>
+__global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : kRing > 8192 ? 2 : 3)
     expert_gemm_f8_kernel(GemmArgs a) {
   extern __shared__ __align__(16) uint8_t f8_smem[];
   if (int(blockIdx.x) >= *a.num_tiles) return;
@@ -1263,9 +1269,9 @@ __global__ void __launch_bounds__(kGemmThreads, kRing > 8192 ? 2 : 3)
   const MoeDeviceExpert ex = a.experts[g];
   const int fmt = kFused ? ex.format[0] : ex.format[2];
   if (fmt == int(WeightFormat::kMxfp4)) {
-    f8_tile<NT, kFused, KS, true, kRing, kH16>(a, ex, g, base, row0, rows, f8_smem);
+    f8_tile<NT, kFused, KS, true, kRing, kH16, kWarps>(a, ex, g, base, row0, rows, f8_smem);
   } else {
-    f8_tile<NT, kFused, KS, false, kRing, kH16>(a, ex, g, base, row0, rows, f8_smem);
+    f8_tile<NT, kFused, KS, false, kRing, kH16, kWarps>(a, ex, g, base, row0, rows, f8_smem);
   }
 }
 
@@ -1634,23 +1640,23 @@ Status launch_gemms(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64
 
 constexpr size_t kF8MaxSmem = 227 * 1024;  // sm_90 opt-in maximum per block
 
-template <int NT, int KS, int kRing, bool kH16>
+template <int NT, int KS, int kRing, bool kH16, int kWarps>
 Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64_t inter,
                        int64_t dim, const float* h, uint8_t* hq8, float* hs,
                        const int32_t* total_rows, int64_t rows_bound, cudaStream_t stream) {
-  constexpr int WN = 4 / KS;
+  constexpr int WN = kWarps / KS;
   // (The dynamic shared memory opt-in is done at load time: set_f8_smem_attributes.)
-  expert_gemm_f8_kernel<NT, true, KS, kRing, kH16>
-      <<<dim3(unsigned(tiles), unsigned(inter / (16 * WN))), kGemmThreads,
-         f8_smem_bytes(NT, dim, kRing), stream>>>(g1);
+  expert_gemm_f8_kernel<NT, true, KS, kRing, kH16, kWarps>
+      <<<dim3(unsigned(tiles), unsigned(inter / (16 * WN))), 32 * kWarps,
+         f8_smem_bytes(NT, dim, kRing, kWarps), stream>>>(g1);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   const int64_t qblocks = rows_bound * (inter / kChunk);
   quant_rows_kernel<<<unsigned(ceil_div(qblocks, 16)), 256, 0, stream>>>(
       h, inter, rows_bound, total_rows, nullptr, true, hq8, hs);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  expert_gemm_f8_kernel<NT, false, KS, kRing, kH16>
-      <<<dim3(unsigned(tiles), unsigned(dim / (32 * WN))), kGemmThreads,
-         f8_smem_bytes(NT, inter, kRing), stream>>>(g2);
+  expert_gemm_f8_kernel<NT, false, KS, kRing, kH16, kWarps>
+      <<<dim3(unsigned(tiles), unsigned(dim / (32 * WN))), 32 * kWarps,
+         f8_smem_bytes(NT, inter, kRing, kWarps), stream>>>(g2);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ok_status();
 }
@@ -1682,14 +1688,14 @@ cudaError_t set_pf_smem_attributes() {
 
 // Opts every FP8-path kernel into large dynamic shared memory on the current device. Called by
 // MoeDeviceLayer::create (load time), so that no attribute call happens inside a graph capture.
-template <int NT, int KS, int kRing>
+template <int NT, int KS, int kRing, int kWarps = 4>
 cudaError_t set_f8_smem_attribute() {
   // Both MMA variants (e4m3, f16), gate/up and down.
   const void* fns[] = {
-      reinterpret_cast<const void*>(expert_gemm_f8_kernel<NT, true, KS, kRing, false>),
-      reinterpret_cast<const void*>(expert_gemm_f8_kernel<NT, false, KS, kRing, false>),
-      reinterpret_cast<const void*>(expert_gemm_f8_kernel<NT, true, KS, kRing, true>),
-      reinterpret_cast<const void*>(expert_gemm_f8_kernel<NT, false, KS, kRing, true>)};
+      reinterpret_cast<const void*>(expert_gemm_f8_kernel<NT, true, KS, kRing, false, kWarps>),
+      reinterpret_cast<const void*>(expert_gemm_f8_kernel<NT, false, KS, kRing, false, kWarps>),
+      reinterpret_cast<const void*>(expert_gemm_f8_kernel<NT, true, KS, kRing, true, kWarps>),
+      reinterpret_cast<const void*>(expert_gemm_f8_kernel<NT, false, KS, kRing, true, kWarps>)};
   for (const void* f : fns) {
     const cudaError_t e =
         cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kF8MaxSmem));
@@ -1704,7 +1710,8 @@ cudaError_t set_f8_smem_attributes() {
       set_f8_smem_attribute<1, 4, 8192>(),  set_f8_smem_attribute<1, 1, 16384>(),
       set_f8_smem_attribute<1, 2, 16384>(), set_f8_smem_attribute<1, 4, 16384>(),
       set_f8_smem_attribute<2, 1, 8192>(),  set_f8_smem_attribute<2, 2, 8192>(),
-      set_f8_smem_attribute<2, 4, 8192>()};
+      set_f8_smem_attribute<2, 4, 8192>(),  set_f8_smem_attribute<1, 1, 8192, 8>(),
+      set_f8_smem_attribute<1, 2, 8192, 8>(), set_f8_smem_attribute<1, 4, 8192, 8>()};
   for (cudaError_t e : errs)
     if (e != cudaSuccess) return e;
   return cudaSuccess;
@@ -1856,7 +1863,8 @@ Result<MoeDeviceLayer> MoeDeviceLayer::create(const cpu::MoeParams& p) {
     // conversions): the FP8 path runs its f16 variant there; sm_89 / sm_120 keep the e4m3 mma.
     l.fp8_f16 = major == 9 || major == 10;
     f8 = f8 && f8_smem_bytes(2, std::max(l.dim, l.inter), 8192) <= kF8MaxSmem &&
-         f8_smem_bytes(1, std::max(l.dim, l.inter), 16384) <= kF8MaxSmem;
+         f8_smem_bytes(1, std::max(l.dim, l.inter), 16384) <= kF8MaxSmem &&
+         f8_smem_bytes(1, std::max(l.dim, l.inter), 8192, 8) <= kF8MaxSmem;
     if (f8) DS_CUDA_RETURN_IF_ERROR(set_f8_smem_attributes());
     l.fp8_mma = f8;
   }
@@ -2000,13 +2008,13 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   using I8 = std::integral_constant<int, 8>;
   // The FP8 path's MMA: f16 mma.sync on the exactly converted operands, or e4m3 mma.sync.
   const bool h16 = tuning.mma == 0 ? l.fp8_f16 : tuning.mma == 2;
-  const auto run_f8 = [&](auto nt, auto kss, auto ring) {
+  const auto run_f8 = [&](auto nt, auto kss, auto ring, auto warps) {
     constexpr int kNt = decltype(nt)::value, kKs = decltype(kss)::value;
-    constexpr int kR = decltype(ring)::value;
-    return h16 ? launch_gemms_f8<kNt, kKs, kR, true>(g1, g2, tiles_bound, l.inter, l.dim, h, hq8,
-                                                     hs, total_rows, rows_bound, stream)
-               : launch_gemms_f8<kNt, kKs, kR, false>(g1, g2, tiles_bound, l.inter, l.dim, h,
-                                                      hq8, hs, total_rows, rows_bound, stream);
+    constexpr int kR = decltype(ring)::value, kW = decltype(warps)::value;
+    return h16 ? launch_gemms_f8<kNt, kKs, kR, true, kW>(g1, g2, tiles_bound, l.inter, l.dim, h,
+                                                         hq8, hs, total_rows, rows_bound, stream)
+               : launch_gemms_f8<kNt, kKs, kR, false, kW>(g1, g2, tiles_bound, l.inter, l.dim, h,
+                                                          hq8, hs, total_rows, rows_bound, stream);
   };
   if (bt == kPfTokens) {
     DS_RETURN_IF_ERROR(launch_gemms_pf(g1, g2, tiles_bound, l.inter, l.dim, h, hq, total_rows,
@@ -2021,18 +2029,30 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
     const int ring = tuning.ring_kb > 0 ? tuning.ring_kb : 8;
     using R8 = std::integral_constant<int, 8192>;
     using R16 = std::integral_constant<int, 16384>;
+    // Warps per CTA: 4, or 8 (8-row tiles, 8 KB ring: 2 CTAs = 16 warps per SM instead of 3 x 4
+    // at ~69 KB of shared memory each; session 8).
+    const int warps = tuning.warps > 0 ? tuning.warps : 4;
+    if (warps != 4 && (warps != 8 || bt != 8 || ring != 8))
+      return invalid_argument("moe: 8 warps per CTA need 8-row tiles and the 8 KB ring");
+    const int64_t wn = warps / kf;  // column blocks of 16 (gate/up) or 32 (down) rows per CTA
+    if (l.inter % (16 * wn) != 0 || l.dim % (32 * wn) != 0)
+      return invalid_argument("moe: dim / inter not a multiple of the FP8 path's CTA columns");
     if (bt == 8 && ring == 16) {
-      DS_RETURN_IF_ERROR(kf == 4   ? run_f8(I1{}, I4{}, R16{})
-                         : kf == 2 ? run_f8(I1{}, I2{}, R16{})
-                                   : run_f8(I1{}, I1{}, R16{}));
+      DS_RETURN_IF_ERROR(kf == 4   ? run_f8(I1{}, I4{}, R16{}, I4{})
+                         : kf == 2 ? run_f8(I1{}, I2{}, R16{}, I4{})
+                                   : run_f8(I1{}, I1{}, R16{}, I4{}));
+    } else if (bt == 8 && warps == 8) {
+      DS_RETURN_IF_ERROR(kf == 4   ? run_f8(I1{}, I4{}, R8{}, I8{})
+                         : kf == 2 ? run_f8(I1{}, I2{}, R8{}, I8{})
+                                   : run_f8(I1{}, I1{}, R8{}, I8{}));
     } else if (bt == 8) {
-      DS_RETURN_IF_ERROR(kf == 4   ? run_f8(I1{}, I4{}, R8{})
-                         : kf == 2 ? run_f8(I1{}, I2{}, R8{})
-                                   : run_f8(I1{}, I1{}, R8{}));
+      DS_RETURN_IF_ERROR(kf == 4   ? run_f8(I1{}, I4{}, R8{}, I4{})
+                         : kf == 2 ? run_f8(I1{}, I2{}, R8{}, I4{})
+                                   : run_f8(I1{}, I1{}, R8{}, I4{}));
     } else {
-      DS_RETURN_IF_ERROR(kf == 4   ? run_f8(I2{}, I4{}, R8{})
-                         : kf == 2 ? run_f8(I2{}, I2{}, R8{})
-                                   : run_f8(I2{}, I1{}, R8{}));
+      DS_RETURN_IF_ERROR(kf == 4   ? run_f8(I2{}, I4{}, R8{}, I4{})
+                         : kf == 2 ? run_f8(I2{}, I2{}, R8{}, I4{})
+                                   : run_f8(I2{}, I1{}, R8{}, I4{}));
     }
   } else if (bt == 8) {
     DS_RETURN_IF_ERROR(ks == 4 ? run(I1{}, I4{}) : ks == 2 ? run(I1{}, I2{}) : run(I1{}, I1{}));

@@ -95,6 +95,7 @@ struct MoeTuning {
   int path = 0;
   int ring_kb = 0;      // FP8 path, 8-row tiles: weight ring per warp, 8 (default) or 16 KB
   int mma = 0;          // FP8 path: 0 the device's (fp8_f16), 1 e4m3 mma.sync, 2 f16 mma.sync
+  int warps = 0;        // FP8 path: warps per CTA, 4 (default) or 8 (8-row tiles, 8 KB ring)
 };
 
 // Runs the MoE forward. Stateless apart from the configuration: all scratch lives in the
