@@ -15,7 +15,8 @@
 //   8. combine: y[t] = sum of the token's slots in ascending expert order + shared (the CPU order).
 // Steps 5-7 have three implementations: bf16 mma.sync with register dequant (any format, 8-64
 // row tiles), e4m3 mma.sync for 8/16-row tiles of MXFP4 / FP8-block layers in reference numerics
-// on sm_89+ (expert_gemm_f8_kernel, decode), and the prefill path: 128 x 128 CTA tiles with the
+// on sm_89+ (expert_gemm_f8_kernel, decode; on sm_90 / sm_100 its f16 variant: the same exact
+// operands as f16, mma.sync m16n8k16), and the prefill path: 128 x 128 CTA tiles with the
 // weights dequantized once per tile into shared memory, bf16 mma.sync (expert_gemm_pf_kernel).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -2023,8 +2024,10 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
     // K split and ring of the FP8 path, measured on H200 (bench_moe, session 5): K split 4 at
     // T = 1 (80.6 us vs 84.9 with 2: 896 CTAs instead of 448 for the 7 groups, < 2 waves at 3
     // CTAs per SM), 2 at T = 16 and 64 (536 / 1240 us vs 548 / 1306 with 4, 616 / 1420 with 1).
-    // Ring 8 KB per warp (4 FP4 stages, 3 CTAs per SM); the 16 KB ring (8 stages, 2 CTAs per SM)
-    // is compiled and covered by the tests but not yet measured.
+    // Ring 8 KB per warp (4 FP4 stages, 3 CTAs per SM). Session 8 (f16 MMA, cp.async sources
+    // computed once per CTA) re-measured the choices: K split 4 / 2 / 2 at T = 1 / 16 / 64 still
+    // best (74.8 / 443 / 1027 us; K split 1: 82.4 / 531 / 1187; 4 at T = 16 / 64: 489 / 1188),
+    // the 16 KB ring and 8-warp CTAs slower (T = 16: 502 and 470 us; NOTES.md).
     const int kf = tuning.k_split > 0 ? tuning.k_split : (T <= 4 ? 4 : 2);
     const int ring = tuning.ring_kb > 0 ? tuning.ring_kb : 8;
     using R8 = std::integral_constant<int, 8192>;

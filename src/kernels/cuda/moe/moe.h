@@ -13,9 +13,10 @@
 // exact in bf16), so the GPU sees exactly the operands the CPU reference sees. Decode-size tiles
 // of MXFP4 / FP8-block layers in reference numerics run on the FP8 tensor cores instead
 // (mma.sync e4m3, sm_89+: e2m1 is exact in e4m3, the block scales multiply fp32 partials; see
-// MoeDeviceLayer::fp8_mma and NOTES.md). Prefill-size batches (more than 32 rows per expert) run
-// 128 x 128 CTA tiles whose weights are dequantized once per tile into shared memory (bf16
-// mma.sync, every format).
+// MoeDeviceLayer::fp8_mma and NOTES.md; on sm_90 / sm_100, which lower FP8 mma.sync to f16 HMMAs,
+// the same operands run as f16 mma.sync: MoeDeviceLayer::fp8_f16). Prefill-size batches (more
+// than 32 rows per expert) run 128 x 128 CTA tiles whose weights are dequantized once per tile
+// into shared memory (bf16 mma.sync, every format).
 //
 // The shared expert runs as one more group of the same grouped launches (every token, weight 1).
 #pragma once
