@@ -316,6 +316,18 @@ int main(int argc, char** argv) {
     cases.push_back({512, cuda::MoeTuning{16, 2, fmt == cpu::WeightFormat::kMxfp4 ? 2 : 1, 8}});
     cases.push_back({4096, cuda::MoeTuning{64, 1, 1, 0}});
     if (fmt == cpu::WeightFormat::kMxfp4) {
+      // Decode: the FP8 path with the e4m3 mma.sync forced (the default before session 8 on
+      // sm_90), and K split / ring variants of the f16 mma.sync (session 8's default on sm_90).
+      for (int64_t T : {1, 2, 4, 8, 16, 32, 64})
+        cases.push_back({T, cuda::MoeTuning{0, 0, 2, 0, 1}});
+      for (int64_t T : {1, 16, 64}) {
+        for (int ks : {1, 2, 4}) cases.push_back({T, cuda::MoeTuning{8, ks, 2, 0, 2}});
+        cases.push_back({T, cuda::MoeTuning{8, T <= 4 ? 4 : 2, 2, 16, 2}});
+      }
+      // 8 warps per CTA (16 warps per SM), both MMAs, every K split.
+      for (int64_t T : {1, 2, 4, 8, 16, 32, 64})
+        for (int ks : {1, 2, 4}) cases.push_back({T, cuda::MoeTuning{8, ks, 2, 0, 2, 8}});
+      for (int64_t T : {1, 16, 64}) cases.push_back({T, cuda::MoeTuning{8, 2, 2, 0, 1, 8}});
       cases.push_back({8192, cuda::MoeTuning{64, 1, 1, 0}});
       for (int64_t T : {128, 256}) cases.push_back({T, cuda::MoeTuning{0, 0, 3, 0}});
     }
@@ -361,6 +373,8 @@ int main(int argc, char** argv) {
         if (bc.tuning.path > 0)
           r.kernel += bc.tuning.path == 3 ? "_pf" : bc.tuning.path == 2 ? "_fp8" : "_bf16";
         if (bc.tuning.ring_kb > 0) r.kernel += "_ring" + std::to_string(bc.tuning.ring_kb);
+        if (bc.tuning.mma > 0) r.kernel += bc.tuning.mma == 1 ? "_e4m3" : "_f16";
+        if (bc.tuning.warps > 0) r.kernel += "_w" + std::to_string(bc.tuning.warps);
       }
       char shape[160];
       std::snprintf(shape, sizeof shape,
@@ -382,16 +396,16 @@ int main(int argc, char** argv) {
       r.max_error = double(nonfinite);
       r.error_metric = "non-finite outputs (correctness: test_moe_cuda)";
       records.push_back(r);
-      std::printf("%s bt%d ks%d p%d r%d T=%-5lld distinct=%-3lld eager %9.1f us  %s %9.1f us  "
-                  "%7.0f GB/s (expert bytes %.0f GB/s = %.0f%% of copy)  %6.1f TFLOP/s "
+      std::printf("%s bt%d ks%d p%d r%d m%d w%d T=%-5lld distinct=%-3lld eager %9.1f us  %s "
+                  "%9.1f us  %7.0f GB/s (expert bytes %.0f GB/s = %.0f%% of copy)  %6.1f TFLOP/s "
                   "(%.0f%% of mma)\n",
                   fname, bc.tuning.tile_tokens, bc.tuning.k_split, bc.tuning.path,
-                  bc.tuning.ring_kb, (long long)T,
+                  bc.tuning.ring_kb, bc.tuning.mma, bc.tuning.warps, (long long)T,
                   (long long)distinct, eager_us, graph ? "graph" : "     ",
                   us, r.achieved_gbps, routed_bytes / (us * 1e-6) / 1e9,
                   100.0 * routed_bytes / (us * 1e-6) / 1e9 / copy_gbps, r.achieved_tflops,
                   100.0 * r.achieved_tflops / mma_tflops);
-      if (T == 1 || T >= 512) {
+      if (T == 1 || T == 16 || T == 64 || T >= 512) {
         // Kernel breakdown: the expert GEMMs against the peak of the MMA they use, the router
         // logits against the copy bandwidth.
         const std::vector<NodeTime> nodes = node_breakdown(fwd, stream);
@@ -407,10 +421,13 @@ int main(int argc, char** argv) {
           if (nt.name.find("router_logits") != std::string::npos) logits_us += nt.us;
         }
         std::printf("  nodes (us, each alone):%s\n", line.c_str());
-        const double peak = f8 ? mma_f8_tflops : mma_tflops;
+        // The FP8 path's f16 variant (session 8) runs f16 mma.sync: the bf16 / f16 peak.
+        const bool h16 = f8 && (bc.tuning.mma == 0 ? layer->fp8_f16 : bc.tuning.mma == 2);
+        const char* mma_name = !f8 ? "bf16" : h16 ? "f16" : "e4m3";
+        const double peak = f8 && !h16 ? mma_f8_tflops : mma_tflops;
         bench::Record g = r;
         g.kernel = "moe_gemms_" + r.kernel.substr(std::string("moe_forward_").size());
-        g.shape = std::string(shape) + (f8 ? " (e4m3 mma.sync)" : " (bf16 mma.sync)");
+        g.shape = std::string(shape) + " (" + mma_name + " mma.sync)";
         g.mode = "graph node";
         g.time_us = gemm_us;
         g.bytes = routed_bytes + double(shared_bytes);
@@ -422,8 +439,8 @@ int main(int argc, char** argv) {
         records.push_back(g);
         std::printf("  expert GEMMs %.1f us = %.1f TFLOP/s = %.1f%% of the %s mma.sync peak "
                     "(%.0f TFLOP/s); weight bytes %.0f GB/s = %.0f%% of copy\n",
-                    gemm_us, g.achieved_tflops, 100.0 * g.achieved_tflops / peak,
-                    f8 ? "e4m3" : "bf16", peak, g.achieved_gbps, 100.0 * g.achieved_gbps / copy_gbps);
+                    gemm_us, g.achieved_tflops, 100.0 * g.achieved_tflops / peak, mma_name, peak,
+                    g.achieved_gbps, 100.0 * g.achieved_gbps / copy_gbps);
         if (T == 1 && bc.tuning.tile_tokens == 0) {
           bench::Record lr;
           lr.kernel = "moe_router_logits";

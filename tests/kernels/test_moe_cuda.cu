@@ -365,10 +365,12 @@ void run_case(const Case& c) {
     }
   }
   const double mean_err = counted ? sum_err / double(counted) : 0.0;
-  std::printf("[%s bt%d ks%d path%d ring%d fp8_mma%d] T=%lld oracle=%lld ties=%lld rms=%.4g "
-              "max_err=%.3g (%.2e rel) mean_err=%.3g\n",
+  std::printf("[%s bt%d ks%d path%d ring%d mma%d w%d fp8_mma%d fp8_f16%d] T=%lld oracle=%lld "
+              "ties=%lld rms=%.4g max_err=%.3g (%.2e rel) mean_err=%.3g\n",
               c.name.c_str(), c.tuning.tile_tokens, c.tuning.k_split, c.tuning.path,
-              c.tuning.ring_kb, int(layer->fp8_mma), (long long)T,
+              c.tuning.ring_kb, c.tuning.mma, c.tuning.warps, int(layer->fp8_mma),
+              int(layer->fp8_f16),
+              (long long)T,
               (long long)n_oracle, (long long)ties, rms, max_err,
               rms > 0 ? max_err / rms : 0.0, mean_err);
   EXPECT_LE(ties, std::max<int64_t>(1, n_oracle / 50)) << "too many near-ties to be a tie problem";
@@ -464,25 +466,46 @@ TEST_F(MoeCuda, KernelVariants) {
 // bf16 path forced on the same weights. Same operands as the oracle (e2m1 -> e4m3 and the FP8
 // activations are exact), so the same tolerance applies.
 TEST_F(MoeCuda, Fp8PathVariants) {
+  // Both MMAs of the FP8 path: e4m3 mma.sync (mma 1) and f16 mma.sync on the exactly converted
+  // operands (mma 2: e2m1 placed into f16 bits, the default on sm_90 / sm_100).
   const int variants[][2] = {{8, 1}, {8, 2}, {8, 4}, {16, 1}, {16, 2}, {16, 4}};
-  for (const auto& v : variants) {
-    for (int64_t T : {1, 64}) {
-      Case tiny{"tiny mxfp4 fp8", kTiny, WeightFormat::kMxfp4, T};
-      tiny.tuning = {v[0], v[1], 2};
-      run_case(tiny);
-      Case flash{"flash mxfp4 fp8", kFlash, WeightFormat::kMxfp4, T};
-      flash.tuning = {v[0], v[1], 2};
-      flash.oracle_tokens = 8;  // the CPU oracle costs ~0.2 s per Flash token
-      run_case(flash);
+  for (int mma : {1, 2}) {
+    for (const auto& v : variants) {
+      for (int64_t T : {1, 64}) {
+        Case tiny{mma == 1 ? "tiny mxfp4 fp8 e4m3" : "tiny mxfp4 fp8 f16", kTiny,
+                  WeightFormat::kMxfp4, T};
+        tiny.tuning = {v[0], v[1], 2, 0, mma};
+        run_case(tiny);
+        Case flash{mma == 1 ? "flash mxfp4 fp8 e4m3" : "flash mxfp4 fp8 f16", kFlash,
+                   WeightFormat::kMxfp4, T};
+        flash.tuning = {v[0], v[1], 2, 0, mma};
+        flash.oracle_tokens = 8;  // the CPU oracle costs ~0.2 s per Flash token
+        run_case(flash);
+      }
     }
-  }
-  for (int64_t T : {1, 64}) {
-    // The 16 KB ring per warp (8 FP4 / 4 FP8 stages; 8 KB is the default).
-    for (int ks : {2, 4}) {
-      Case ring{"flash mxfp4 fp8 ring16", kFlash, WeightFormat::kMxfp4, T};
-      ring.tuning = {8, ks, 2, 16};
-      ring.oracle_tokens = 8;
-      run_case(ring);
+    // 8 warps per CTA (8-row tiles, 8 KB ring: 16 warps per SM), every K split.
+    for (int ks : {1, 2, 4}) {
+      for (int64_t T : {1, 64}) {
+        Case tiny{mma == 1 ? "tiny mxfp4 fp8 w8 e4m3" : "tiny mxfp4 fp8 w8 f16", kTiny,
+                  WeightFormat::kMxfp4, T};
+        tiny.tuning = {8, ks, 2, 0, mma, 8};
+        run_case(tiny);
+        Case flash{mma == 1 ? "flash mxfp4 fp8 w8 e4m3" : "flash mxfp4 fp8 w8 f16", kFlash,
+                   WeightFormat::kMxfp4, T};
+        flash.tuning = {8, ks, 2, 0, mma, 8};
+        flash.oracle_tokens = 8;
+        run_case(flash);
+      }
+    }
+    for (int64_t T : {1, 64}) {
+      // The 16 KB ring per warp (8 FP4 / 4 FP8 stages; 8 KB is the default).
+      for (int ks : {2, 4}) {
+        Case ring{mma == 1 ? "flash mxfp4 fp8 ring16 e4m3" : "flash mxfp4 fp8 ring16 f16",
+                  kFlash, WeightFormat::kMxfp4, T};
+        ring.tuning = {8, ks, 2, 16, mma};
+        ring.oracle_tokens = 8;
+        run_case(ring);
+      }
     }
   }
   Case skew{"tiny skew mxfp4 fp8", kTiny, WeightFormat::kMxfp4, 64, true};
@@ -497,6 +520,16 @@ TEST_F(MoeCuda, Fp8PathVariants) {
   Case hash{"flash hash fp8", kFlash, WeightFormat::kMxfp4, 16, false, true};
   hash.tuning = {8, 4, 2};
   run_case(hash);
+  // The f16 MMA on the skewed tiny case (every token to one expert: full 16-row tiles).
+  Case skew16{"tiny skew mxfp4 fp8 f16", kTiny, WeightFormat::kMxfp4, 64, true};
+  skew16.tuning = {16, 2, 2, 0, 2};
+  run_case(skew16);
+  Case skew8{"tiny skew mxfp4 fp8 w8 f16", kTiny, WeightFormat::kMxfp4, 64, true};
+  skew8.tuning = {8, 2, 2, 0, 2, 8};
+  run_case(skew8);
+  Case hash8{"flash hash fp8 w8", kFlash, WeightFormat::kMxfp4, 16, false, true};
+  hash8.tuning = {8, 4, 2, 0, 0, 8};
+  run_case(hash8);
 }
 
 // Router logits: T <= 64 take a CTA per expert and 8 tokens, larger T the 64 x 64 tiled SIMT GEMM

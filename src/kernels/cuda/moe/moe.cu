@@ -15,7 +15,8 @@
 //   8. combine: y[t] = sum of the token's slots in ascending expert order + shared (the CPU order).
 // Steps 5-7 have three implementations: bf16 mma.sync with register dequant (any format, 8-64
 // row tiles), e4m3 mma.sync for 8/16-row tiles of MXFP4 / FP8-block layers in reference numerics
-// on sm_89+ (expert_gemm_f8_kernel, decode), and the prefill path: 128 x 128 CTA tiles with the
+// on sm_89+ (expert_gemm_f8_kernel, decode; on sm_90 / sm_100 its f16 variant: the same exact
+// operands as f16, mma.sync m16n8k16), and the prefill path: 128 x 128 CTA tiles with the
 // weights dequantized once per tile into shared memory, bf16 mma.sync (expert_gemm_pf_kernel).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -859,8 +860,8 @@ __global__ void __launch_bounds__(kGemmThreads, NT == 1 ? 4 : 1)
 constexpr int ring_scale_bytes(int ring) { return ring / 2048 * 128; }
 constexpr int kF8ActPad = 32;  // activation row stride K + 32: conflict-free 8-byte loads
 
-size_t f8_smem_bytes(int nt, int64_t K, int ring) {
-  return size_t(4) * size_t(ring + ring_scale_bytes(ring)) +
+size_t f8_smem_bytes(int nt, int64_t K, int ring, int warps = 4) {
+  return size_t(warps) * size_t(ring + ring_scale_bytes(ring)) +
          size_t(8 * nt) * size_t(K + kF8ActPad) + size_t(8 * nt) * size_t(K / kChunk) * 4;
 }
 
@@ -900,6 +901,41 @@ __device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t w, uint32_t& even, uint3
   odd = ((w >> 2) & 0x1C1C1C1Cu) | (sign & ~0x1C1C1C1Cu & 0x80808080u);
 }
 
+// ---- f16 variant of the FP8 path (sm_90 / sm_100: no native FP8 mma.sync; ptxas lowers an
+// m16n8k32 e4m3 mma to two f16 HMMAs plus e4m3 -> f16 conversions of both operands, redone for
+// every mma). The same operands as f16: an e2m1 code placed into the f16 bits
+// sign << 15 | (code & 7) << 9 is exactly 2^-14 times its value (the 0.5 code lands on the f16
+// subnormal 2^-15; the 2^14 is folded into the e8m0 block scale), an e4m3 code converts to f16
+// exactly (one cvt per two codes), and mma.sync m16n8k16 f16 x f16 -> fp32 takes them.
+
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two e4m3 codes (bits 0..15: element 0 low) -> f16x2 (element 0 in the low half), exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xFFFFu), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+// 8 e2m1 codes (nibble i = element i) -> four f16x2 of 2^-14 times the values:
+// r[0] = (e0, e2), r[1] = (e4, e6), r[2] = (e1, e3), r[3] = (e5, e7) (low half first).
+// The f16 high byte of code c is (c & 8) << 4 | (c & 7) << 1 (the low byte is 0): computed for
+// the 4 even and the 4 odd codes of the word at once, then spread by byte permutes.
+__device__ __forceinline__ void e2m1x8_to_f16(uint32_t w, uint32_t (&r)[4]) {
+  const uint32_t odd = (w & 0x80808080u) | ((w >> 3) & 0x0E0E0E0Eu);
+  const uint32_t even = ((w << 4) & 0x80808080u) | ((w << 1) & 0x0E0E0E0Eu);
+  r[0] = __byte_perm(even, 0u, 0x1404);
+  r[1] = __byte_perm(even, 0u, 0x3424);
+  r[2] = __byte_perm(odd, 0u, 0x1404);
+  r[3] = __byte_perm(odd, 0u, 0x3424);
+}
+
 template <int NT, bool kFused>
 __device__ __forceinline__ void f8_epilogue(const GemmArgs& a, float (&acc)[2][NT][4],
                                             const int64_t (&row_g)[2], int g, int base, int row0,
@@ -929,11 +965,12 @@ __device__ __forceinline__ void f8_epilogue(const GemmArgs& a, float (&acc)[2][N
   }
 }
 
-template <int NT, bool kFused, int KS, bool kFp4, int kRing>
+template <int NT, bool kFused, int KS, bool kFp4, int kRing, bool kH16, int kWarps>
 __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert& ex, int g,
                                         int base, int row0, int rows, uint8_t* smem) {
   constexpr int BT = 8 * NT;
-  constexpr int WN = 4 / KS;
+  constexpr int WN = kWarps / KS;
+  constexpr int kThreads = 32 * kWarps;
   constexpr int kStageBytes = kFp4 ? 2048 : 4096;  // 32 rows x 64 (FP4) or 128 (FP8) bytes
   constexpr int kStages = kRing / kStageBytes;
   constexpr int kRowBytes = kStageBytes / 32;
@@ -943,8 +980,8 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
   const int64_t chunks = K / kChunk;
   const int64_t act_stride = K + kF8ActPad;
   uint8_t* ring = smem + warp * kRing;
-  uint8_t* ring_scale = smem + 4 * kRing + warp * ring_scale_bytes(kRing);
-  uint8_t* act = smem + 4 * (kRing + ring_scale_bytes(kRing));
+  uint8_t* ring_scale = smem + kWarps * kRing + warp * ring_scale_bytes(kRing);
+  uint8_t* act = smem + kWarps * (kRing + ring_scale_bytes(kRing));
   float* act_sc = reinterpret_cast<float*>(act + BT * act_stride);
 
   // Weight rows of the warp: set j covers rows base_row[j] + [0, 16).
@@ -970,14 +1007,14 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
   // Activation tile (valid rows) and its scales, one cp.async group of the whole CTA.
   {
     const int64_t units = K / 16, nsc = K / kChunk;
-    for (int64_t i = tid; i < int64_t(rows) * units; i += kGemmThreads) {
+    for (int64_t i = tid; i < int64_t(rows) * units; i += kThreads) {
       const int r = int(i / units);
       const int64_t u = i % units;
       const int gr = base + row0 + r;
       const int64_t src_row = kFused ? int64_t(a.row_token[gr]) : int64_t(gr);
       cp_async16(act + r * act_stride + u * 16, a.act8 + src_row * K + u * 16);
     }
-    for (int64_t i = tid; i < int64_t(rows) * nsc; i += kGemmThreads) {
+    for (int64_t i = tid; i < int64_t(rows) * nsc; i += kThreads) {
       const int r = int(i / nsc);
       const int gr = base + row0 + r;
       const int64_t src_row = kFused ? int64_t(a.row_token[gr]) : int64_t(gr);
@@ -987,26 +1024,31 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
   }
 
   const int64_t my_chunks = chunks > warp_k ? (chunks - warp_k + KS - 1) / KS : 0;
-  // Stage i of the warp holds its chunk warp_k + KS * i.
+  // Stage i of the warp holds its chunk warp_k + KS * i. The lane's sources at K = 0 and its
+  // ring offsets are computed once (session 8: the per-stage int64 row arithmetic was ~40
+  // instructions of the ~420 of a stage); a stage adds its K byte offset.
+  constexpr int kUnits = kRowBytes / 16;  // 16-byte units per row: 4 (FP4) or 8 (FP8)
+  const uint8_t* wsrc[kUnits];
+  int wdst[kUnits];
+#pragma unroll
+  for (int it = 0; it < kUnits; ++it) {
+    const int q = lane + 32 * it;
+    const int r = q / kUnits, u = q % kUnits, j = r >> 4;
+    const int64_t grow = base_row[j] + (r & 15);
+    const int su = kFp4 ? (u ^ ((r >> 1) & 3)) : (u ^ (r & 7));
+    wsrc[it] = data[j] + grow * (kFp4 ? K / 2 : K) + u * 16;
+    wdst[it] = r * kRowBytes + su * 16;
+  }
+  const uint8_t* ssrc =
+      kFp4 ? scale[lane >> 4] + (base_row[lane >> 4] + (lane & 15)) * (K / 32) : nullptr;
   auto issue = [&](int64_t i) {
     if (i < my_chunks) {
-      const int64_t kc = (warp_k + KS * i) * kChunk;
+      const int kc = int(warp_k + KS * i) * kChunk;
       uint8_t* st = ring + (i % kStages) * kStageBytes;
-      constexpr int kUnits = kRowBytes / 16;  // 16-byte units per row: 4 (FP4) or 8 (FP8)
 #pragma unroll
-      for (int q = lane; q < 32 * kUnits; q += 32) {
-        const int r = q / kUnits, u = q % kUnits, j = r >> 4;
-        const int64_t grow = base_row[j] + (r & 15);
-        const int su = kFp4 ? (u ^ ((r >> 1) & 3)) : (u ^ (r & 7));
-        const uint8_t* src = kFp4 ? data[j] + grow * (K / 2) + kc / 2 + u * 16
-                                  : data[j] + grow * K + kc + u * 16;
-        cp_async16(st + r * kRowBytes + su * 16, src);
-      }
-      if constexpr (kFp4) {
-        const int j = lane >> 4;
-        cp_async4(ring_scale + (i % kStages) * 128 + lane * 4,
-                  scale[j] + (base_row[j] + (lane & 15)) * (K / 32) + kc / 32);
-      }
+      for (int it = 0; it < kUnits; ++it)
+        cp_async16(st + wdst[it], wsrc[it] + (kFp4 ? kc / 2 : kc));
+      if constexpr (kFp4) cp_async4(ring_scale + (i % kStages) * 128 + lane * 4, ssrc + kc / 32);
     }
     cp_async_commit();  // possibly empty: keeps the group count uniform
   };
@@ -1064,6 +1106,38 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
             bf[n][0] = __byte_perm(v.x, v.y, 0x6420);
             bf[n][1] = __byte_perm(v.x, v.y, 0x7531);
           }
+          if constexpr (kH16) {
+            // B as f16x2: (e0, e2), (e4, e6), (e1, e3), (e5, e7): the pairs of e2m1x8_to_f16.
+            uint32_t bh[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+              bh[n][0] = e4m3x2_to_f16x2(bf[n][0]);
+              bh[n][1] = e4m3x2_to_f16x2(bf[n][0] >> 16);
+              bh[n][2] = e4m3x2_to_f16x2(bf[n][1]);
+              bh[n][3] = e4m3x2_to_f16x2(bf[n][1] >> 16);
+            }
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              uint32_t ag[4], a8[4];  // rows g and g+8
+              e2m1x8_to_f16(w[j][2 * ss], ag);
+              e2m1x8_to_f16(w[j][2 * ss + 1], a8);
+              // e8m0 code + 14 as an fp32 exponent: 2^(code - 127) * 2^14 (codes <= 240).
+              float f[2];
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const uint32_t code = __byte_perm(wsc[j][h], 0u, 0x4440 + (s + ss));
+                f[h] = __uint_as_float((code + 14u) << 23);
+              }
+#pragma unroll
+              for (int n = 0; n < NT; ++n) {
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma_f16(d, ag[0], a8[0], ag[1], a8[1], bh[n][0], bh[n][1]);  // even elements
+                mma_f16(d, ag[2], a8[2], ag[3], a8[3], bh[n][2], bh[n][3]);  // odd elements
+#pragma unroll
+                for (int c = 0; c < 4; ++c) cacc[j][n][c] = fmaf(d[c], f[c >> 1], cacc[j][n][c]);
+              }
+            }
+          } else {
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             uint32_t af[4];
@@ -1084,6 +1158,7 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
               for (int c = 0; c < 4; ++c) cacc[j][n][c] = fmaf(d[c], f[c >> 1], cacc[j][n][c]);
             }
           }
+          }
         }
       }
     } else {
@@ -1096,13 +1171,36 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
           bf[n][0] = *reinterpret_cast<const uint32_t*>(p);
           bf[n][1] = *reinterpret_cast<const uint32_t*>(p + 16);
         }
+        if constexpr (kH16) {
+          // f16: bytes (0, 1) and (2, 3) of each 4-byte group as f16x2, A and B alike.
+          uint32_t bh[NT][4];
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          uint32_t af[4];  // (row g, K 32s + [0,16)), (g+8, same), (g, 32s + [16,32)), (g+8, ..)
-          const int r = 16 * j + 8 * (m & 1) + mr, u = 2 * s + (m >> 1);
-          ldmatrix_x4(af, st + r * kRowBytes + (u ^ (r & 7)) * 16);
+          for (int n = 0; n < NT; ++n)
 #pragma unroll
-          for (int n = 0; n < NT; ++n) mma_e4m3(cacc[j][n], af, bf[n][0], bf[n][1]);
+            for (int q = 0; q < 4; ++q) bh[n][q] = e4m3x2_to_f16x2(bf[n][q >> 1] >> (16 * (q & 1)));
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            uint32_t af[4];
+            const int r = 16 * j + 8 * (m & 1) + mr, u = 2 * s + (m >> 1);
+            ldmatrix_x4(af, st + r * kRowBytes + (u ^ (r & 7)) * 16);
+            uint32_t ah[8];  // [4 * half + reg]: bytes (0, 1) (half 0) or (2, 3) of af[reg]
+#pragma unroll
+            for (int q = 0; q < 8; ++q) ah[q] = e4m3x2_to_f16x2(af[q & 3] >> (16 * (q >> 2)));
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+              mma_f16(cacc[j][n], ah[0], ah[1], ah[4], ah[5], bh[n][0], bh[n][1]);
+              mma_f16(cacc[j][n], ah[2], ah[3], ah[6], ah[7], bh[n][2], bh[n][3]);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            uint32_t af[4];  // (row g, K 32s + [0,16)), (g+8, same), (g, 32s + [16,32)), (g+8..)
+            const int r = 16 * j + 8 * (m & 1) + mr, u = 2 * s + (m >> 1);
+            ldmatrix_x4(af, st + r * kRowBytes + (u ^ (r & 7)) * 16);
+#pragma unroll
+            for (int n = 0; n < NT; ++n) mma_e4m3(cacc[j][n], af, bf[n][0], bf[n][1]);
+          }
         }
       }
       // The 128x128 block scale of each set (16 rows lie in one block).
@@ -1160,8 +1258,8 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
   f8_epilogue<NT, kFused>(a, acc, row_g, g, base, row0, rows, t4);
 }
 
-template <int NT, bool kFused, int KS, int kRing>
-__global__ void __launch_bounds__(kGemmThreads, kRing > 8192 ? 2 : 3)
+template <int NT, bool kFused, int KS, int kRing, bool kH16, int kWarps>
+__global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : kRing > 8192 ? 2 : 3)
     expert_gemm_f8_kernel(GemmArgs a) {
   extern __shared__ __align__(16) uint8_t f8_smem[];
   if (int(blockIdx.x) >= *a.num_tiles) return;
@@ -1172,9 +1270,9 @@ __global__ void __launch_bounds__(kGemmThreads, kRing > 8192 ? 2 : 3)
   const MoeDeviceExpert ex = a.experts[g];
   const int fmt = kFused ? ex.format[0] : ex.format[2];
   if (fmt == int(WeightFormat::kMxfp4)) {
-    f8_tile<NT, kFused, KS, true, kRing>(a, ex, g, base, row0, rows, f8_smem);
+    f8_tile<NT, kFused, KS, true, kRing, kH16, kWarps>(a, ex, g, base, row0, rows, f8_smem);
   } else {
-    f8_tile<NT, kFused, KS, false, kRing>(a, ex, g, base, row0, rows, f8_smem);
+    f8_tile<NT, kFused, KS, false, kRing, kH16, kWarps>(a, ex, g, base, row0, rows, f8_smem);
   }
 }
 
@@ -1543,23 +1641,23 @@ Status launch_gemms(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64
 
 constexpr size_t kF8MaxSmem = 227 * 1024;  // sm_90 opt-in maximum per block
 
-template <int NT, int KS, int kRing>
+template <int NT, int KS, int kRing, bool kH16, int kWarps>
 Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64_t inter,
                        int64_t dim, const float* h, uint8_t* hq8, float* hs,
                        const int32_t* total_rows, int64_t rows_bound, cudaStream_t stream) {
-  constexpr int WN = 4 / KS;
+  constexpr int WN = kWarps / KS;
   // (The dynamic shared memory opt-in is done at load time: set_f8_smem_attributes.)
-  expert_gemm_f8_kernel<NT, true, KS, kRing>
-      <<<dim3(unsigned(tiles), unsigned(inter / (16 * WN))), kGemmThreads,
-         f8_smem_bytes(NT, dim, kRing), stream>>>(g1);
+  expert_gemm_f8_kernel<NT, true, KS, kRing, kH16, kWarps>
+      <<<dim3(unsigned(tiles), unsigned(inter / (16 * WN))), 32 * kWarps,
+         f8_smem_bytes(NT, dim, kRing, kWarps), stream>>>(g1);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   const int64_t qblocks = rows_bound * (inter / kChunk);
   quant_rows_kernel<<<unsigned(ceil_div(qblocks, 16)), 256, 0, stream>>>(
       h, inter, rows_bound, total_rows, nullptr, true, hq8, hs);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  expert_gemm_f8_kernel<NT, false, KS, kRing>
-      <<<dim3(unsigned(tiles), unsigned(dim / (32 * WN))), kGemmThreads,
-         f8_smem_bytes(NT, inter, kRing), stream>>>(g2);
+  expert_gemm_f8_kernel<NT, false, KS, kRing, kH16, kWarps>
+      <<<dim3(unsigned(tiles), unsigned(dim / (32 * WN))), 32 * kWarps,
+         f8_smem_bytes(NT, inter, kRing, kWarps), stream>>>(g2);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ok_status();
 }
@@ -1591,14 +1689,20 @@ cudaError_t set_pf_smem_attributes() {
 
 // Opts every FP8-path kernel into large dynamic shared memory on the current device. Called by
 // MoeDeviceLayer::create (load time), so that no attribute call happens inside a graph capture.
-template <int NT, int KS, int kRing>
+template <int NT, int KS, int kRing, int kWarps = 4>
 cudaError_t set_f8_smem_attribute() {
-  cudaError_t e = cudaFuncSetAttribute(expert_gemm_f8_kernel<NT, true, KS, kRing>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(kF8MaxSmem));
-  if (e != cudaSuccess) return e;
-  return cudaFuncSetAttribute(expert_gemm_f8_kernel<NT, false, KS, kRing>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(kF8MaxSmem));
+  // Both MMA variants (e4m3, f16), gate/up and down.
+  const void* fns[] = {
+      reinterpret_cast<const void*>(expert_gemm_f8_kernel<NT, true, KS, kRing, false, kWarps>),
+      reinterpret_cast<const void*>(expert_gemm_f8_kernel<NT, false, KS, kRing, false, kWarps>),
+      reinterpret_cast<const void*>(expert_gemm_f8_kernel<NT, true, KS, kRing, true, kWarps>),
+      reinterpret_cast<const void*>(expert_gemm_f8_kernel<NT, false, KS, kRing, true, kWarps>)};
+  for (const void* f : fns) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kF8MaxSmem));
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t set_f8_smem_attributes() {
@@ -1607,7 +1711,8 @@ cudaError_t set_f8_smem_attributes() {
       set_f8_smem_attribute<1, 4, 8192>(),  set_f8_smem_attribute<1, 1, 16384>(),
       set_f8_smem_attribute<1, 2, 16384>(), set_f8_smem_attribute<1, 4, 16384>(),
       set_f8_smem_attribute<2, 1, 8192>(),  set_f8_smem_attribute<2, 2, 8192>(),
-      set_f8_smem_attribute<2, 4, 8192>()};
+      set_f8_smem_attribute<2, 4, 8192>(),  set_f8_smem_attribute<1, 1, 8192, 8>(),
+      set_f8_smem_attribute<1, 2, 8192, 8>(), set_f8_smem_attribute<1, 4, 8192, 8>()};
   for (cudaError_t e : errs)
     if (e != cudaSuccess) return e;
   return cudaSuccess;
@@ -1675,6 +1780,7 @@ MoeDeviceLayer& MoeDeviceLayer::operator=(MoeDeviceLayer&& o) noexcept {
     add_shared = o.add_shared;
     experts = o.experts;
     fp8_mma = o.fp8_mma;
+    fp8_f16 = o.fp8_f16;
     o.experts = nullptr;
   }
   return *this;
@@ -1754,8 +1860,12 @@ Result<MoeDeviceLayer> MoeDeviceLayer::create(const cpu::MoeParams& p) {
     DS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     DS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
     f8 = f8 && major * 10 + minor >= 89;
+    // sm_90 / sm_100 have no FP8 mma.sync of their own (ptxas lowers it to f16 HMMAs plus
+    // conversions): the FP8 path runs its f16 variant there; sm_89 / sm_120 keep the e4m3 mma.
+    l.fp8_f16 = major == 9 || major == 10;
     f8 = f8 && f8_smem_bytes(2, std::max(l.dim, l.inter), 8192) <= kF8MaxSmem &&
-         f8_smem_bytes(1, std::max(l.dim, l.inter), 16384) <= kF8MaxSmem;
+         f8_smem_bytes(1, std::max(l.dim, l.inter), 16384) <= kF8MaxSmem &&
+         f8_smem_bytes(1, std::max(l.dim, l.inter), 8192, 8) <= kF8MaxSmem;
     if (f8) DS_CUDA_RETURN_IF_ERROR(set_f8_smem_attributes());
     l.fp8_mma = f8;
   }
@@ -1880,6 +1990,8 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   const int64_t rows_bound = T * l.topk + T;
   const int32_t* total_rows = group_offset + (l.num_experts + 1);
   const bool fp8 = l.quantize_activations;
+  if (tuning.mma < 0 || tuning.mma > 2)
+    return invalid_argument("moe: tuning.mma must be 0, 1 or 2");
   if (tuning.path == 2 && (!l.fp8_mma || bt > 16))
     return invalid_argument("moe: the FP8 path needs fp8_mma and 8 or 16-row tiles");
   const bool use_f8 = tuning.path == 2 || (tuning.path == 0 && l.fp8_mma && bt <= 16);
@@ -1895,9 +2007,15 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   using I2 = std::integral_constant<int, 2>;
   using I4 = std::integral_constant<int, 4>;
   using I8 = std::integral_constant<int, 8>;
-  const auto run_f8 = [&](auto nt, auto kss, auto ring) {
-    return launch_gemms_f8<decltype(nt)::value, decltype(kss)::value, decltype(ring)::value>(
-        g1, g2, tiles_bound, l.inter, l.dim, h, hq8, hs, total_rows, rows_bound, stream);
+  // The FP8 path's MMA: f16 mma.sync on the exactly converted operands, or e4m3 mma.sync.
+  const bool h16 = tuning.mma == 0 ? l.fp8_f16 : tuning.mma == 2;
+  const auto run_f8 = [&](auto nt, auto kss, auto ring, auto warps) {
+    constexpr int kNt = decltype(nt)::value, kKs = decltype(kss)::value;
+    constexpr int kR = decltype(ring)::value, kW = decltype(warps)::value;
+    return h16 ? launch_gemms_f8<kNt, kKs, kR, true, kW>(g1, g2, tiles_bound, l.inter, l.dim, h,
+                                                         hq8, hs, total_rows, rows_bound, stream)
+               : launch_gemms_f8<kNt, kKs, kR, false, kW>(g1, g2, tiles_bound, l.inter, l.dim, h,
+                                                          hq8, hs, total_rows, rows_bound, stream);
   };
   if (bt == kPfTokens) {
     DS_RETURN_IF_ERROR(launch_gemms_pf(g1, g2, tiles_bound, l.inter, l.dim, h, hq, total_rows,
@@ -1906,24 +2024,38 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
     // K split and ring of the FP8 path, measured on H200 (bench_moe, session 5): K split 4 at
     // T = 1 (80.6 us vs 84.9 with 2: 896 CTAs instead of 448 for the 7 groups, < 2 waves at 3
     // CTAs per SM), 2 at T = 16 and 64 (536 / 1240 us vs 548 / 1306 with 4, 616 / 1420 with 1).
-    // Ring 8 KB per warp (4 FP4 stages, 3 CTAs per SM); the 16 KB ring (8 stages, 2 CTAs per SM)
-    // is compiled and covered by the tests but not yet measured.
+    // Ring 8 KB per warp (4 FP4 stages, 3 CTAs per SM). Session 8 (f16 MMA, cp.async sources
+    // computed once per CTA) re-measured the choices: K split 4 / 2 / 2 at T = 1 / 16 / 64 still
+    // best (74.8 / 443 / 1027 us; K split 1: 82.4 / 531 / 1187; 4 at T = 16 / 64: 489 / 1188),
+    // the 16 KB ring and 8-warp CTAs slower (T = 16: 502 and 470 us; NOTES.md).
     const int kf = tuning.k_split > 0 ? tuning.k_split : (T <= 4 ? 4 : 2);
     const int ring = tuning.ring_kb > 0 ? tuning.ring_kb : 8;
     using R8 = std::integral_constant<int, 8192>;
     using R16 = std::integral_constant<int, 16384>;
+    // Warps per CTA: 4, or 8 (8-row tiles, 8 KB ring: 2 CTAs = 16 warps per SM instead of 3 x 4
+    // at ~69 KB of shared memory each; session 8).
+    const int warps = tuning.warps > 0 ? tuning.warps : 4;
+    if (warps != 4 && (warps != 8 || bt != 8 || ring != 8))
+      return invalid_argument("moe: 8 warps per CTA need 8-row tiles and the 8 KB ring");
+    const int64_t wn = warps / kf;  // column blocks of 16 (gate/up) or 32 (down) rows per CTA
+    if (l.inter % (16 * wn) != 0 || l.dim % (32 * wn) != 0)
+      return invalid_argument("moe: dim / inter not a multiple of the FP8 path's CTA columns");
     if (bt == 8 && ring == 16) {
-      DS_RETURN_IF_ERROR(kf == 4   ? run_f8(I1{}, I4{}, R16{})
-                         : kf == 2 ? run_f8(I1{}, I2{}, R16{})
-                                   : run_f8(I1{}, I1{}, R16{}));
+      DS_RETURN_IF_ERROR(kf == 4   ? run_f8(I1{}, I4{}, R16{}, I4{})
+                         : kf == 2 ? run_f8(I1{}, I2{}, R16{}, I4{})
+                                   : run_f8(I1{}, I1{}, R16{}, I4{}));
+    } else if (bt == 8 && warps == 8) {
+      DS_RETURN_IF_ERROR(kf == 4   ? run_f8(I1{}, I4{}, R8{}, I8{})
+                         : kf == 2 ? run_f8(I1{}, I2{}, R8{}, I8{})
+                                   : run_f8(I1{}, I1{}, R8{}, I8{}));
     } else if (bt == 8) {
-      DS_RETURN_IF_ERROR(kf == 4   ? run_f8(I1{}, I4{}, R8{})
-                         : kf == 2 ? run_f8(I1{}, I2{}, R8{})
-                                   : run_f8(I1{}, I1{}, R8{}));
+      DS_RETURN_IF_ERROR(kf == 4   ? run_f8(I1{}, I4{}, R8{}, I4{})
+                         : kf == 2 ? run_f8(I1{}, I2{}, R8{}, I4{})
+                                   : run_f8(I1{}, I1{}, R8{}, I4{}));
     } else {
-      DS_RETURN_IF_ERROR(kf == 4   ? run_f8(I2{}, I4{}, R8{})
-                         : kf == 2 ? run_f8(I2{}, I2{}, R8{})
-                                   : run_f8(I2{}, I1{}, R8{}));
+      DS_RETURN_IF_ERROR(kf == 4   ? run_f8(I2{}, I4{}, R8{}, I4{})
+                         : kf == 2 ? run_f8(I2{}, I2{}, R8{}, I4{})
+                                   : run_f8(I2{}, I1{}, R8{}, I4{}));
     }
   } else if (bt == 8) {
     DS_RETURN_IF_ERROR(ks == 4 ? run(I1{}, I4{}) : ks == 2 ? run(I1{}, I2{}) : run(I1{}, I1{}));

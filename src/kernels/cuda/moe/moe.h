@@ -13,9 +13,10 @@
 // exact in bf16), so the GPU sees exactly the operands the CPU reference sees. Decode-size tiles
 // of MXFP4 / FP8-block layers in reference numerics run on the FP8 tensor cores instead
 // (mma.sync e4m3, sm_89+: e2m1 is exact in e4m3, the block scales multiply fp32 partials; see
-// MoeDeviceLayer::fp8_mma and NOTES.md). Prefill-size batches (more than 32 rows per expert) run
-// 128 x 128 CTA tiles whose weights are dequantized once per tile into shared memory (bf16
-// mma.sync, every format).
+// MoeDeviceLayer::fp8_mma and NOTES.md; on sm_90 / sm_100, which lower FP8 mma.sync to f16 HMMAs,
+// the same operands run as f16 mma.sync: MoeDeviceLayer::fp8_f16). Prefill-size batches (more
+// than 32 rows per expert) run 128 x 128 CTA tiles whose weights are dequantized once per tile
+// into shared memory (bf16 mma.sync, every format).
 //
 // The shared expert runs as one more group of the same grouped launches (every token, weight 1).
 #pragma once
@@ -77,6 +78,10 @@ class MoeDeviceLayer {
   // aligned scales, the activations are FP8-simulated and the device has FP8 mma.sync (sm_89+):
   // the decode tiles may use the FP8 tensor-core path (NOTES.md).
   bool fp8_mma = false;
+  // Set by create() on sm_90 / sm_100 (no native FP8 mma.sync: ptxas lowers it to f16 HMMAs plus
+  // per-mma conversions): the FP8 path then runs its products as f16 mma.sync m16n8k16 on the
+  // same exact operands (e2m1 placed into f16 bits, e4m3 converted to f16). sm_89 / sm_120: e4m3.
+  bool fp8_f16 = false;
 
  private:
   void release();
@@ -90,6 +95,8 @@ struct MoeTuning {
   // 3: the prefill path (128 x 128 CTA tiles, bf16 mma.sync, any weight format)
   int path = 0;
   int ring_kb = 0;      // FP8 path, 8-row tiles: weight ring per warp, 8 (default) or 16 KB
+  int mma = 0;          // FP8 path: 0 the device's (fp8_f16), 1 e4m3 mma.sync, 2 f16 mma.sync
+  int warps = 0;        // FP8 path: warps per CTA, 4 (default) or 8 (8-row tiles, 8 KB ring)
 };
 
 // Runs the MoE forward. Stateless apart from the configuration: all scratch lives in the
