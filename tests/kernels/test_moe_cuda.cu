@@ -35,9 +35,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/rng.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/moe.h"
 #include "kernels/cpu/quant.h"
@@ -603,6 +605,65 @@ TEST_F(MoeCuda, Bf16PathMxfp4) {
     c.oracle_tokens = 8;
     run_case(c);
   }
+}
+
+}  // namespace
+}  // namespace ds
+
+namespace ds {
+namespace {
+
+// Host only (runs without a GPU too): the largest MXFP4 scale code of a layer and the FP8-path
+// variants it leaves on. Codes are planted at random places of fresh random scale arrays; FP8
+// block matrices (whose scales are no e8m0 exponent the path folds) are not counted.
+TEST(MoeScaleCodes, LargestMxfp4CodeDecidesTheFp8Variants) {
+  constexpr int64_t kInter = 64, kDim = 128;
+  Rng rng(77);
+  std::vector<std::vector<uint8_t>> scales;
+  auto mxfp4 = [&](int64_t out, int64_t in) {
+    std::vector<uint8_t> s(size_t(out * in / 32));
+    for (uint8_t& v : s) v = uint8_t(110 + rng.below(20));
+    scales.push_back(std::move(s));
+    cpu::LinearWeight w;
+    w.format = WeightFormat::kMxfp4;
+    w.out_features = out;
+    w.in_features = in;
+    w.scale = scales.back().data();
+    return w;
+  };
+  scales.reserve(16);
+  std::vector<cpu::ExpertWeights> experts(4);
+  for (auto& e : experts) e = {mxfp4(kInter, kDim), mxfp4(kDim, kInter), mxfp4(kInter, kDim)};
+  cpu::ExpertWeights shared = {mxfp4(kInter, kDim), mxfp4(kDim, kInter), mxfp4(kInter, kDim)};
+  const int base = cuda::max_mxfp4_scale_code(experts.data(), 0, 4, &shared);
+  EXPECT_GE(base, 110);
+  EXPECT_LT(base, 130);
+  // A large code in expert 3's w2, last byte: seen only when expert 3 is in the range.
+  auto& last = scales[size_t(3 * 3 + 1)];
+  last.back() = 245;
+  EXPECT_EQ(cuda::max_mxfp4_scale_code(experts.data(), 0, 4, &shared), 245);
+  EXPECT_LT(cuda::max_mxfp4_scale_code(experts.data(), 0, 3, &shared), 130);
+  // In the shared expert's w3: seen only with the shared expert.
+  scales.back()[size_t(rng.below(scales.back().size()))] = 250;
+  EXPECT_EQ(cuda::max_mxfp4_scale_code(experts.data(), 0, 3, &shared), 250);
+  EXPECT_LT(cuda::max_mxfp4_scale_code(experts.data(), 0, 3, nullptr), 130);
+  // FP8 block weights carry no e8m0 code of this kind.
+  std::vector<cpu::ExpertWeights> fp8(1);
+  fp8[0].w1.format = fp8[0].w2.format = fp8[0].w3.format = WeightFormat::kFp8Block;
+  EXPECT_EQ(cuda::max_mxfp4_scale_code(fp8.data(), 0, 1, nullptr), -1);
+
+  auto variants = [](int code) {
+    cuda::MoeDeviceLayer l;
+    l.fp8_mma = true;
+    l.fp8_f16 = true;
+    l.limit_to_scale_code(code);
+    return std::pair<bool, bool>(l.fp8_mma, l.fp8_f16);
+  };
+  EXPECT_EQ(variants(127), std::make_pair(true, true));
+  EXPECT_EQ(variants(cuda::kMoeF16MaxScaleCode), std::make_pair(true, true));
+  EXPECT_EQ(variants(cuda::kMoeF16MaxScaleCode + 1), std::make_pair(true, false));
+  EXPECT_EQ(variants(cuda::kMoeF8MaxScaleCode), std::make_pair(true, false));
+  EXPECT_EQ(variants(cuda::kMoeF8MaxScaleCode + 1), std::make_pair(false, false));
 }
 
 }  // namespace

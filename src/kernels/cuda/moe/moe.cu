@@ -1750,6 +1750,32 @@ MoeDeviceExpert to_device_expert(const cpu::ExpertWeights& e) {
 
 MoeDeviceLayer::~MoeDeviceLayer() { release(); }
 
+void MoeDeviceLayer::limit_to_scale_code(int max_code) {
+  if (max_code > kMoeF16MaxScaleCode) fp8_f16 = false;
+  if (max_code > kMoeF8MaxScaleCode) fp8_mma = false;
+}
+
+int max_mxfp4_scale_code(const cpu::ExpertWeights* experts, int64_t begin, int64_t end,
+                         const cpu::ExpertWeights* shared) {
+  int best = -1;
+  auto scan = [&](const cpu::LinearWeight& w) {
+    if (w.format != WeightFormat::kMxfp4 || w.scale == nullptr) return;
+    const size_t n = size_t(w.out_features) * size_t(w.in_features / 32);
+    if (n > 0) best = std::max(best, int(*std::max_element(w.scale, w.scale + n)));
+  };
+  for (int64_t e = begin; experts != nullptr && e < end; ++e) {
+    scan(experts[e].w1);
+    scan(experts[e].w3);
+    scan(experts[e].w2);
+  }
+  if (shared != nullptr) {
+    scan(shared->w1);
+    scan(shared->w3);
+    scan(shared->w2);
+  }
+  return best;
+}
+
 void MoeDeviceLayer::release() {
   if (experts) cudaFree(experts);
   experts = nullptr;

@@ -83,9 +83,25 @@ class MoeDeviceLayer {
   // same exact operands (e2m1 placed into f16 bits, e4m3 converted to f16). sm_89 / sm_120: e4m3.
   bool fp8_f16 = false;
 
+  // Turns off the FP8-path variants whose scale folding the layer's largest MXFP4 e8m0 code
+  // (max_mxfp4_scale_code) would overflow: the f16 variant above kMoeF16MaxScaleCode, the FP8 path
+  // altogether above kMoeF8MaxScaleCode (the bf16 path takes any code). CudaOps calls it at load.
+  void limit_to_scale_code(int max_code);
+
  private:
   void release();
 };
+
+// The FP8 path adds a power of two to the e8m0 scale code as an fp32 exponent (2^6 for the e4m3
+// placement of e2m1, 2^14 for the f16 one): codes up to these stay finite. Real checkpoints'
+// codes sit around 110-130.
+inline constexpr int kMoeF16MaxScaleCode = 240;
+inline constexpr int kMoeF8MaxScaleCode = 248;
+
+// The largest e8m0 scale code among the MXFP4 matrices of experts[begin, end) and of `shared`
+// (nullable), read from host memory; -1 when none of them is MXFP4.
+int max_mxfp4_scale_code(const cpu::ExpertWeights* experts, int64_t begin, int64_t end,
+                         const cpu::ExpertWeights* shared);
 
 // Kernel choices, 0 = heuristic (benchmarks and tests only).
 struct MoeTuning {
