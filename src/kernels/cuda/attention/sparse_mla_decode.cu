@@ -32,11 +32,17 @@
 #ifndef DS_SPARSE_MLA_ABLATE
 #define DS_SPARSE_MLA_ABLATE 0
 #endif
+// 1: the combine kernel is a programmatic dependent of the attention kernel (v5); 0: plain
+// stream order (v4), kept for timing comparisons.
+#ifndef DS_SPARSE_MLA_COMBINE_PDL
+#define DS_SPARSE_MLA_COMBINE_PDL 1
+#endif
 
 namespace ds::cuda {
 namespace {
 
 constexpr int kTile = kSparseMlaTileKeys;
+constexpr bool kSparseMlaCombinePdl = DS_SPARSE_MLA_COMBINE_PDL != 0;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -85,6 +91,22 @@ __device__ __forceinline__ float final_lse(float m, float l) {
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Programmatic dependent launch (sm_90+; no-ops when the grid was launched without the attribute).
+// A grid waits for the previous grid in its stream before reading any input, and only then lets
+// its dependents launch, so a dependent that starts early sees every input of this grid written
+// (the combine kernel reads the lengths before its own wait for the attention kernel's partials).
+__device__ __forceinline__ void pdl_wait_then_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -203,6 +225,9 @@ __global__ void __launch_bounds__(Config<kD, kMT>::kThreads, kMT == 1 ? 2 : 1)
   const int lane = tid & 31;
   const int warp = tid >> 5;
 
+  // Everything this grid reads may come from the previous kernel (p.pdl); the combine kernel
+  // launched after it may start now (its blocks wait for this grid's partials).
+  pdl_wait_then_trigger();
   const QuerySplit qs = query_split(p, q);
   if (split >= qs.splits) return;
   const int t_begin = split_begin(qs, split);
@@ -593,12 +618,16 @@ __global__ void __launch_bounds__(Config<kD, kMT>::kThreads, kMT == 1 ? 2 : 1)
 }
 
 // Continues split 0's fold over the per-tile partials of the other splits, in tile order.
-// Block (query q, head h); each thread owns 4 output dims.
+// Block (query q, head h); each thread owns 4 output dims. Launched as a programmatic dependent
+// of the attention kernel (v5): its blocks start while the attention kernel runs, read the
+// lengths (inputs of the attention kernel, complete once that grid has triggered), then wait for
+// the partials.
 template <int kD>
 __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const SparseMlaParams p) {
   const int q = blockIdx.x;
   const int h = blockIdx.y;
   const QuerySplit qs = query_split(p, q);
+  pdl_wait();
   if (qs.splits <= 1) return;
   const int d = threadIdx.x * 4;
   const int64_t slot_base = int64_t(q) * p.plan.max_tiles;
@@ -614,7 +643,9 @@ __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const Sparse
   float m = ml.x, l = ml.y;
   float4 o = o_at(0);
   const int t0 = split_begin(qs, 1);
-  constexpr int kBatch = 16;  // loads of several tiles in flight before their (ordered) merges
+  // Loads of several tiles in flight before their (ordered) merges: 20 covers the 39 partials
+  // of a 640-key query at batch 1 in two round trips (16 took three).
+  constexpr int kBatch = 20;
   for (int t = t0; t < qs.tiles; t += kBatch) {
     float4 ot[kBatch];
     float2 mlt[kBatch];
@@ -645,6 +676,24 @@ __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const Sparse
   if (p.lse && threadIdx.x == 0) p.lse[int64_t(q) * p.num_heads + h] = final_lse(m, l);
 }
 
+// One launch of kernel(p), as a programmatic dependent of the previous grid in the stream when
+// `pdl` (the kernels wait with griddepcontrol.wait before reading what that grid wrote).
+template <typename Kernel>
+cudaError_t launch_kernel(Kernel kernel, dim3 grid, int threads, int smem, bool pdl,
+                          const SparseMlaParams& p, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(unsigned(threads));
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
 template <int kD, int kMT>
 Status launch_impl(const SparseMlaParams& p, cudaStream_t stream) {
   using C = Config<kD, kMT>;
@@ -652,12 +701,12 @@ Status launch_impl(const SparseMlaParams& p, cudaStream_t stream) {
       ensure_max_dynamic_smem(sparse_mla_decode_kernel<kD, kMT>, int(C::kSmemBytes)));
   const int groups = (p.num_heads + C::kHG - 1) / C::kHG;
   const dim3 grid(unsigned(p.plan.max_splits), unsigned(p.num_queries), unsigned(groups));
-  sparse_mla_decode_kernel<kD, kMT><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
-  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_decode_kernel<kD, kMT>, grid, C::kThreads,
+                                        C::kSmemBytes, p.pdl, p, stream));
   if (p.plan.max_splits > 1) {
     const dim3 cgrid(unsigned(p.num_queries), unsigned(p.num_heads));
-    sparse_mla_combine_kernel<kD><<<cgrid, kD / 4, 0, stream>>>(p);
-    DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_combine_kernel<kD>, cgrid, kD / 4, 0,
+                                          kSparseMlaCombinePdl, p, stream));
   }
   return ok_status();
 }
@@ -699,7 +748,13 @@ SparseMlaPlan plan_sparse_mla_decode(int32_t num_queries, int32_t num_heads, int
   // Split keys only when heads leave more than half the GPU idle: every split but the first
   // stores one fp32 partial per tile (NOTES.md), which costs more than idle SMs beyond that.
   int64_t splits = 1;
-  if (2 * ctas < sms) splits = (sms + ctas - 1) / ctas;
+  if (2 * ctas < sms) {
+    splits = (sms + ctas - 1) / ctas;
+    // 16-head CTAs run two per SM: where one wave still leaves some CTA two tiles of a full-width
+    // query (batch 1: 33 splits of 40 tiles), take up to two CTAs per SM, one tile each (v5).
+    if (plan.heads_per_cta == 16 && splits < plan.max_tiles && 2 * splits > plan.max_tiles)
+      splits = std::min<int64_t>(plan.max_tiles, 2 * sms / ctas);
+  }
   splits = std::min<int64_t>(splits, std::max(1, plan.max_tiles));
   if (max_splits_cap > 0) splits = std::min<int64_t>(splits, max_splits_cap);
   plan.max_splits = int32_t(std::max<int64_t>(1, splits));

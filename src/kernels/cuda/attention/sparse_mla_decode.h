@@ -65,6 +65,11 @@ struct SparseMlaParams {
   const int32_t* compressed_len = nullptr;  // [num_queries], nullable if width 0
   int32_t compressed_width = 0;
   SparseMlaPlan plan;
+  // Launch the attention kernel as a programmatic dependent of the previous kernel in the stream
+  // (sm_90+): its blocks are placed while that kernel finishes and wait (griddepcontrol.wait)
+  // before reading anything. The combine kernel is always a programmatic dependent of the
+  // attention kernel.
+  bool pdl = false;
   float* workspace = nullptr;  // sparse_mla_workspace_bytes(...) bytes, 16-byte aligned
   size_t workspace_bytes = 0;
 };
