@@ -12,10 +12,10 @@
 // Scores are exact bf16 products accumulated in fp32 (error ~1e-6 relative). We allow twice that:
 //   |o - ref| <= 2^-7 * max|v| (over the query's keys) + 2^-8 * |ref|.
 // lse: the denominator's relative error is <= 2^-9, so |lse - ref| <= 4e-3 (absolute).
-// Split invariance is checked bit for bit: the same inputs under every split count and head-group
-// size give identical output and lse bits. A CUDA-graph test captures one launch and replays it
-// after the lengths, indices and queries changed on the device. A programmatic-launch test
-// checks that the kernel waits for the kernel that writes its inputs.
+// Split invariance is checked bit for bit: the same inputs under every split count, head-group
+// size and tiles-per-step count give identical output and lse bits. A CUDA-graph test captures one
+// launch and replays it after the lengths, indices and queries changed on the device. A
+// programmatic-launch test checks that the kernel waits for the kernel that writes its inputs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -351,21 +351,25 @@ void check_problem(const Shape& s, uint64_t seed, const std::vector<int>& split_
   run_plan(pr, dp, base, first);
   expect_close(pr, ref, first, "default plan");
   for (int cap : split_caps)
-    for (int hg : head_groups) {
-      cuda::SparseMlaPlan plan = base;
-      plan.max_splits = std::min(cap, std::max(1, plan.max_tiles));
-      plan.heads_per_cta = hg;
-      Result res;
-      run_plan(pr, dp, plan, res);
-      int64_t diff = 0;
-      for (size_t i = 0; i < res.out.size(); ++i) diff += res.out[i] != first.out[i];
-      int64_t diff_lse = 0;
-      for (size_t i = 0; i < res.lse.size(); ++i)
-        diff_lse += std::memcmp(&res.lse[i], &first.lse[i], sizeof(float)) != 0;
-      EXPECT_EQ(diff, 0) << "splits " << plan.max_splits << " heads/CTA " << hg
-                         << " (default: " << base.max_splits << ", " << base.heads_per_cta << ")";
-      EXPECT_EQ(diff_lse, 0) << "lse, splits " << plan.max_splits << " heads/CTA " << hg;
-    }
+    for (int hg : head_groups)
+      for (int step = 1; step <= (hg == 16 ? 2 : 1); ++step) {  // tiles per step: 2 at 16 heads
+        cuda::SparseMlaPlan plan = base;
+        plan.max_splits = std::min(cap, std::max(1, plan.max_tiles));
+        plan.heads_per_cta = hg;
+        plan.tiles_per_step = step;
+        Result res;
+        run_plan(pr, dp, plan, res);
+        int64_t diff = 0;
+        for (size_t i = 0; i < res.out.size(); ++i) diff += res.out[i] != first.out[i];
+        int64_t diff_lse = 0;
+        for (size_t i = 0; i < res.lse.size(); ++i)
+          diff_lse += std::memcmp(&res.lse[i], &first.lse[i], sizeof(float)) != 0;
+        EXPECT_EQ(diff, 0) << "splits " << plan.max_splits << " heads/CTA " << hg << " tiles/step "
+                           << step << " (default: " << base.max_splits << ", " << base.heads_per_cta
+                           << ", " << base.tiles_per_step << ")";
+        EXPECT_EQ(diff_lse, 0) << "lse, splits " << plan.max_splits << " heads/CTA " << hg
+                               << " tiles/step " << step;
+      }
 }
 
 Shape tiny_shape() {
@@ -422,7 +426,7 @@ TEST(SparseMlaCuda, FlashBatch128) {
   DS_REQUIRE_GPU();
   Shape s;
   s.num_seqs = 128;
-  check_problem(s, 501, {1, 2}, {64});
+  check_problem(s, 501, {1, 2}, {16, 64});
 }
 
 // More than 48 tiles (the kernel's address-table chunk) per query: the pipeline restarts at a
@@ -444,7 +448,7 @@ TEST(SparseMlaCuda, ProHeads128) {
   s.num_heads = 128;
   s.num_seqs = 2;
   s.queries_per_seq = 2;
-  check_problem(s, 601, {1, 4}, {32, 64});
+  check_problem(s, 601, {1, 4}, {16, 32, 64});
 }
 
 TEST(SparseMlaCuda, EmptyAndFullyMaskedKeySets) {
@@ -508,8 +512,9 @@ TEST(SparseMlaCuda, GraphReplayWithNewLengths) {
 // Stands for the kernel that produces the attention's inputs: lets its dependents launch at once,
 // spins ~50 us, then writes the queries and the lengths. A programmatic dependent that read its
 // inputs before griddepcontrol.wait would read the poison.
-__global__ void slow_producer(const uint16_t* q_src, uint16_t* q, int64_t nq, const int32_t* wlen_src,
-                              int32_t* wlen, const int32_t* clen_src, int32_t* clen, int n) {
+__global__ void slow_producer(const uint16_t* q_src, uint16_t* q, int64_t nq,
+                              const int32_t* wlen_src, int32_t* wlen, const int32_t* clen_src,
+                              int32_t* clen, int n) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
@@ -621,7 +626,13 @@ TEST(SparseMlaCuda, RejectsBadParams) {
   p.head_dim = 128;
   p.plan.heads_per_cta = 48;
   EXPECT_EQ(cuda::launch_sparse_mla_decode(p, nullptr).code(), StatusCode::kInvalidArgument);
+  p.plan.heads_per_cta = 32;
+  p.plan.tiles_per_step = 2;  // two tiles per step: 16 heads only
+  EXPECT_EQ(cuda::launch_sparse_mla_decode(p, nullptr).code(), StatusCode::kInvalidArgument);
   p.plan.heads_per_cta = 16;
+  p.plan.tiles_per_step = 3;
+  EXPECT_EQ(cuda::launch_sparse_mla_decode(p, nullptr).code(), StatusCode::kInvalidArgument);
+  p.plan.tiles_per_step = 1;
   p.plan.max_tiles = 1;  // narrower than the index widths
   EXPECT_EQ(cuda::launch_sparse_mla_decode(p, nullptr).code(), StatusCode::kInvalidArgument);
   DS_CUDA_ASSERT(cudaDeviceSynchronize());

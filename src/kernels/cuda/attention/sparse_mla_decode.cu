@@ -15,6 +15,9 @@
 //   4. split 0 keeps folding; other splits store (m_t, l_t, P V) per tile to the workspace and the
 //      combine kernel continues split 0's fold over them in tile order with the same arithmetic.
 // Scores are kept in the log2 domain (scale * log2 e); the lse output is converted back.
+// v5: at 16 heads per CTA the loop runs two tiles per step (phases 1-3 of both tiles between the
+// same two block barriers, folded in tile order: same bits), and the combine kernel is launched
+// as a programmatic dependent of the attention kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -32,6 +35,10 @@
 #ifndef DS_SPARSE_MLA_ABLATE
 #define DS_SPARSE_MLA_ABLATE 0
 #endif
+// Tiles per step that the plan picks at 16 heads per CTA: 2 (v5) or 1 (v4).
+#ifndef DS_SPARSE_MLA_TILES_PER_STEP16
+#define DS_SPARSE_MLA_TILES_PER_STEP16 2
+#endif
 // 1: the combine kernel is a programmatic dependent of the attention kernel (v5); 0: plain
 // stream order (v4), kept for timing comparisons.
 #ifndef DS_SPARSE_MLA_COMBINE_PDL
@@ -43,6 +50,7 @@ namespace {
 
 constexpr int kTile = kSparseMlaTileKeys;
 constexpr bool kSparseMlaCombinePdl = DS_SPARSE_MLA_COMBINE_PDL != 0;
+constexpr int kSparseMlaTilesPerStep16 = DS_SPARSE_MLA_TILES_PER_STEP16;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -159,7 +167,10 @@ __device__ __forceinline__ uint32_t kv_offset(int row, int chunk) {
   return uint32_t(row * kD * 2 + ((chunk ^ (row & 7)) << 4));
 }
 
-template <int kD, int kMT>
+// kP: tiles per step (v5). A step runs the dequantize -> QK^T -> barrier -> softmax -> barrier ->
+// PV chain over kP tiles at once (their loads, mma and softmax interleaved), and folds them one
+// after the other in tile order with the same arithmetic as kP = 1: the bits do not change.
+template <int kD, int kMT, int kP = 1>
 struct Config {
   static constexpr int kWarps = kD / 64;
   static constexpr int kThreads = kWarps * 32;
@@ -182,13 +193,19 @@ struct Config {
   static constexpr int kAddrTiles = 48;
   static constexpr int kResolveIters = (kAddrTiles * kTile + kThreads - 1) / kThreads;
   // Shared memory layout (bytes).
-  static constexpr int kKvBytes = kTile * kD * 2;
+  // Tiles issued ahead of the step that needs them (prologue): 3 at kP = 1 (the slot of tile t
+  // is refilled one step later), 4 at kP = 2 (a step refills the two slots it just dequantized).
+  static constexpr int kAhead = kStages - 2 + kP;
+  static constexpr int kKvBytes = kTile * kD * 2;  // one dequantized tile (kP of them)
   static constexpr int kStageBytes = kStages * kTile * kStageEntry;
-  static constexpr int kSpartBytes = kWarps * kHG * kTile * 4;
-  static constexpr int kPBytes = kHG * kPStride * 2;
-  static constexpr int kStatBytes = 4 * kHG * 4 + kTile * 4;  // run_m, run_l, coef, key_ok
+  static constexpr int kSpartFloats = kWarps * kHG * kTile;  // one tile's partial scores
+  static constexpr int kSpartBytes = kP * kSpartFloats * 4;
+  static constexpr int kPElems = kHG * kPStride;  // one tile's P
+  static constexpr int kPBytes = kP * kPElems * 2;
+  // run_m, run_l, coef (kP tiles), key_ok (kP tiles)
+  static constexpr int kStatBytes = (2 + 2 * kP) * kHG * 4 + kP * kTile * 4;
   static constexpr int kAddrBytes = kAddrTiles * kTile * 8;
-  static constexpr int kOffStage = kKvBytes;
+  static constexpr int kOffStage = kP * kKvBytes;
   static constexpr int kOffSpart = kOffStage + kStageBytes;
   static constexpr int kOffP = kOffSpart + kSpartBytes;
   static constexpr int kOffStat = kOffP + kPBytes;
@@ -199,23 +216,27 @@ struct Config {
   static_assert(kKeysPerThread >= 1 && kTile % kKeysPerThread == 0, "softmax mapping");
   static_assert(kNope % 64 == 0 && kNope > 0, "nope dims: a positive multiple of 64");
   static_assert(kSmemBytes <= 99 * 1024, "portable path: at most 99 KB of shared memory");
+  static_assert(kP == 1 || kP == 2, "tiles per step");
+  static_assert(kAhead <= kStages && kAddrTiles % kP == 0, "pipeline");
 };
 
-template <int kD, int kMT>
-__global__ void __launch_bounds__(Config<kD, kMT>::kThreads, kMT == 1 ? 2 : 1)
+template <int kD, int kMT, int kP>
+__global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 1)
     sparse_mla_decode_kernel(const SparseMlaParams p) {
-  using C = Config<kD, kMT>;
+  using C = Config<kD, kMT, kP>;
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* kv_tile = smem;
   uint8_t* stage = smem + C::kOffStage;
   // [warp][head][key ^ spart_swizzle(head)]: the swizzle makes the fragment stores conflict-free
   // and keeps each aligned group of <= 8 keys contiguous for the vector loads of the softmax.
   float* spart = reinterpret_cast<float*>(smem + C::kOffSpart);
-  __nv_bfloat16* p_tile = reinterpret_cast<__nv_bfloat16*>(smem + C::kOffP);  // [head][24]
+  // [tile of the step][head][24]
+  __nv_bfloat16* p_tile = reinterpret_cast<__nv_bfloat16*>(smem + C::kOffP);
   float* run_m = reinterpret_cast<float*>(smem + C::kOffStat);
   float* run_l = run_m + C::kHG;
-  float2* coef = reinterpret_cast<float2*>(run_l + C::kHG);  // per head {a, b} of the fold
-  int* key_ok = reinterpret_cast<int*>(coef + C::kHG);
+  // [tile of the step][head] {a, b} of the fold
+  float2* coef = reinterpret_cast<float2*>(run_l + C::kHG);
+  int* key_ok = reinterpret_cast<int*>(coef + kP * C::kHG);  // [tile of the step][key]
   int2* addr = reinterpret_cast<int2*>(smem + C::kOffAddr);  // {page or -1, slot | window << 31}
 
   const int split = blockIdx.x;
@@ -341,15 +362,16 @@ __global__ void __launch_bounds__(Config<kD, kMT>::kThreads, kMT == 1 ? 2 : 1)
                                                     int64_t(slot) * C::kScaleBytes + (warp & ~3));
   };
 
-  auto dequant_tile = [&](int t, int c0, int st) {
+  auto dequant_tile = [&](int t, int c0, int st, int u) {  // u: tile of the step
+    uint8_t* kvu = kv_tile + u * C::kKvBytes;
     const int2 a = addr[(t - c0) * kTile + ld_entry];
     const bool ok = a.x >= 0;
     const int chunk0 = (ld_part * 32) / 8;  // 16-byte chunk of the bf16 row
-    if (ld_part == 0) key_ok[ld_entry] = ok ? 1 : 0;
+    if (ld_part == 0) key_ok[u * kTile + ld_entry] = ok ? 1 : 0;
     if (!ok || DS_SPARSE_MLA_ABLATE == 3) {
 #pragma unroll
       for (int c = 0; c < 4; ++c)
-        *reinterpret_cast<uint4*>(kv_tile + kv_offset<kD>(ld_entry, chunk0 + c)) =
+        *reinterpret_cast<uint4*>(kvu + kv_offset<kD>(ld_entry, chunk0 + c)) =
             make_uint4(0, 0, 0, 0);
       return;
     }
@@ -380,13 +402,13 @@ __global__ void __launch_bounds__(Config<kD, kMT>::kThreads, kMT == 1 ? 2 : 1)
           const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
           out[h] = pack_bf16x2(f.x * scale, f.y * scale);  // exact: e4m3 * 2^k fits bf16
         }
-        *reinterpret_cast<uint4*>(kv_tile + kv_offset<kD>(ld_entry, chunk0 + c)) =
+        *reinterpret_cast<uint4*>(kvu + kv_offset<kD>(ld_entry, chunk0 + c)) =
             make_uint4(out[0], out[1], out[2], out[3]);
       }
     } else {
 #pragma unroll
       for (int c = 0; c < 4; ++c)
-        *reinterpret_cast<uint4*>(kv_tile + kv_offset<kD>(ld_entry, chunk0 + c)) =
+        *reinterpret_cast<uint4*>(kvu + kv_offset<kD>(ld_entry, chunk0 + c)) =
             reinterpret_cast<const uint4*>(src + ld_off)[c];
     }
   };
@@ -401,176 +423,227 @@ __global__ void __launch_bounds__(Config<kD, kMT>::kThreads, kMT == 1 ? 2 : 1)
     resolve(c0, c1);
     __syncthreads();
 #pragma unroll
-    for (int s = 0; s < C::kStages - 1; ++s) {
+    for (int s = 0; s < C::kAhead; ++s) {
       if (c0 + s < c1) issue_tile(c0 + s, c0, s);
       cp_async_commit();
     }
-    for (int t = c0; t < c1; ++t) {
-      cp_async_wait<C::kStages - 2>();  // this thread's copies for tile t have landed
+    for (int t = c0; t < c1; t += kP) {
+      // Tiles t .. t + np - 1 in this step (np < kP only at the end of a split: uniform).
+      const int np = min(kP, c1 - t);
+      cp_async_wait<C::kStages - 2>();  // this thread's copies for tiles t .. t + kP - 1 landed
       // The warp's copies (the scale word) visible to the warp; its PV reads of the previous
-      // tile's columns are done. Other warps never touch this warp's stage bytes or columns.
+      // step's columns are done. Other warps never touch this warp's stage bytes or columns.
       __syncwarp();
-      dequant_tile(t, c0, (t - c0) % C::kStages);
-      if (t + C::kStages - 1 < c1)
-        issue_tile(t + C::kStages - 1, c0, (t - c0 + C::kStages - 1) % C::kStages);
-      cp_async_commit();
+#pragma unroll
+      for (int u = 0; u < kP; ++u)
+        if (u < np) dequant_tile(t + u, c0, (t + u - c0) % C::kStages, u);
+      if (kP > 1) __syncwarp();  // the scale words read before their slots are refilled
+#pragma unroll
+      for (int u = 0; u < kP; ++u) {
+        const int tn = t + u + C::kAhead;
+        if (tn < c1) issue_tile(tn, c0, (tn - c0) % C::kStages);
+        cp_async_commit();
+      }
       __syncwarp();  // the warp's dequantized columns visible to its ldmatrix
 
-      // ---- QK^T: partial scores over this warp's 64 dims ----
+      // ---- QK^T: partial scores over this warp's 64 dims, the step's tiles interleaved ----
       {
-        uint32_t kb[4][4];
+        uint32_t kb[kP][4][4];
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          const int key = (mi >> 1) * 8 + ri;
-          const int chunk = (warp * 64 + kk * 16) / 8 + (mi & 1);
-          ldmatrix_x4(kb[kk], kv_base + kv_offset<kD>(key, chunk));
-        }
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          float acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+        for (int u = 0; u < kP; ++u)
 #pragma unroll
           for (int kk = 0; kk < 4; ++kk) {
-            if (DS_SPARSE_MLA_ABLATE == 1) continue;
-            mma_bf16(acc[0], q_frag[mt][kk], kb[kk][0], kb[kk][1], acc[0]);
-            mma_bf16(acc[1], q_frag[mt][kk], kb[kk][2], kb[kk][3], acc[1]);
+            const int key = (mi >> 1) * 8 + ri;
+            const int chunk = (warp * 64 + kk * 16) / 8 + (mi & 1);
+            if (u < np)
+              ldmatrix_x4(kb[u][kk],
+                          kv_base + uint32_t(u * C::kKvBytes) + kv_offset<kD>(key, chunk));
           }
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int row = mt * 16 + (lane >> 2) + hh * 8;
-            float* sp = spart + (warp * C::kHG + row) * kTile;
-            const int sw = spart_swizzle(row);
+        for (int mt = 0; mt < kMT; ++mt) {
+          float acc[kP][2][4];
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
-              *reinterpret_cast<float2*>(sp + ((nt * 8 + 2 * (lane & 3)) ^ sw)) =
-                  make_float2(acc[nt][2 * hh], acc[nt][2 * hh + 1]);
-          }
+          for (int u = 0; u < kP; ++u)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[u][i / 4][i % 4] = 0.0f;
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int u = 0; u < kP; ++u) {
+              if (DS_SPARSE_MLA_ABLATE == 1 || u >= np) continue;
+              mma_bf16(acc[u][0], q_frag[mt][kk], kb[u][kk][0], kb[u][kk][1], acc[u][0]);
+              mma_bf16(acc[u][1], q_frag[mt][kk], kb[u][kk][2], kb[u][kk][3], acc[u][1]);
+            }
+#pragma unroll
+          for (int u = 0; u < kP; ++u)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+              if (u >= np) continue;
+              const int row = mt * 16 + (lane >> 2) + hh * 8;
+              float* sp = spart + u * C::kSpartFloats + (warp * C::kHG + row) * kTile;
+              const int sw = spart_swizzle(row);
+#pragma unroll
+              for (int nt = 0; nt < 2; ++nt)
+                *reinterpret_cast<float2*>(sp + ((nt * 8 + 2 * (lane & 3)) ^ sw)) =
+                    make_float2(acc[u][nt][2 * hh], acc[u][nt][2 * hh + 1]);
+            }
         }
       }
       __syncthreads();
 
-      // ---- softmax of the tile (scores summed in warp order, tile max, P in bf16), then the
-      // fold statistics by the first thread of each row: l_t sums P in key order ----
+      // ---- softmax of each tile (scores summed in warp order, tile max, P in bf16), then the
+      // fold statistics by the first thread of each row, tile after tile: l_t sums P in key
+      // order ----
       {
         const int row = tid / C::kThreadsPerRow;
         const int key0 = (tid % C::kThreadsPerRow) * C::kKeysPerThread;
-        float s[C::kKeysPerThread];
-        float m = kNegInf;
         const int sw = spart_swizzle(row);
-        // Partial scores of the warps, added in warp order (vector loads where the group allows).
+        const int row_lane0 = (lane / C::kThreadsPerRow) * C::kThreadsPerRow;
+        float m_u[kP], l_u[kP];
 #pragma unroll
-        for (int w = 0; w < C::kWarps; ++w) {
-          const float* sp = spart + (w * C::kHG + row) * kTile;
-          float v[C::kKeysPerThread];
-          if constexpr (C::kKeysPerThread == 4 || C::kKeysPerThread == 8) {
+        for (int u = 0; u < kP; ++u) {
+          m_u[u] = kNegInf;
+          l_u[u] = 0.0f;
+          if (u >= np) continue;
+          float s[C::kKeysPerThread];
+          float m = kNegInf;
+          // Partial scores of the warps, added in warp order (vector loads where possible).
 #pragma unroll
-            for (int g = 0; g < C::kKeysPerThread; g += 4) {
-              const float4 f = *reinterpret_cast<const float4*>(sp + ((key0 + g) ^ sw));
-              v[g] = f.x;
-              v[g + 1] = f.y;
-              v[g + 2] = f.z;
-              v[g + 3] = f.w;
+          for (int w = 0; w < C::kWarps; ++w) {
+            const float* sp = spart + u * C::kSpartFloats + (w * C::kHG + row) * kTile;
+            float v[C::kKeysPerThread];
+            if constexpr (C::kKeysPerThread == 4 || C::kKeysPerThread == 8) {
+#pragma unroll
+              for (int g = 0; g < C::kKeysPerThread; g += 4) {
+                const float4 f = *reinterpret_cast<const float4*>(sp + ((key0 + g) ^ sw));
+                v[g] = f.x;
+                v[g + 1] = f.y;
+                v[g + 2] = f.z;
+                v[g + 3] = f.w;
+              }
+            } else if constexpr (C::kKeysPerThread == 2) {
+              const float2 f = *reinterpret_cast<const float2*>(sp + (key0 ^ sw));
+              v[0] = f.x;
+              v[1] = f.y;
+            } else {
+#pragma unroll
+              for (int i = 0; i < C::kKeysPerThread; ++i) v[i] = sp[(key0 + i) ^ sw];
             }
-          } else if constexpr (C::kKeysPerThread == 2) {
-            const float2 f = *reinterpret_cast<const float2*>(sp + (key0 ^ sw));
-            v[0] = f.x;
-            v[1] = f.y;
-          } else {
 #pragma unroll
-            for (int i = 0; i < C::kKeysPerThread; ++i) v[i] = sp[(key0 + i) ^ sw];
+            for (int i = 0; i < C::kKeysPerThread; ++i) s[i] = w == 0 ? v[i] : s[i] + v[i];
           }
 #pragma unroll
-          for (int i = 0; i < C::kKeysPerThread; ++i) s[i] = w == 0 ? v[i] : s[i] + v[i];
+          for (int i = 0; i < C::kKeysPerThread; ++i) {
+            const float acc = s[i];
+            const int j = (t + u) * kTile + key0 + i;
+            s[i] = (j < qs.n && key_ok[u * kTile + key0 + i]) ? acc * scale_log2 : kNegInf;
+            m = fmaxf(m, s[i]);
+          }
+#pragma unroll
+          for (int off = C::kThreadsPerRow / 2; off > 0; off >>= 1)
+            m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+          float pr[C::kKeysPerThread];
+#pragma unroll
+          for (int i = 0; i < C::kKeysPerThread; ++i) {
+            const __nv_bfloat16 b = __float2bfloat16_rn(m == kNegInf ? 0.0f : exp2f(s[i] - m));
+            p_tile[u * C::kPElems + row * C::kPStride + key0 + i] = b;
+            pr[i] = __bfloat162float(b);
+          }
+          float l_t = 0.0f;
+#pragma unroll
+          for (int k = 0; k < kTile; ++k)
+            l_t += __shfl_sync(0xFFFFFFFFu, pr[k % C::kKeysPerThread],
+                               row_lane0 + k / C::kKeysPerThread);
+          m_u[u] = m;
+          l_u[u] = l_t;
         }
-#pragma unroll
-        for (int i = 0; i < C::kKeysPerThread; ++i) {
-          const float acc = s[i];
-          const int j = t * kTile + key0 + i;
-          s[i] = (j < qs.n && key_ok[key0 + i]) ? acc * scale_log2 : kNegInf;
-          m = fmaxf(m, s[i]);
-        }
-#pragma unroll
-        for (int off = C::kThreadsPerRow / 2; off > 0; off >>= 1)
-          m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
-        float pr[C::kKeysPerThread];
-#pragma unroll
-        for (int i = 0; i < C::kKeysPerThread; ++i) {
-          const __nv_bfloat16 b = __float2bfloat16_rn(m == kNegInf ? 0.0f : exp2f(s[i] - m));
-          p_tile[row * C::kPStride + key0 + i] = b;
-          pr[i] = __bfloat162float(b);
-        }
-        const int row_lane0 = (lane / C::kThreadsPerRow) * C::kThreadsPerRow;
-        float l_t = 0.0f;
-#pragma unroll
-        for (int k = 0; k < kTile; ++k)
-          l_t += __shfl_sync(0xFFFFFFFFu, pr[k % C::kKeysPerThread],
-                             row_lane0 + k / C::kKeysPerThread);
         if (key0 == 0) {
           if (fold) {
-            float m_new, a, b;
-            merge_coeffs(run_m[row], m, m_new, a, b);
-            run_l[row] = merge_value(run_l[row], a, l_t, b);
-            run_m[row] = m_new;
-            coef[row] = make_float2(a, b);
+            float rm = run_m[row], rl = run_l[row];
+#pragma unroll
+            for (int u = 0; u < kP; ++u) {
+              if (u >= np) continue;
+              float m_new, a, b;
+              merge_coeffs(rm, m_u[u], m_new, a, b);
+              rl = merge_value(rl, a, l_u[u], b);
+              rm = m_new;
+              coef[u * C::kHG + row] = make_float2(a, b);
+            }
+            run_l[row] = rl;
+            run_m[row] = rm;
           } else {
-            coef[row] = make_float2(0.0f, 1.0f);
-            if (h0 + row < p.num_heads) {
-              float* ml = ws_ml + ((slot_base + t) * p.num_heads + h0 + row) * 2;
-              ml[0] = m;
-              ml[1] = l_t;
+#pragma unroll
+            for (int u = 0; u < kP; ++u) {
+              if (u >= np) continue;
+              coef[u * C::kHG + row] = make_float2(0.0f, 1.0f);
+              if (h0 + row < p.num_heads) {
+                float* ml = ws_ml + ((slot_base + t + u) * p.num_heads + h0 + row) * 2;
+                ml[0] = m_u[u];
+                ml[1] = l_u[u];
+              }
             }
           }
         }
       }
       __syncthreads();
 
-      // ---- PV: per 8 output dims one mma from zero, then O = O a + (P V) b ----
+      // ---- PV: per 8 output dims one mma from zero per tile, then O = O a + (P V) b for the
+      // step's tiles in order ----
       {
-        uint32_t pa[kMT][4];
+        uint32_t pa[kP][kMT][4];
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          const int row = mt * 16 + (mi & 1) * 8 + ri;
-          ldmatrix_x4(pa[mt], p_base + uint32_t((row * C::kPStride + (mi >> 1) * 8) * 2));
-        }
+        for (int u = 0; u < kP; ++u)
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            const int row = mt * 16 + (mi & 1) * 8 + ri;
+            if (u < np)
+              ldmatrix_x4(
+                  pa[u][mt],
+                  p_base + uint32_t((u * C::kPElems + row * C::kPStride + (mi >> 1) * 8) * 2));
+          }
 #pragma unroll
         for (int nb2 = 0; nb2 < 4; ++nb2) {
-          uint32_t vb[4];
+          uint32_t vb[kP][4];
           const int key = (mi & 1) * 8 + ri;
           const int chunk = (warp * 64 + nb2 * 16) / 8 + (mi >> 1);
-          ldmatrix_x4_trans(vb, kv_base + kv_offset<kD>(key, chunk));
+#pragma unroll
+          for (int u = 0; u < kP; ++u)
+            if (u < np)
+              ldmatrix_x4_trans(vb[u],
+                                kv_base + uint32_t(u * C::kKvBytes) + kv_offset<kD>(key, chunk));
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
             const int r0 = mt * 16 + (lane >> 2);
-            const float2 c0 = coef[r0], c1 = coef[r0 + 8];
-            const float a0 = c0.x, b0 = c0.y, a1 = c1.x, b1 = c1.y;
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
               if (DS_SPARSE_MLA_ABLATE == 2) continue;
               const float zero[4] = {0, 0, 0, 0};
-              float pv[4];
-              mma_bf16(pv, pa[mt], vb[2 * half], vb[2 * half + 1], zero);
+              float pv[kP][4];
+#pragma unroll
+              for (int u = 0; u < kP; ++u)
+                if (u < np) mma_bf16(pv[u], pa[u][mt], vb[u][2 * half], vb[u][2 * half + 1], zero);
               float* acc = o[mt][nb2 * 2 + half];
-              acc[0] = merge_value(acc[0], a0, pv[0], b0);
-              acc[1] = merge_value(acc[1], a0, pv[1], b0);
-              acc[2] = merge_value(acc[2], a1, pv[2], b1);
-              acc[3] = merge_value(acc[3], a1, pv[3], b1);
+#pragma unroll
+              for (int u = 0; u < kP; ++u) {
+                if (u >= np) continue;
+                const float2 c0 = coef[u * C::kHG + r0], c1 = coef[u * C::kHG + r0 + 8];
+                acc[0] = merge_value(acc[0], c0.x, pv[u][0], c0.y);
+                acc[1] = merge_value(acc[1], c0.x, pv[u][1], c0.y);
+                acc[2] = merge_value(acc[2], c1.x, pv[u][2], c1.y);
+                acc[3] = merge_value(acc[3], c1.x, pv[u][3], c1.y);
+                if (!fold) {  // tile t + u's P V is its own partial
+                  const int h = h0 + r0;
+                  float* dst = ws_o + ((slot_base + t + u) * p.num_heads + h) * kD + warp * 64 +
+                               2 * (lane & 3) + (nb2 * 2 + half) * 8;
+                  if (h < p.num_heads)
+                    *reinterpret_cast<float2*>(dst) = make_float2(acc[0], acc[1]);
+                  if (h + 8 < p.num_heads)
+                    *reinterpret_cast<float2*>(dst + 8 * kD) = make_float2(acc[2], acc[3]);
+                }
+              }
             }
           }
         }
-      }
-      if (!fold) {  // store this tile's P V as its own partial
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int h = h0 + mt * 16 + (lane >> 2) + hh * 8;
-            if (h >= p.num_heads) continue;
-            float* dst =
-                ws_o + ((slot_base + t) * p.num_heads + h) * kD + warp * 64 + 2 * (lane & 3);
-#pragma unroll
-            for (int nb = 0; nb < 8; ++nb)
-              *reinterpret_cast<float2*>(dst + nb * 8) =
-                  make_float2(o[mt][nb][2 * hh], o[mt][nb][2 * hh + 1]);
-          }
       }
     }
   }
@@ -694,14 +767,14 @@ cudaError_t launch_kernel(Kernel kernel, dim3 grid, int threads, int smem, bool 
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
-template <int kD, int kMT>
+template <int kD, int kMT, int kP>
 Status launch_impl(const SparseMlaParams& p, cudaStream_t stream) {
-  using C = Config<kD, kMT>;
+  using C = Config<kD, kMT, kP>;
   DS_CUDA_RETURN_IF_ERROR(
-      ensure_max_dynamic_smem(sparse_mla_decode_kernel<kD, kMT>, int(C::kSmemBytes)));
+      ensure_max_dynamic_smem(sparse_mla_decode_kernel<kD, kMT, kP>, int(C::kSmemBytes)));
   const int groups = (p.num_heads + C::kHG - 1) / C::kHG;
   const dim3 grid(unsigned(p.plan.max_splits), unsigned(p.num_queries), unsigned(groups));
-  DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_decode_kernel<kD, kMT>, grid, C::kThreads,
+  DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_decode_kernel<kD, kMT, kP>, grid, C::kThreads,
                                         C::kSmemBytes, p.pdl, p, stream));
   if (p.plan.max_splits > 1) {
     const dim3 cgrid(unsigned(p.num_queries), unsigned(p.num_heads));
@@ -713,13 +786,16 @@ Status launch_impl(const SparseMlaParams& p, cudaStream_t stream) {
 
 template <int kD>
 Status launch_for_dim(const SparseMlaParams& p, cudaStream_t stream) {
+  if (p.plan.tiles_per_step == 2) {  // 16 heads only (checked by the caller)
+    return launch_impl<kD, 1, 2>(p, stream);
+  }
   switch (p.plan.heads_per_cta) {
     case 16:
-      return launch_impl<kD, 1>(p, stream);
+      return launch_impl<kD, 1, 1>(p, stream);
     case 32:
-      return launch_impl<kD, 2>(p, stream);
+      return launch_impl<kD, 2, 1>(p, stream);
     case 64:
-      return launch_impl<kD, 4>(p, stream);
+      return launch_impl<kD, 4, 1>(p, stream);
     default:
       return invalid_argument("sparse_mla_decode: heads_per_cta must be 16, 32 or 64, got " +
                               std::to_string(p.plan.heads_per_cta));
@@ -758,6 +834,7 @@ SparseMlaPlan plan_sparse_mla_decode(int32_t num_queries, int32_t num_heads, int
   splits = std::min<int64_t>(splits, std::max(1, plan.max_tiles));
   if (max_splits_cap > 0) splits = std::min<int64_t>(splits, max_splits_cap);
   plan.max_splits = int32_t(std::max<int64_t>(1, splits));
+  plan.tiles_per_step = plan.heads_per_cta == 16 ? kSparseMlaTilesPerStep16 : 1;
   return plan;
 }
 
@@ -773,6 +850,11 @@ Status launch_sparse_mla_decode(const SparseMlaParams& p, cudaStream_t stream) {
   if (!p.q || !p.out || !p.query_seq || !p.window_len || (p.window_width > 0 && !p.window_idx) ||
       (p.compressed_width > 0 && (!p.compressed_idx || !p.compressed_len)))
     return invalid_argument("sparse_mla_decode: null pointer in params");
+  if (!(p.plan.tiles_per_step == 1 || (p.plan.tiles_per_step == 2 && p.plan.heads_per_cta == 16)))
+    return invalid_argument(
+        "sparse_mla_decode: tiles_per_step must be 1, or 2 with 16 heads per "
+        "CTA, got " +
+        std::to_string(p.plan.tiles_per_step));
   if (p.window_width < 0 || p.compressed_width < 0 || p.plan.max_splits < 1 ||
       p.plan.max_tiles * kTile < p.window_width + p.compressed_width)
     return invalid_argument("sparse_mla_decode: plan does not match the index widths");
