@@ -3,7 +3,8 @@
 # with the binaries of prepare.sh in build/h8-mla-carry:
 #   bash build/h8-mla-carry/run.sh $OUT
 # test_sparse_mla_cuda (all), the v5 benchmark (full, JSON), the v4 and no-PDL benchmarks (quick:
-# context 32K, batch 1/16/64/128), racecheck and memcheck on small cases, each under `timeout` and
+# context 32K, batch 1/16/64/128; the no-PDL one only with NOPDL=1), racecheck and memcheck on
+# small cases, each under `timeout` and
 # skipped when the budget (BUDGET seconds, default 250) would run out. Logs -> $OUT/logs.tgz,
 # JSON -> $OUT/*.json, summary printed last.
 set -uo pipefail
@@ -31,7 +32,8 @@ if command -v compute-sanitizer >/dev/null; then
     --gtest_filter='SparseMlaCuda.TinyShapes:SparseMlaCuda.FlashShortLengthsAndMasks'
   grep -E "RACECHECK SUMMARY|hazard|Error|PASSED|FAILED" "$out/logs/racecheck.log" | head -6
 fi
-step bench_nopdl 30 "$c/bench_sparse_mla_nopdl" "$out/sparse_mla_decode_nopdl_quick.json" quick
+[ "${NOPDL:-0}" = 1 ] &&
+  step bench_nopdl 30 "$c/bench_sparse_mla_nopdl" "$out/sparse_mla_decode_nopdl_quick.json" quick
 if command -v compute-sanitizer >/dev/null; then
   step memcheck 40 compute-sanitizer --tool memcheck --error-exitcode 1 "$bt" \
     --gtest_filter='SparseMlaCuda.TinyShapes:SparseMlaCuda.ProgrammaticLaunchWaitsForTheProducer:SparseMlaCuda.RejectsBadParams'
@@ -41,7 +43,7 @@ tar czf "$out/logs.tgz" -C "$out" logs
 for t in v5 v4 nopdl; do
   echo "=== $t (kernel shape mode time floor ratio GB/s TFLOP/s err)"
   grep -E "^(sparse_mla_decode|ceiling)|copy ceiling" "$out/logs/bench_$t.log" 2>/dev/null |
-    grep -v "eager.*not checked" | sed -E 's/keys=[0-9]+ //; s/ +/ /g' | cut -c1-96 | head -60
+    grep -E "graph|ceiling" | sed -E 's/keys=[0-9]+ //; s/ +/ /g' | cut -c1-90 | head -90
 done
 rm -rf "$out/logs"
 echo "total $(( $(date +%s) - start ))s"

@@ -15,9 +15,10 @@
 //   4. split 0 keeps folding; other splits store (m_t, l_t, P V) per tile to the workspace and the
 //      combine kernel continues split 0's fold over them in tile order with the same arithmetic.
 // Scores are kept in the log2 domain (scale * log2 e); the lse output is converted back.
-// v5: at 16 heads per CTA the loop runs two tiles per step (phases 1-3 of both tiles between the
-// same two block barriers, folded in tile order: same bits), and the combine kernel is launched
-// as a programmatic dependent of the attention kernel.
+// v5: the combine kernel is launched as a programmatic dependent of the attention kernel, and the
+// batch-1 plan runs one tile per CTA. Experiment behind plan.tiles_per_step = 2 (16 heads): two
+// tiles per step (phases 1-3 of both between the same two block barriers, folded in tile order:
+// same bits); slower as written (NOTES.md), not the default.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -35,9 +36,10 @@
 #ifndef DS_SPARSE_MLA_ABLATE
 #define DS_SPARSE_MLA_ABLATE 0
 #endif
-// Tiles per step that the plan picks at 16 heads per CTA: 2 (v5) or 1 (v4).
+// Tiles per step that the plan picks at 16 heads per CTA: 1 (default) or 2 (the v5 experiment,
+// slower on the H200: NOTES.md).
 #ifndef DS_SPARSE_MLA_TILES_PER_STEP16
-#define DS_SPARSE_MLA_TILES_PER_STEP16 2
+#define DS_SPARSE_MLA_TILES_PER_STEP16 1
 #endif
 // 1: the combine kernel is a programmatic dependent of the attention kernel (v5); 0: plain
 // stream order (v4), kept for timing comparisons.
@@ -247,8 +249,9 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
   const int warp = tid >> 5;
 
   // Everything this grid reads may come from the previous kernel (p.pdl); the combine kernel
-  // launched after it may start now (its blocks wait for this grid's partials).
-  pdl_wait_then_trigger();
+  // launched after it may start now (its blocks wait for this grid's partials). Uniform branch:
+  // without either, the kernel runs exactly the v4 instructions.
+  if (p.pdl || p.plan.max_splits > 1) pdl_wait_then_trigger();
   const QuerySplit qs = query_split(p, q);
   if (split >= qs.splits) return;
   const int t_begin = split_begin(qs, split);
@@ -362,10 +365,11 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
                                                     int64_t(slot) * C::kScaleBytes + (warp & ~3));
   };
 
-  auto dequant_tile = [&](int t, int c0, int st, int u) {  // u: tile of the step
+  // u: tile of the step; !valid: an empty tile (all keys masked) past the split's end.
+  auto dequant_tile = [&](int t, int c0, int st, int u, bool valid = true) {
     uint8_t* kvu = kv_tile + u * C::kKvBytes;
     const int2 a = addr[(t - c0) * kTile + ld_entry];
-    const bool ok = a.x >= 0;
+    const bool ok = valid && a.x >= 0;
     const int chunk0 = (ld_part * 32) / 8;  // 16-byte chunk of the bf16 row
     if (ld_part == 0) key_ok[u * kTile + ld_entry] = ok ? 1 : 0;
     if (!ok || DS_SPARSE_MLA_ABLATE == 3) {
@@ -417,100 +421,73 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
   const uint32_t p_base = smem_addr(p_tile);
   const int mi = lane >> 3, ri = lane & 7;
 
-  for (int c0 = t_begin; c0 < t_end; c0 += C::kAddrTiles) {
-    const int c1 = min(t_end, c0 + C::kAddrTiles);
-    __syncthreads();  // earlier readers of addr are done
-    resolve(c0, c1);
-    __syncthreads();
+  if constexpr (kP == 1) {
+    // One tile per step (the v4 loop, the default).
+    for (int c0 = t_begin; c0 < t_end; c0 += C::kAddrTiles) {
+      const int c1 = min(t_end, c0 + C::kAddrTiles);
+      __syncthreads();  // earlier readers of addr are done
+      resolve(c0, c1);
+      __syncthreads();
 #pragma unroll
-    for (int s = 0; s < C::kAhead; ++s) {
-      if (c0 + s < c1) issue_tile(c0 + s, c0, s);
-      cp_async_commit();
-    }
-    for (int t = c0; t < c1; t += kP) {
-      // Tiles t .. t + np - 1 in this step (np < kP only at the end of a split: uniform).
-      const int np = min(kP, c1 - t);
-      cp_async_wait<C::kStages - 2>();  // this thread's copies for tiles t .. t + kP - 1 landed
-      // The warp's copies (the scale word) visible to the warp; its PV reads of the previous
-      // step's columns are done. Other warps never touch this warp's stage bytes or columns.
-      __syncwarp();
-#pragma unroll
-      for (int u = 0; u < kP; ++u)
-        if (u < np) dequant_tile(t + u, c0, (t + u - c0) % C::kStages, u);
-      if (kP > 1) __syncwarp();  // the scale words read before their slots are refilled
-#pragma unroll
-      for (int u = 0; u < kP; ++u) {
-        const int tn = t + u + C::kAhead;
-        if (tn < c1) issue_tile(tn, c0, (tn - c0) % C::kStages);
+      for (int s = 0; s < C::kStages - 1; ++s) {
+        if (c0 + s < c1) issue_tile(c0 + s, c0, s);
         cp_async_commit();
       }
-      __syncwarp();  // the warp's dequantized columns visible to its ldmatrix
+      for (int t = c0; t < c1; ++t) {
+        cp_async_wait<C::kStages - 2>();  // this thread's copies for tile t have landed
+        // The warp's copies (the scale word) visible to the warp; its PV reads of the previous
+        // tile's columns are done. Other warps never touch this warp's stage bytes or columns.
+        __syncwarp();
+        dequant_tile(t, c0, (t - c0) % C::kStages, 0);
+        if (t + C::kStages - 1 < c1)
+          issue_tile(t + C::kStages - 1, c0, (t - c0 + C::kStages - 1) % C::kStages);
+        cp_async_commit();
+        __syncwarp();  // the warp's dequantized columns visible to its ldmatrix
 
-      // ---- QK^T: partial scores over this warp's 64 dims, the step's tiles interleaved ----
-      {
-        uint32_t kb[kP][4][4];
-#pragma unroll
-        for (int u = 0; u < kP; ++u)
+        // ---- QK^T: partial scores over this warp's 64 dims ----
+        {
+          uint32_t kb[4][4];
 #pragma unroll
           for (int kk = 0; kk < 4; ++kk) {
             const int key = (mi >> 1) * 8 + ri;
             const int chunk = (warp * 64 + kk * 16) / 8 + (mi & 1);
-            if (u < np)
-              ldmatrix_x4(kb[u][kk],
-                          kv_base + uint32_t(u * C::kKvBytes) + kv_offset<kD>(key, chunk));
+            ldmatrix_x4(kb[kk], kv_base + kv_offset<kD>(key, chunk));
           }
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          float acc[kP][2][4];
+          for (int mt = 0; mt < kMT; ++mt) {
+            float acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
 #pragma unroll
-          for (int u = 0; u < kP; ++u)
-#pragma unroll
-            for (int i = 0; i < 8; ++i) acc[u][i / 4][i % 4] = 0.0f;
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-            for (int u = 0; u < kP; ++u) {
-              if (DS_SPARSE_MLA_ABLATE == 1 || u >= np) continue;
-              mma_bf16(acc[u][0], q_frag[mt][kk], kb[u][kk][0], kb[u][kk][1], acc[u][0]);
-              mma_bf16(acc[u][1], q_frag[mt][kk], kb[u][kk][2], kb[u][kk][3], acc[u][1]);
+            for (int kk = 0; kk < 4; ++kk) {
+              if (DS_SPARSE_MLA_ABLATE == 1) continue;
+              mma_bf16(acc[0], q_frag[mt][kk], kb[kk][0], kb[kk][1], acc[0]);
+              mma_bf16(acc[1], q_frag[mt][kk], kb[kk][2], kb[kk][3], acc[1]);
             }
 #pragma unroll
-          for (int u = 0; u < kP; ++u)
-#pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
-              if (u >= np) continue;
               const int row = mt * 16 + (lane >> 2) + hh * 8;
-              float* sp = spart + u * C::kSpartFloats + (warp * C::kHG + row) * kTile;
+              float* sp = spart + (warp * C::kHG + row) * kTile;
               const int sw = spart_swizzle(row);
 #pragma unroll
               for (int nt = 0; nt < 2; ++nt)
                 *reinterpret_cast<float2*>(sp + ((nt * 8 + 2 * (lane & 3)) ^ sw)) =
-                    make_float2(acc[u][nt][2 * hh], acc[u][nt][2 * hh + 1]);
+                    make_float2(acc[nt][2 * hh], acc[nt][2 * hh + 1]);
             }
+          }
         }
-      }
-      __syncthreads();
+        __syncthreads();
 
-      // ---- softmax of each tile (scores summed in warp order, tile max, P in bf16), then the
-      // fold statistics by the first thread of each row, tile after tile: l_t sums P in key
-      // order ----
-      {
-        const int row = tid / C::kThreadsPerRow;
-        const int key0 = (tid % C::kThreadsPerRow) * C::kKeysPerThread;
-        const int sw = spart_swizzle(row);
-        const int row_lane0 = (lane / C::kThreadsPerRow) * C::kThreadsPerRow;
-        float m_u[kP], l_u[kP];
-#pragma unroll
-        for (int u = 0; u < kP; ++u) {
-          m_u[u] = kNegInf;
-          l_u[u] = 0.0f;
-          if (u >= np) continue;
+        // ---- softmax of the tile (scores summed in warp order, tile max, P in bf16), then the
+        // fold statistics by the first thread of each row: l_t sums P in key order ----
+        {
+          const int row = tid / C::kThreadsPerRow;
+          const int key0 = (tid % C::kThreadsPerRow) * C::kKeysPerThread;
           float s[C::kKeysPerThread];
           float m = kNegInf;
-          // Partial scores of the warps, added in warp order (vector loads where possible).
+          const int sw = spart_swizzle(row);
+          // Partial scores of the warps, added in warp order (vector loads where the group allows).
 #pragma unroll
           for (int w = 0; w < C::kWarps; ++w) {
-            const float* sp = spart + u * C::kSpartFloats + (w * C::kHG + row) * kTile;
+            const float* sp = spart + (w * C::kHG + row) * kTile;
             float v[C::kKeysPerThread];
             if constexpr (C::kKeysPerThread == 4 || C::kKeysPerThread == 8) {
 #pragma unroll
@@ -535,8 +512,8 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
 #pragma unroll
           for (int i = 0; i < C::kKeysPerThread; ++i) {
             const float acc = s[i];
-            const int j = (t + u) * kTile + key0 + i;
-            s[i] = (j < qs.n && key_ok[u * kTile + key0 + i]) ? acc * scale_log2 : kNegInf;
+            const int j = t * kTile + key0 + i;
+            s[i] = (j < qs.n && key_ok[key0 + i]) ? acc * scale_log2 : kNegInf;
             m = fmaxf(m, s[i]);
           }
 #pragma unroll
@@ -546,99 +523,314 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
 #pragma unroll
           for (int i = 0; i < C::kKeysPerThread; ++i) {
             const __nv_bfloat16 b = __float2bfloat16_rn(m == kNegInf ? 0.0f : exp2f(s[i] - m));
-            p_tile[u * C::kPElems + row * C::kPStride + key0 + i] = b;
+            p_tile[row * C::kPStride + key0 + i] = b;
             pr[i] = __bfloat162float(b);
           }
+          const int row_lane0 = (lane / C::kThreadsPerRow) * C::kThreadsPerRow;
           float l_t = 0.0f;
 #pragma unroll
           for (int k = 0; k < kTile; ++k)
             l_t += __shfl_sync(0xFFFFFFFFu, pr[k % C::kKeysPerThread],
                                row_lane0 + k / C::kKeysPerThread);
-          m_u[u] = m;
-          l_u[u] = l_t;
-        }
-        if (key0 == 0) {
-          if (fold) {
-            float rm = run_m[row], rl = run_l[row];
-#pragma unroll
-            for (int u = 0; u < kP; ++u) {
-              if (u >= np) continue;
+          if (key0 == 0) {
+            if (fold) {
               float m_new, a, b;
-              merge_coeffs(rm, m_u[u], m_new, a, b);
-              rl = merge_value(rl, a, l_u[u], b);
-              rm = m_new;
-              coef[u * C::kHG + row] = make_float2(a, b);
-            }
-            run_l[row] = rl;
-            run_m[row] = rm;
-          } else {
-#pragma unroll
-            for (int u = 0; u < kP; ++u) {
-              if (u >= np) continue;
-              coef[u * C::kHG + row] = make_float2(0.0f, 1.0f);
+              merge_coeffs(run_m[row], m, m_new, a, b);
+              run_l[row] = merge_value(run_l[row], a, l_t, b);
+              run_m[row] = m_new;
+              coef[row] = make_float2(a, b);
+            } else {
+              coef[row] = make_float2(0.0f, 1.0f);
               if (h0 + row < p.num_heads) {
-                float* ml = ws_ml + ((slot_base + t + u) * p.num_heads + h0 + row) * 2;
-                ml[0] = m_u[u];
-                ml[1] = l_u[u];
+                float* ml = ws_ml + ((slot_base + t) * p.num_heads + h0 + row) * 2;
+                ml[0] = m;
+                ml[1] = l_t;
               }
             }
           }
         }
-      }
-      __syncthreads();
+        __syncthreads();
 
-      // ---- PV: per 8 output dims one mma from zero per tile, then O = O a + (P V) b for the
-      // step's tiles in order ----
-      {
-        uint32_t pa[kP][kMT][4];
-#pragma unroll
-        for (int u = 0; u < kP; ++u)
+        // ---- PV: per 8 output dims one mma from zero, then O = O a + (P V) b ----
+        {
+          uint32_t pa[kMT][4];
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
             const int row = mt * 16 + (mi & 1) * 8 + ri;
-            if (u < np)
+            ldmatrix_x4(pa[mt], p_base + uint32_t((row * C::kPStride + (mi >> 1) * 8) * 2));
+          }
+#pragma unroll
+          for (int nb2 = 0; nb2 < 4; ++nb2) {
+            uint32_t vb[4];
+            const int key = (mi & 1) * 8 + ri;
+            const int chunk = (warp * 64 + nb2 * 16) / 8 + (mi >> 1);
+            ldmatrix_x4_trans(vb, kv_base + kv_offset<kD>(key, chunk));
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              const int r0 = mt * 16 + (lane >> 2);
+              const float2 c0 = coef[r0], c1 = coef[r0 + 8];
+              const float a0 = c0.x, b0 = c0.y, a1 = c1.x, b1 = c1.y;
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                if (DS_SPARSE_MLA_ABLATE == 2) continue;
+                const float zero[4] = {0, 0, 0, 0};
+                float pv[4];
+                mma_bf16(pv, pa[mt], vb[2 * half], vb[2 * half + 1], zero);
+                float* acc = o[mt][nb2 * 2 + half];
+                acc[0] = merge_value(acc[0], a0, pv[0], b0);
+                acc[1] = merge_value(acc[1], a0, pv[1], b0);
+                acc[2] = merge_value(acc[2], a1, pv[2], b1);
+                acc[3] = merge_value(acc[3], a1, pv[3], b1);
+              }
+            }
+          }
+        }
+        if (!fold) {  // store this tile's P V as its own partial
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+              const int h = h0 + mt * 16 + (lane >> 2) + hh * 8;
+              if (h >= p.num_heads) continue;
+              float* dst =
+                  ws_o + ((slot_base + t) * p.num_heads + h) * kD + warp * 64 + 2 * (lane & 3);
+#pragma unroll
+              for (int nb = 0; nb < 8; ++nb)
+                *reinterpret_cast<float2*>(dst + nb * 8) =
+                    make_float2(o[mt][nb][2 * hh], o[mt][nb][2 * hh + 1]);
+            }
+        }
+      }
+    }
+  } else {
+    // kP tiles per step (v5 experiment, plan.tiles_per_step = 2, NOTES.md). No per-tile guards
+    // around the mma: a step past the split's end runs on an empty tile (all keys masked, zero
+    // entries; fold coefficients (1, 0) leave O and the statistics unchanged, no partial stored).
+    for (int c0 = t_begin; c0 < t_end; c0 += C::kAddrTiles) {
+      const int c1 = min(t_end, c0 + C::kAddrTiles);
+      __syncthreads();  // earlier readers of addr are done
+      resolve(c0, c1);
+      __syncthreads();
+#pragma unroll
+      for (int s = 0; s < C::kAhead; ++s) {
+        if (c0 + s < c1) issue_tile(c0 + s, c0, s);
+        cp_async_commit();
+      }
+      for (int t = c0; t < c1; t += kP) {
+        // Tiles t .. t + np - 1 in this step (np < kP only at the end of a split: uniform).
+        const int np = min(kP, c1 - t);
+        cp_async_wait<C::kStages - 2>();  // this thread's copies for tiles t .. t + kP - 1 landed
+        // The warp's copies (the scale word) visible to the warp; its PV reads of the previous
+        // step's columns are done. Other warps never touch this warp's stage bytes or columns.
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < kP; ++u) dequant_tile(t + u, c0, (t + u - c0) % C::kStages, u, u < np);
+        if (kP > 1) __syncwarp();  // the scale words read before their slots are refilled
+#pragma unroll
+        for (int u = 0; u < kP; ++u) {
+          const int tn = t + u + C::kAhead;
+          if (tn < c1) issue_tile(tn, c0, (tn - c0) % C::kStages);
+          cp_async_commit();
+        }
+        __syncwarp();  // the warp's dequantized columns visible to its ldmatrix
+
+        // ---- QK^T: partial scores over this warp's 64 dims, the step's tiles interleaved ----
+        {
+          uint32_t kb[kP][4][4];
+#pragma unroll
+          for (int u = 0; u < kP; ++u)
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+              const int key = (mi >> 1) * 8 + ri;
+              const int chunk = (warp * 64 + kk * 16) / 8 + (mi & 1);
+              ldmatrix_x4(kb[u][kk],
+                          kv_base + uint32_t(u * C::kKvBytes) + kv_offset<kD>(key, chunk));
+            }
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            float acc[kP][2][4];
+#pragma unroll
+            for (int u = 0; u < kP; ++u)
+#pragma unroll
+              for (int i = 0; i < 8; ++i) acc[u][i / 4][i % 4] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+              for (int u = 0; u < kP; ++u) {
+                if (DS_SPARSE_MLA_ABLATE == 1) continue;
+                mma_bf16(acc[u][0], q_frag[mt][kk], kb[u][kk][0], kb[u][kk][1], acc[u][0]);
+                mma_bf16(acc[u][1], q_frag[mt][kk], kb[u][kk][2], kb[u][kk][3], acc[u][1]);
+              }
+#pragma unroll
+            for (int u = 0; u < kP; ++u)
+#pragma unroll
+              for (int hh = 0; hh < 2; ++hh) {
+                const int row = mt * 16 + (lane >> 2) + hh * 8;
+                float* sp = spart + u * C::kSpartFloats + (warp * C::kHG + row) * kTile;
+                const int sw = spart_swizzle(row);
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+                  *reinterpret_cast<float2*>(sp + ((nt * 8 + 2 * (lane & 3)) ^ sw)) =
+                      make_float2(acc[u][nt][2 * hh], acc[u][nt][2 * hh + 1]);
+              }
+          }
+        }
+        __syncthreads();
+
+        // ---- softmax of each tile (scores summed in warp order, tile max, P in bf16), then the
+        // fold statistics by the first thread of each row, tile after tile: l_t sums P in key
+        // order ----
+        {
+          const int row = tid / C::kThreadsPerRow;
+          const int key0 = (tid % C::kThreadsPerRow) * C::kKeysPerThread;
+          const int sw = spart_swizzle(row);
+          const int row_lane0 = (lane / C::kThreadsPerRow) * C::kThreadsPerRow;
+          float m_u[kP], l_u[kP];
+#pragma unroll
+          for (int u = 0; u < kP; ++u) {
+            float s[C::kKeysPerThread];
+            float m = kNegInf;
+            // Partial scores of the warps, added in warp order (vector loads where possible).
+#pragma unroll
+            for (int w = 0; w < C::kWarps; ++w) {
+              const float* sp = spart + u * C::kSpartFloats + (w * C::kHG + row) * kTile;
+              float v[C::kKeysPerThread];
+              if constexpr (C::kKeysPerThread == 4 || C::kKeysPerThread == 8) {
+#pragma unroll
+                for (int g = 0; g < C::kKeysPerThread; g += 4) {
+                  const float4 f = *reinterpret_cast<const float4*>(sp + ((key0 + g) ^ sw));
+                  v[g] = f.x;
+                  v[g + 1] = f.y;
+                  v[g + 2] = f.z;
+                  v[g + 3] = f.w;
+                }
+              } else if constexpr (C::kKeysPerThread == 2) {
+                const float2 f = *reinterpret_cast<const float2*>(sp + (key0 ^ sw));
+                v[0] = f.x;
+                v[1] = f.y;
+              } else {
+#pragma unroll
+                for (int i = 0; i < C::kKeysPerThread; ++i) v[i] = sp[(key0 + i) ^ sw];
+              }
+#pragma unroll
+              for (int i = 0; i < C::kKeysPerThread; ++i) s[i] = w == 0 ? v[i] : s[i] + v[i];
+            }
+#pragma unroll
+            for (int i = 0; i < C::kKeysPerThread; ++i) {
+              const float acc = s[i];
+              const int j = (t + u) * kTile + key0 + i;
+              s[i] = (j < qs.n && key_ok[u * kTile + key0 + i]) ? acc * scale_log2 : kNegInf;
+              m = fmaxf(m, s[i]);
+            }
+#pragma unroll
+            for (int off = C::kThreadsPerRow / 2; off > 0; off >>= 1)
+              m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+            float pr[C::kKeysPerThread];
+#pragma unroll
+            for (int i = 0; i < C::kKeysPerThread; ++i) {
+              const __nv_bfloat16 b = __float2bfloat16_rn(m == kNegInf ? 0.0f : exp2f(s[i] - m));
+              p_tile[u * C::kPElems + row * C::kPStride + key0 + i] = b;
+              pr[i] = __bfloat162float(b);
+            }
+            float l_t = 0.0f;
+#pragma unroll
+            for (int k = 0; k < kTile; ++k)
+              l_t += __shfl_sync(0xFFFFFFFFu, pr[k % C::kKeysPerThread],
+                                 row_lane0 + k / C::kKeysPerThread);
+            m_u[u] = m;
+            l_u[u] = l_t;
+          }
+          if (key0 == 0) {
+            if (fold) {
+              float rm = run_m[row], rl = run_l[row];
+#pragma unroll
+              for (int u = 0; u < kP; ++u) {
+                if (u >= np) {  // the empty tile past the split's end: O = O * 1 + 0
+                  coef[u * C::kHG + row] = make_float2(1.0f, 0.0f);
+                  continue;
+                }
+                float m_new, a, b;
+                merge_coeffs(rm, m_u[u], m_new, a, b);
+                rl = merge_value(rl, a, l_u[u], b);
+                rm = m_new;
+                coef[u * C::kHG + row] = make_float2(a, b);
+              }
+              run_l[row] = rl;
+              run_m[row] = rm;
+            } else {
+#pragma unroll
+              for (int u = 0; u < kP; ++u) {
+                coef[u * C::kHG + row] = u < np ? make_float2(0.0f, 1.0f) : make_float2(1.0f, 0.0f);
+                if (u >= np) continue;
+                if (h0 + row < p.num_heads) {
+                  float* ml = ws_ml + ((slot_base + t + u) * p.num_heads + h0 + row) * 2;
+                  ml[0] = m_u[u];
+                  ml[1] = l_u[u];
+                }
+              }
+            }
+          }
+        }
+        __syncthreads();
+
+        // ---- PV: per 8 output dims one mma from zero per tile, then O = O a + (P V) b for the
+        // step's tiles in order ----
+        {
+          uint32_t pa[kP][kMT][4];
+#pragma unroll
+          for (int u = 0; u < kP; ++u)
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              const int row = mt * 16 + (mi & 1) * 8 + ri;
               ldmatrix_x4(
                   pa[u][mt],
                   p_base + uint32_t((u * C::kPElems + row * C::kPStride + (mi >> 1) * 8) * 2));
-          }
-#pragma unroll
-        for (int nb2 = 0; nb2 < 4; ++nb2) {
-          uint32_t vb[kP][4];
-          const int key = (mi & 1) * 8 + ri;
-          const int chunk = (warp * 64 + nb2 * 16) / 8 + (mi >> 1);
+            }
+          float2 cf[kP][kMT][2];  // fold coefficients of rows r0 and r0 + 8
 #pragma unroll
           for (int u = 0; u < kP; ++u)
-            if (u < np)
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              cf[u][mt][0] = coef[u * C::kHG + mt * 16 + (lane >> 2)];
+              cf[u][mt][1] = coef[u * C::kHG + mt * 16 + (lane >> 2) + 8];
+            }
+#pragma unroll
+          for (int nb2 = 0; nb2 < 4; ++nb2) {
+            uint32_t vb[kP][4];
+            const int key = (mi & 1) * 8 + ri;
+            const int chunk = (warp * 64 + nb2 * 16) / 8 + (mi >> 1);
+#pragma unroll
+            for (int u = 0; u < kP; ++u)
               ldmatrix_x4_trans(vb[u],
                                 kv_base + uint32_t(u * C::kKvBytes) + kv_offset<kD>(key, chunk));
 #pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) {
-            const int r0 = mt * 16 + (lane >> 2);
+            for (int mt = 0; mt < kMT; ++mt) {
+              const int r0 = mt * 16 + (lane >> 2);
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              if (DS_SPARSE_MLA_ABLATE == 2) continue;
-              const float zero[4] = {0, 0, 0, 0};
-              float pv[kP][4];
+              for (int half = 0; half < 2; ++half) {
+                if (DS_SPARSE_MLA_ABLATE == 2) continue;
+                const float zero[4] = {0, 0, 0, 0};
+                float pv[kP][4];
 #pragma unroll
-              for (int u = 0; u < kP; ++u)
-                if (u < np) mma_bf16(pv[u], pa[u][mt], vb[u][2 * half], vb[u][2 * half + 1], zero);
-              float* acc = o[mt][nb2 * 2 + half];
+                for (int u = 0; u < kP; ++u)
+                  mma_bf16(pv[u], pa[u][mt], vb[u][2 * half], vb[u][2 * half + 1], zero);
+                float* acc = o[mt][nb2 * 2 + half];
 #pragma unroll
-              for (int u = 0; u < kP; ++u) {
-                if (u >= np) continue;
-                const float2 c0 = coef[u * C::kHG + r0], c1 = coef[u * C::kHG + r0 + 8];
-                acc[0] = merge_value(acc[0], c0.x, pv[u][0], c0.y);
-                acc[1] = merge_value(acc[1], c0.x, pv[u][1], c0.y);
-                acc[2] = merge_value(acc[2], c1.x, pv[u][2], c1.y);
-                acc[3] = merge_value(acc[3], c1.x, pv[u][3], c1.y);
-                if (!fold) {  // tile t + u's P V is its own partial
-                  const int h = h0 + r0;
-                  float* dst = ws_o + ((slot_base + t + u) * p.num_heads + h) * kD + warp * 64 +
-                               2 * (lane & 3) + (nb2 * 2 + half) * 8;
-                  if (h < p.num_heads)
-                    *reinterpret_cast<float2*>(dst) = make_float2(acc[0], acc[1]);
-                  if (h + 8 < p.num_heads)
-                    *reinterpret_cast<float2*>(dst + 8 * kD) = make_float2(acc[2], acc[3]);
+                for (int u = 0; u < kP; ++u) {
+                  const float2 c0 = cf[u][mt][0], c1 = cf[u][mt][1];
+                  acc[0] = merge_value(acc[0], c0.x, pv[u][0], c0.y);
+                  acc[1] = merge_value(acc[1], c0.x, pv[u][1], c0.y);
+                  acc[2] = merge_value(acc[2], c1.x, pv[u][2], c1.y);
+                  acc[3] = merge_value(acc[3], c1.x, pv[u][3], c1.y);
+                  if (!fold && u < np) {  // tile t + u's P V is its own partial
+                    const int h = h0 + r0;
+                    float* dst = ws_o + ((slot_base + t + u) * p.num_heads + h) * kD + warp * 64 +
+                                 2 * (lane & 3) + (nb2 * 2 + half) * 8;
+                    if (h < p.num_heads)
+                      *reinterpret_cast<float2*>(dst) = make_float2(acc[0], acc[1]);
+                    if (h + 8 < p.num_heads)
+                      *reinterpret_cast<float2*>(dst + 8 * kD) = make_float2(acc[2], acc[3]);
+                  }
                 }
               }
             }
@@ -754,6 +946,10 @@ __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const Sparse
 template <typename Kernel>
 cudaError_t launch_kernel(Kernel kernel, dim3 grid, int threads, int smem, bool pdl,
                           const SparseMlaParams& p, cudaStream_t stream) {
+  if (!pdl) {
+    kernel<<<grid, threads, size_t(smem), stream>>>(p);
+    return cudaGetLastError();
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(unsigned(threads));
@@ -763,7 +959,7 @@ cudaError_t launch_kernel(Kernel kernel, dim3 grid, int threads, int smem, bool 
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 

@@ -40,8 +40,9 @@ struct SparseMlaPlan {
   int32_t heads_per_cta = 64;  // 16, 32 or 64: heads sharing one dequantized KV tile
   int32_t max_splits = 1;      // key splits per query; a query of T tiles uses min(max_splits, T)
   int32_t max_tiles = 0;       // ceil((window_width + compressed_width) / 16): workspace slots
-  // Tiles of 16 keys per step of the kernel's loop: 1, or 2 with 16 heads per CTA (two tiles'
-  // loads, mma and softmax interleaved between the same two block barriers). Same bits either way.
+  // Tiles of 16 keys per step of the kernel's loop: 1 (what the plan picks), or 2 with 16 heads
+  // per CTA (two tiles between the same two block barriers; an experiment, slower on the H200:
+  // NOTES.md). Same bits either way.
   int32_t tiles_per_step = 1;
 };
 
