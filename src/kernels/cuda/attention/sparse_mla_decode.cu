@@ -365,11 +365,10 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
                                                     int64_t(slot) * C::kScaleBytes + (warp & ~3));
   };
 
-  // u: tile of the step; !valid: an empty tile (all keys masked) past the split's end.
-  auto dequant_tile = [&](int t, int c0, int st, int u, bool valid = true) {
+  auto dequant_tile = [&](int t, int c0, int st, int u) {  // u: tile of the step
     uint8_t* kvu = kv_tile + u * C::kKvBytes;
     const int2 a = addr[(t - c0) * kTile + ld_entry];
-    const bool ok = valid && a.x >= 0;
+    const bool ok = a.x >= 0;
     const int chunk0 = (ld_part * 32) / 8;  // 16-byte chunk of the bf16 row
     if (ld_part == 0) key_ok[u * kTile + ld_entry] = ok ? 1 : 0;
     if (!ok || DS_SPARSE_MLA_ABLATE == 3) {
@@ -603,9 +602,10 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
       }
     }
   } else {
-    // kP tiles per step (v5 experiment, plan.tiles_per_step = 2, NOTES.md). No per-tile guards
-    // around the mma: a step past the split's end runs on an empty tile (all keys masked, zero
-    // entries; fold coefficients (1, 0) leave O and the statistics unchanged, no partial stored).
+    // kP tiles per step (v5 experiment, plan.tiles_per_step = 2; slower than one on the H200,
+    // NOTES.md: the u < np guards and the in-loop partial stores cut the mma sequence into many
+    // basic blocks; commit 9c7e537 has an untested guard-free version of this loop).
+
     for (int c0 = t_begin; c0 < t_end; c0 += C::kAddrTiles) {
       const int c1 = min(t_end, c0 + C::kAddrTiles);
       __syncthreads();  // earlier readers of addr are done
@@ -624,7 +624,8 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
         // step's columns are done. Other warps never touch this warp's stage bytes or columns.
         __syncwarp();
 #pragma unroll
-        for (int u = 0; u < kP; ++u) dequant_tile(t + u, c0, (t + u - c0) % C::kStages, u, u < np);
+        for (int u = 0; u < kP; ++u)
+          if (u < np) dequant_tile(t + u, c0, (t + u - c0) % C::kStages, u);
         if (kP > 1) __syncwarp();  // the scale words read before their slots are refilled
 #pragma unroll
         for (int u = 0; u < kP; ++u) {
@@ -643,8 +644,9 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
             for (int kk = 0; kk < 4; ++kk) {
               const int key = (mi >> 1) * 8 + ri;
               const int chunk = (warp * 64 + kk * 16) / 8 + (mi & 1);
-              ldmatrix_x4(kb[u][kk],
-                          kv_base + uint32_t(u * C::kKvBytes) + kv_offset<kD>(key, chunk));
+              if (u < np)
+                ldmatrix_x4(kb[u][kk],
+                            kv_base + uint32_t(u * C::kKvBytes) + kv_offset<kD>(key, chunk));
             }
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
@@ -657,7 +659,7 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
             for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
               for (int u = 0; u < kP; ++u) {
-                if (DS_SPARSE_MLA_ABLATE == 1) continue;
+                if (DS_SPARSE_MLA_ABLATE == 1 || u >= np) continue;
                 mma_bf16(acc[u][0], q_frag[mt][kk], kb[u][kk][0], kb[u][kk][1], acc[u][0]);
                 mma_bf16(acc[u][1], q_frag[mt][kk], kb[u][kk][2], kb[u][kk][3], acc[u][1]);
               }
@@ -665,6 +667,7 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
             for (int u = 0; u < kP; ++u)
 #pragma unroll
               for (int hh = 0; hh < 2; ++hh) {
+                if (u >= np) continue;
                 const int row = mt * 16 + (lane >> 2) + hh * 8;
                 float* sp = spart + u * C::kSpartFloats + (warp * C::kHG + row) * kTile;
                 const int sw = spart_swizzle(row);
@@ -688,6 +691,9 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
           float m_u[kP], l_u[kP];
 #pragma unroll
           for (int u = 0; u < kP; ++u) {
+            m_u[u] = kNegInf;
+            l_u[u] = 0.0f;
+            if (u >= np) continue;
             float s[C::kKeysPerThread];
             float m = kNegInf;
             // Partial scores of the warps, added in warp order (vector loads where possible).
@@ -745,10 +751,7 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
               float rm = run_m[row], rl = run_l[row];
 #pragma unroll
               for (int u = 0; u < kP; ++u) {
-                if (u >= np) {  // the empty tile past the split's end: O = O * 1 + 0
-                  coef[u * C::kHG + row] = make_float2(1.0f, 0.0f);
-                  continue;
-                }
+                if (u >= np) continue;
                 float m_new, a, b;
                 merge_coeffs(rm, m_u[u], m_new, a, b);
                 rl = merge_value(rl, a, l_u[u], b);
@@ -760,8 +763,8 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
             } else {
 #pragma unroll
               for (int u = 0; u < kP; ++u) {
-                coef[u * C::kHG + row] = u < np ? make_float2(0.0f, 1.0f) : make_float2(1.0f, 0.0f);
                 if (u >= np) continue;
+                coef[u * C::kHG + row] = make_float2(0.0f, 1.0f);
                 if (h0 + row < p.num_heads) {
                   float* ml = ws_ml + ((slot_base + t + u) * p.num_heads + h0 + row) * 2;
                   ml[0] = m_u[u];
@@ -782,17 +785,10 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt) {
               const int row = mt * 16 + (mi & 1) * 8 + ri;
-              ldmatrix_x4(
-                  pa[u][mt],
-                  p_base + uint32_t((u * C::kPElems + row * C::kPStride + (mi >> 1) * 8) * 2));
-            }
-          float2 cf[kP][kMT][2];  // fold coefficients of rows r0 and r0 + 8
-#pragma unroll
-          for (int u = 0; u < kP; ++u)
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-              cf[u][mt][0] = coef[u * C::kHG + mt * 16 + (lane >> 2)];
-              cf[u][mt][1] = coef[u * C::kHG + mt * 16 + (lane >> 2) + 8];
+              if (u < np)
+                ldmatrix_x4(
+                    pa[u][mt],
+                    p_base + uint32_t((u * C::kPElems + row * C::kPStride + (mi >> 1) * 8) * 2));
             }
 #pragma unroll
           for (int nb2 = 0; nb2 < 4; ++nb2) {
@@ -801,8 +797,9 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
             const int chunk = (warp * 64 + nb2 * 16) / 8 + (mi >> 1);
 #pragma unroll
             for (int u = 0; u < kP; ++u)
-              ldmatrix_x4_trans(vb[u],
-                                kv_base + uint32_t(u * C::kKvBytes) + kv_offset<kD>(key, chunk));
+              if (u < np)
+                ldmatrix_x4_trans(vb[u],
+                                  kv_base + uint32_t(u * C::kKvBytes) + kv_offset<kD>(key, chunk));
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt) {
               const int r0 = mt * 16 + (lane >> 2);
@@ -813,16 +810,18 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
                 float pv[kP][4];
 #pragma unroll
                 for (int u = 0; u < kP; ++u)
-                  mma_bf16(pv[u], pa[u][mt], vb[u][2 * half], vb[u][2 * half + 1], zero);
+                  if (u < np)
+                    mma_bf16(pv[u], pa[u][mt], vb[u][2 * half], vb[u][2 * half + 1], zero);
                 float* acc = o[mt][nb2 * 2 + half];
 #pragma unroll
                 for (int u = 0; u < kP; ++u) {
-                  const float2 c0 = cf[u][mt][0], c1 = cf[u][mt][1];
+                  if (u >= np) continue;
+                  const float2 c0 = coef[u * C::kHG + r0], c1 = coef[u * C::kHG + r0 + 8];
                   acc[0] = merge_value(acc[0], c0.x, pv[u][0], c0.y);
                   acc[1] = merge_value(acc[1], c0.x, pv[u][1], c0.y);
                   acc[2] = merge_value(acc[2], c1.x, pv[u][2], c1.y);
                   acc[3] = merge_value(acc[3], c1.x, pv[u][3], c1.y);
-                  if (!fold && u < np) {  // tile t + u's P V is its own partial
+                  if (!fold) {  // tile t + u's P V is its own partial
                     const int h = h0 + r0;
                     float* dst = ws_o + ((slot_base + t + u) * p.num_heads + h) * kD + warp * 64 +
                                  2 * (lane & 3) + (nb2 * 2 + half) * 8;
