@@ -39,8 +39,18 @@ if command -v compute-sanitizer >/dev/null; then
     --gtest_filter='SparseMlaCuda.TinyShapes:SparseMlaCuda.ProgrammaticLaunchWaitsForTheProducer:SparseMlaCuda.RejectsBadParams'
   grep -E "ERROR SUMMARY|Invalid|PASSED|FAILED" "$out/logs/memcheck.log" | head -6
 fi
+# The guard-free pair loop (9c7e537) when carried: its test, racecheck, and full benchmark.
+if [ -x "$c/test_sparse_mla_cuda_p2gf" ]; then
+  step test_p2gf 60 "$c/test_sparse_mla_cuda_p2gf"
+  grep -E "^\[ +(FAILED|PASSED) |Failure|tiles/step" "$out/logs/test_p2gf.log" | head -12
+  command -v compute-sanitizer >/dev/null &&
+    step racecheck_p2gf 30 compute-sanitizer --tool racecheck --error-exitcode 1 \
+      "$c/test_sparse_mla_cuda_p2gf" --gtest_filter='SparseMlaCuda.TinyShapes:SparseMlaCuda.FlashShortLengthsAndMasks'
+  grep -E "RACECHECK SUMMARY" "$out/logs/racecheck_p2gf.log" 2>/dev/null
+  step bench_p2gf 60 "$c/bench_sparse_mla_p2gf" "$out/sparse_mla_decode_p2gf.json"
+fi
 tar czf "$out/logs.tgz" -C "$out" logs
-for t in v5 v4 nopdl; do
+for t in v5 v4 nopdl p2gf; do
   echo "=== $t (kernel shape mode time floor ratio GB/s TFLOP/s err)"
   grep -E "^(sparse_mla_decode|ceiling)|copy ceiling" "$out/logs/bench_$t.log" 2>/dev/null |
     grep -E "graph|ceiling" | sed -E 's/keys=[0-9]+ //; s/ +/ /g' | cut -c1-90 | head -90
