@@ -25,7 +25,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
 bt=$c/test_sparse_mla_cuda
 step test 110 "$bt"
 grep -E "^\[ +(OK|FAILED|PASSED) |Failure|Expected|Which is|splits|tiles/step" "$out/logs/test.log" | head -40
-step bench_v5 110 "$c/bench_sparse_mla" "$out/sparse_mla_decode.json"
+q=""; [ "${QUICK:-0}" = 1 ] && q=quick  # QUICK=1: every benchmark in quick mode
+step bench_v5 110 "$c/bench_sparse_mla" "$out/sparse_mla_decode.json" $q
 step bench_v4 35 "$c/bench_sparse_mla_v4" "$out/sparse_mla_decode_v4_quick.json" quick
 if command -v compute-sanitizer >/dev/null; then
   step racecheck 45 compute-sanitizer --tool racecheck --error-exitcode 1 "$bt" \
@@ -47,7 +48,7 @@ if [ -x "$c/test_sparse_mla_cuda_p2gf" ]; then
     step racecheck_p2gf 30 compute-sanitizer --tool racecheck --error-exitcode 1 \
       "$c/test_sparse_mla_cuda_p2gf" --gtest_filter='SparseMlaCuda.TinyShapes:SparseMlaCuda.FlashShortLengthsAndMasks'
   grep -E "RACECHECK SUMMARY" "$out/logs/racecheck_p2gf.log" 2>/dev/null
-  step bench_p2gf 60 "$c/bench_sparse_mla_p2gf" "$out/sparse_mla_decode_p2gf.json"
+  step bench_p2gf 60 "$c/bench_sparse_mla_p2gf" "$out/sparse_mla_decode_p2gf.json" $q
 fi
 tar czf "$out/logs.tgz" -C "$out" logs
 for t in v5 v4 nopdl p2gf; do
