@@ -52,6 +52,11 @@ namespace {
 
 constexpr int kTile = kSparseMlaTileKeys;
 constexpr bool kSparseMlaCombinePdl = DS_SPARSE_MLA_COMBINE_PDL != 0;
+// The fast combine (programmatic launch, 20 tiles deep) only for a combine grid of at most this
+// many blocks (query x head; batch <= 4 at 64 heads): there it is latency-bound (batch 1: -1.6 us
+// with the one-tile-per-CTA plan). Batch 16 (1024 blocks) ran 3.6 us slower with it (H200, graph;
+// NOTES.md) and keeps the v4 combine: plain stream order, 16 tiles deep.
+constexpr int64_t kFastCombineMaxBlocks = 256;
 constexpr int kSparseMlaTilesPerStep16 = DS_SPARSE_MLA_TILES_PER_STEP16;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -72,6 +77,11 @@ __device__ __forceinline__ QuerySplit query_split(const SparseMlaParams& p, int 
   s.tiles = (s.n + kTile - 1) / kTile;
   s.splits = max(1, min(p.plan.max_splits, s.tiles));
   return s;
+}
+
+__host__ __device__ inline bool fast_combine(const SparseMlaParams& p) {
+  return kSparseMlaCombinePdl && p.plan.max_splits > 1 &&
+         int64_t(p.num_queries) * p.num_heads <= kFastCombineMaxBlocks;
 }
 
 __device__ __forceinline__ int split_begin(const QuerySplit& s, int k) {
@@ -248,10 +258,10 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
   const int lane = tid & 31;
   const int warp = tid >> 5;
 
-  // Everything this grid reads may come from the previous kernel (p.pdl); the combine kernel
-  // launched after it may start now (its blocks wait for this grid's partials). Uniform branch:
-  // without either, the kernel runs exactly the v4 instructions.
-  if (p.pdl || p.plan.max_splits > 1) pdl_wait_then_trigger();
+  // Everything this grid reads may come from the previous kernel (p.pdl); the fast combine
+  // kernel launched after it may start now (its blocks wait for this grid's partials). Uniform
+  // branch: without either, the kernel runs exactly the v4 instructions.
+  if (p.pdl || fast_combine(p)) pdl_wait_then_trigger();
   const QuerySplit qs = query_split(p, q);
   if (split >= qs.splits) return;
   const int t_begin = split_begin(qs, split);
@@ -365,10 +375,11 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
                                                     int64_t(slot) * C::kScaleBytes + (warp & ~3));
   };
 
-  auto dequant_tile = [&](int t, int c0, int st, int u) {  // u: tile of the step
+  // u: tile of the step; !valid: an empty tile (all keys masked) past the split's end.
+  auto dequant_tile = [&](int t, int c0, int st, int u, bool valid = true) {
     uint8_t* kvu = kv_tile + u * C::kKvBytes;
     const int2 a = addr[(t - c0) * kTile + ld_entry];
-    const bool ok = a.x >= 0;
+    const bool ok = valid && a.x >= 0;
     const int chunk0 = (ld_part * 32) / 8;  // 16-byte chunk of the bf16 row
     if (ld_part == 0) key_ok[u * kTile + ld_entry] = ok ? 1 : 0;
     if (!ok || DS_SPARSE_MLA_ABLATE == 3) {
@@ -602,10 +613,9 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
       }
     }
   } else {
-    // kP tiles per step (v5 experiment, plan.tiles_per_step = 2; slower than one on the H200,
-    // NOTES.md: the u < np guards and the in-loop partial stores cut the mma sequence into many
-    // basic blocks; commit 9c7e537 has an untested guard-free version of this loop).
-
+    // kP tiles per step (v5 experiment, plan.tiles_per_step = 2, NOTES.md). No per-tile guards
+    // around the mma: a step past the split's end runs on an empty tile (all keys masked, zero
+    // entries; fold coefficients (1, 0) leave O and the statistics unchanged, no partial stored).
     for (int c0 = t_begin; c0 < t_end; c0 += C::kAddrTiles) {
       const int c1 = min(t_end, c0 + C::kAddrTiles);
       __syncthreads();  // earlier readers of addr are done
@@ -624,8 +634,7 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
         // step's columns are done. Other warps never touch this warp's stage bytes or columns.
         __syncwarp();
 #pragma unroll
-        for (int u = 0; u < kP; ++u)
-          if (u < np) dequant_tile(t + u, c0, (t + u - c0) % C::kStages, u);
+        for (int u = 0; u < kP; ++u) dequant_tile(t + u, c0, (t + u - c0) % C::kStages, u, u < np);
         if (kP > 1) __syncwarp();  // the scale words read before their slots are refilled
 #pragma unroll
         for (int u = 0; u < kP; ++u) {
@@ -644,9 +653,8 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
             for (int kk = 0; kk < 4; ++kk) {
               const int key = (mi >> 1) * 8 + ri;
               const int chunk = (warp * 64 + kk * 16) / 8 + (mi & 1);
-              if (u < np)
-                ldmatrix_x4(kb[u][kk],
-                            kv_base + uint32_t(u * C::kKvBytes) + kv_offset<kD>(key, chunk));
+              ldmatrix_x4(kb[u][kk],
+                          kv_base + uint32_t(u * C::kKvBytes) + kv_offset<kD>(key, chunk));
             }
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
@@ -659,7 +667,7 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
             for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
               for (int u = 0; u < kP; ++u) {
-                if (DS_SPARSE_MLA_ABLATE == 1 || u >= np) continue;
+                if (DS_SPARSE_MLA_ABLATE == 1) continue;
                 mma_bf16(acc[u][0], q_frag[mt][kk], kb[u][kk][0], kb[u][kk][1], acc[u][0]);
                 mma_bf16(acc[u][1], q_frag[mt][kk], kb[u][kk][2], kb[u][kk][3], acc[u][1]);
               }
@@ -667,7 +675,6 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
             for (int u = 0; u < kP; ++u)
 #pragma unroll
               for (int hh = 0; hh < 2; ++hh) {
-                if (u >= np) continue;
                 const int row = mt * 16 + (lane >> 2) + hh * 8;
                 float* sp = spart + u * C::kSpartFloats + (warp * C::kHG + row) * kTile;
                 const int sw = spart_swizzle(row);
@@ -691,9 +698,6 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
           float m_u[kP], l_u[kP];
 #pragma unroll
           for (int u = 0; u < kP; ++u) {
-            m_u[u] = kNegInf;
-            l_u[u] = 0.0f;
-            if (u >= np) continue;
             float s[C::kKeysPerThread];
             float m = kNegInf;
             // Partial scores of the warps, added in warp order (vector loads where possible).
@@ -751,7 +755,10 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
               float rm = run_m[row], rl = run_l[row];
 #pragma unroll
               for (int u = 0; u < kP; ++u) {
-                if (u >= np) continue;
+                if (u >= np) {  // the empty tile past the split's end: O = O * 1 + 0
+                  coef[u * C::kHG + row] = make_float2(1.0f, 0.0f);
+                  continue;
+                }
                 float m_new, a, b;
                 merge_coeffs(rm, m_u[u], m_new, a, b);
                 rl = merge_value(rl, a, l_u[u], b);
@@ -763,8 +770,8 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
             } else {
 #pragma unroll
               for (int u = 0; u < kP; ++u) {
+                coef[u * C::kHG + row] = u < np ? make_float2(0.0f, 1.0f) : make_float2(1.0f, 0.0f);
                 if (u >= np) continue;
-                coef[u * C::kHG + row] = make_float2(0.0f, 1.0f);
                 if (h0 + row < p.num_heads) {
                   float* ml = ws_ml + ((slot_base + t + u) * p.num_heads + h0 + row) * 2;
                   ml[0] = m_u[u];
@@ -785,10 +792,17 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt) {
               const int row = mt * 16 + (mi & 1) * 8 + ri;
-              if (u < np)
-                ldmatrix_x4(
-                    pa[u][mt],
-                    p_base + uint32_t((u * C::kPElems + row * C::kPStride + (mi >> 1) * 8) * 2));
+              ldmatrix_x4(
+                  pa[u][mt],
+                  p_base + uint32_t((u * C::kPElems + row * C::kPStride + (mi >> 1) * 8) * 2));
+            }
+          float2 cf[kP][kMT][2];  // fold coefficients of rows r0 and r0 + 8
+#pragma unroll
+          for (int u = 0; u < kP; ++u)
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              cf[u][mt][0] = coef[u * C::kHG + mt * 16 + (lane >> 2)];
+              cf[u][mt][1] = coef[u * C::kHG + mt * 16 + (lane >> 2) + 8];
             }
 #pragma unroll
           for (int nb2 = 0; nb2 < 4; ++nb2) {
@@ -797,9 +811,8 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
             const int chunk = (warp * 64 + nb2 * 16) / 8 + (mi >> 1);
 #pragma unroll
             for (int u = 0; u < kP; ++u)
-              if (u < np)
-                ldmatrix_x4_trans(vb[u],
-                                  kv_base + uint32_t(u * C::kKvBytes) + kv_offset<kD>(key, chunk));
+              ldmatrix_x4_trans(vb[u],
+                                kv_base + uint32_t(u * C::kKvBytes) + kv_offset<kD>(key, chunk));
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt) {
               const int r0 = mt * 16 + (lane >> 2);
@@ -810,18 +823,16 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
                 float pv[kP][4];
 #pragma unroll
                 for (int u = 0; u < kP; ++u)
-                  if (u < np)
-                    mma_bf16(pv[u], pa[u][mt], vb[u][2 * half], vb[u][2 * half + 1], zero);
+                  mma_bf16(pv[u], pa[u][mt], vb[u][2 * half], vb[u][2 * half + 1], zero);
                 float* acc = o[mt][nb2 * 2 + half];
 #pragma unroll
                 for (int u = 0; u < kP; ++u) {
-                  if (u >= np) continue;
-                  const float2 c0 = coef[u * C::kHG + r0], c1 = coef[u * C::kHG + r0 + 8];
+                  const float2 c0 = cf[u][mt][0], c1 = cf[u][mt][1];
                   acc[0] = merge_value(acc[0], c0.x, pv[u][0], c0.y);
                   acc[1] = merge_value(acc[1], c0.x, pv[u][1], c0.y);
                   acc[2] = merge_value(acc[2], c1.x, pv[u][2], c1.y);
                   acc[3] = merge_value(acc[3], c1.x, pv[u][3], c1.y);
-                  if (!fold) {  // tile t + u's P V is its own partial
+                  if (!fold && u < np) {  // tile t + u's P V is its own partial
                     const int h = h0 + r0;
                     float* dst = ws_o + ((slot_base + t + u) * p.num_heads + h) * kD + warp * 64 +
                                  2 * (lane & 3) + (nb2 * 2 + half) * 8;
@@ -882,11 +893,13 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
 }
 
 // Continues split 0's fold over the per-tile partials of the other splits, in tile order.
-// Block (query q, head h); each thread owns 4 output dims. Launched as a programmatic dependent
-// of the attention kernel (v5): its blocks start while the attention kernel runs, read the
-// lengths (inputs of the attention kernel, complete once that grid has triggered), then wait for
-// the partials.
-template <int kD>
+// Block (query q, head h); each thread owns 4 output dims; kBatch: tiles whose loads are in flight
+// before their (ordered) merges. The fast combine (fast_combine(p): kBatch 20, which covers the
+// 39 partials of a 640-key query at batch 1 in two round trips) is launched as a programmatic
+// dependent of the attention kernel (v5): its blocks start while the attention kernel runs, read
+// the lengths (inputs of the attention kernel, complete once that grid has triggered), then wait
+// for the partials. Otherwise kBatch 16 in plain stream order (v4; the wait is a no-op).
+template <int kD, int kBatch>
 __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const SparseMlaParams p) {
   const int q = blockIdx.x;
   const int h = blockIdx.y;
@@ -907,9 +920,6 @@ __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const Sparse
   float m = ml.x, l = ml.y;
   float4 o = o_at(0);
   const int t0 = split_begin(qs, 1);
-  // Loads of several tiles in flight before their (ordered) merges: 20 covers the 39 partials
-  // of a 640-key query at batch 1 in two round trips (16 took three).
-  constexpr int kBatch = 20;
   for (int t = t0; t < qs.tiles; t += kBatch) {
     float4 ot[kBatch];
     float2 mlt[kBatch];
@@ -973,8 +983,13 @@ Status launch_impl(const SparseMlaParams& p, cudaStream_t stream) {
                                         C::kSmemBytes, p.pdl, p, stream));
   if (p.plan.max_splits > 1) {
     const dim3 cgrid(unsigned(p.num_queries), unsigned(p.num_heads));
-    DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_combine_kernel<kD>, cgrid, kD / 4, 0,
-                                          kSparseMlaCombinePdl, p, stream));
+    if (fast_combine(p)) {
+      DS_CUDA_RETURN_IF_ERROR(
+          launch_kernel(sparse_mla_combine_kernel<kD, 20>, cgrid, kD / 4, 0, true, p, stream));
+    } else {
+      DS_CUDA_RETURN_IF_ERROR(
+          launch_kernel(sparse_mla_combine_kernel<kD, 16>, cgrid, kD / 4, 0, false, p, stream));
+    }
   }
   return ok_status();
 }
