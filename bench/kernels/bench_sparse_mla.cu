@@ -6,12 +6,17 @@
 // one graph, time / 8: the per-kernel cost inside a decode-step graph).
 // Floor = max(bytes / copy ceiling, flops / bf16 GEMM ceiling), both measured in this run; bytes =
 // the selected KV entries (584 B each) + indices + q + out + lse, flops = 4 * heads * 512 per key.
+// The GPU is kept busy with the case's own launches for ~50 ms before its first timing (clocks
+// ramp up from idle during the host setup of each case). "sparse_mla_decode_pdl": the graph with
+// SparseMlaParams::pdl set (each attention launch a programmatic dependent of the previous
+// kernel in the graph).
 // Correctness of the same run: the first 4 queries against the CPU reference (max error relative to
 // the test tolerance 2^-7 max|v| + 2^-8 |ref|; <= 1 passes).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
@@ -102,7 +107,7 @@ Pool make_pool(Rng& rng, int seqs, int entries, int page_size) {
 
 int main(int argc, char** argv) {
   std::string out = argc > 1 ? argv[1] : "bench/results/sparse_mla_decode.json";
-  // "quick": batch 1 and 128 at context 32K only, no plan sweep (timing experiments).
+  // "quick": batch 1, 16, 64 and 128 at context 32K only, no sweeps (timing experiments).
   const bool quick = argc > 2 && std::string(argv[2]) == "quick";
   cudaStream_t stream;
   DS_BENCH_CHECK(cudaStreamCreate(&stream));
@@ -128,7 +133,7 @@ int main(int argc, char** argv) {
     const int comp = std::min(kTopk, ctx / 4);
     const int keys = kWindow + comp;
     for (int batch : {1, 4, 16, 64, 128}) {
-      if (quick && batch != 1 && batch != 128) continue;
+      if (quick && batch == 4) continue;
       Rng rng(uint64_t(ctx) * 1000 + uint64_t(batch));
       Pool win = make_pool(rng, batch, kWindowEntries, kPageSize);
       Pool cmp = make_pool(rng, batch, kCompEntries, kPageSize);
@@ -205,13 +210,24 @@ int main(int argc, char** argv) {
         p.workspace_bytes = ws_bytes;
         return p;
       };
+      bool use_pdl = false;
       auto launch = [&](int c, cudaStream_t s) {
-        Status st = cuda::launch_sparse_mla_decode(params(c), s);
+        cuda::SparseMlaParams p = params(c);
+        p.pdl = use_pdl;
+        Status st = cuda::launch_sparse_mla_decode(p, s);
         if (!st.ok()) {
           std::fprintf(stderr, "launch failed: %s\n", st.to_string().c_str());
           std::exit(1);
         }
       };
+      {  // ~50 ms of this case's launches: clocks up before the first timing
+        const auto t_spin = std::chrono::steady_clock::now();
+        for (int i = 0; std::chrono::steady_clock::now() - t_spin < std::chrono::milliseconds(50);
+             ++i) {
+          for (int c = 0; c < kCopies; ++c) launch(c, stream);
+          DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+        }
+      }
       int iter = 0;
       const double eager_us =
           bench::time_us([&](cudaStream_t s) { launch(iter++ % kCopies, s); }, stream, 40, 5);
@@ -221,6 +237,14 @@ int main(int argc, char** argv) {
                                   },
                                   stream, 20, 3, true) /
                               kCopies;
+      use_pdl = true;
+      const double graph_pdl_us = bench::time_us(
+                                      [&](cudaStream_t s) {
+                                        for (int c = 0; c < kCopies; ++c) launch(c, s);
+                                      },
+                                      stream, 20, 3, true) /
+                                  kCopies;
+      use_pdl = false;
       // Correctness of this run (copy 0): first 4 queries against the CPU reference.
       DS_BENCH_CHECK(cudaMemsetAsync(d_out, 0xFF, q.size() * 2, stream));
       launch(0, stream);
@@ -270,14 +294,14 @@ int main(int argc, char** argv) {
       const double floor_us = std::max(bytes / (copy_gbps * 1e9),
                                        bf16_tflops > 0 ? flops / (bf16_tflops * 1e12) : 0.0) *
                               1e6;
-      for (int g = 0; g < 2; ++g) {
+      for (int g = 0; g < 3; ++g) {
         bench::Record r;
-        r.kernel = "sparse_mla_decode";
+        r.kernel = g == 2 ? "sparse_mla_decode_pdl" : "sparse_mla_decode";
         r.shape = "B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) +
                   " keys=" + std::to_string(keys) + " s" + std::to_string(plan.max_splits) + " h" +
-                  std::to_string(plan.heads_per_cta);
+                  std::to_string(plan.heads_per_cta) + " p" + std::to_string(plan.tiles_per_step);
         r.mode = g ? "graph" : "eager";
-        r.time_us = g ? graph_us : eager_us;
+        r.time_us = g == 2 ? graph_pdl_us : g ? graph_us : eager_us;
         r.bytes = bytes;
         r.flops = flops;
         r.floor_us = floor_us;
@@ -288,40 +312,63 @@ int main(int argc, char** argv) {
         r.max_error = worst;
         records.push_back(r);
       }
-      // An alternative plan timed eagerly (the sweeps below; results not checked).
+      // An alternative plan timed eagerly and in a graph (the sweeps below; results not checked).
       auto time_alt = [&](const cuda::SparseMlaPlan& alt, const char* sweep) {
+        auto launch_alt = [&](int c, cudaStream_t s) {
+          cuda::SparseMlaParams p = params(c);
+          p.plan = alt;
+          Status st = cuda::launch_sparse_mla_decode(p, s);
+          if (!st.ok()) {
+            std::fprintf(stderr, "launch failed: %s\n", st.to_string().c_str());
+            std::exit(1);
+          }
+        };
         int it = 0;
-        const double us = bench::time_us(
-            [&](cudaStream_t s) {
-              cuda::SparseMlaParams p = params(it++ % kCopies);
-              p.plan = alt;
-              Status st = cuda::launch_sparse_mla_decode(p, s);
-              if (!st.ok()) std::exit(1);
-            },
-            stream, 20, 3);
-        bench::Record r;
-        r.kernel = "sparse_mla_decode_alt";
-        r.shape = "B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) +
-                  " keys=" + std::to_string(keys) + " s" + std::to_string(alt.max_splits) + " h" +
-                  std::to_string(alt.heads_per_cta);
-        r.mode = "eager";
-        r.time_us = us;
-        r.bytes = bytes;
-        r.flops = flops;
-        r.floor_us = floor_us;
-        r.ratio = us / floor_us;
-        r.achieved_gbps = bytes / (us * 1e-6) / 1e9;
-        r.achieved_tflops = flops / (us * 1e-6) / 1e12;
-        r.error_metric = std::string("not checked (") + sweep + ")";
-        records.push_back(r);
+        const double us =
+            bench::time_us([&](cudaStream_t s) { launch_alt(it++ % kCopies, s); }, stream, 20, 3);
+        const double gus = bench::time_us(
+                               [&](cudaStream_t s) {
+                                 for (int c = 0; c < kCopies; ++c) launch_alt(c, s);
+                               },
+                               stream, 10, 2, true) /
+                           kCopies;
+        for (int g = 0; g < 2; ++g) {
+          bench::Record r;
+          r.kernel = "sparse_mla_decode_alt";
+          r.shape = "B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) +
+                    " keys=" + std::to_string(keys) + " s" + std::to_string(alt.max_splits) + " h" +
+                    std::to_string(alt.heads_per_cta) + " p" + std::to_string(alt.tiles_per_step);
+          r.mode = g ? "graph" : "eager";
+          r.time_us = g ? gus : us;
+          r.bytes = bytes;
+          r.flops = flops;
+          r.floor_us = floor_us;
+          r.ratio = us / floor_us;
+          r.achieved_gbps = bytes / (us * 1e-6) / 1e9;
+          r.achieved_tflops = flops / (us * 1e-6) / 1e12;
+          r.error_metric = std::string("not checked (") + sweep + ")";
+          records.push_back(r);
+        }
       };
+      // Tiles per step: the other value where the head group allows both (16 heads), and the
+      // 16-head group with two tiles per step where the plan picked a larger group.
+      if (plan.heads_per_cta == 16 && !quick) {
+        cuda::SparseMlaPlan alt = plan;
+        alt.tiles_per_step = 3 - plan.tiles_per_step;
+        time_alt(alt, "tiles per step");
+      }
       // Plan sweep: the other head-group sizes with the default split rule, to check the plan's
       // choice.
       for (int hpc : {16, 32, 64}) {
         if (hpc == plan.heads_per_cta || batch < 16 || quick) continue;
         cuda::SparseMlaPlan alt = plan;
         alt.heads_per_cta = hpc;
+        alt.tiles_per_step = 1;
         time_alt(alt, "plan sweep");
+        if (hpc == 16) {
+          alt.tiles_per_step = 2;
+          time_alt(alt, "plan sweep");
+        }
       }
       // Split sweep (default head group) where the plan splits: the split rule's choice against
       // 1..16 splits (each split but the first stores fp32 partials per tile).

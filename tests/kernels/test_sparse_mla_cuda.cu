@@ -12,9 +12,10 @@
 // Scores are exact bf16 products accumulated in fp32 (error ~1e-6 relative). We allow twice that:
 //   |o - ref| <= 2^-7 * max|v| (over the query's keys) + 2^-8 * |ref|.
 // lse: the denominator's relative error is <= 2^-9, so |lse - ref| <= 4e-3 (absolute).
-// Split invariance is checked bit for bit: the same inputs under every split count and head-group
-// size give identical output and lse bits. A CUDA-graph test captures one launch and replays it
-// after the lengths, indices and queries changed on the device.
+// Split invariance is checked bit for bit: the same inputs under every split count, head-group
+// size and tiles-per-step count give identical output and lse bits. A CUDA-graph test captures one
+// launch and replays it after the lengths, indices and queries changed on the device. A
+// programmatic-launch test checks that the kernel waits for the kernel that writes its inputs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -350,21 +351,25 @@ void check_problem(const Shape& s, uint64_t seed, const std::vector<int>& split_
   run_plan(pr, dp, base, first);
   expect_close(pr, ref, first, "default plan");
   for (int cap : split_caps)
-    for (int hg : head_groups) {
-      cuda::SparseMlaPlan plan = base;
-      plan.max_splits = std::min(cap, std::max(1, plan.max_tiles));
-      plan.heads_per_cta = hg;
-      Result res;
-      run_plan(pr, dp, plan, res);
-      int64_t diff = 0;
-      for (size_t i = 0; i < res.out.size(); ++i) diff += res.out[i] != first.out[i];
-      int64_t diff_lse = 0;
-      for (size_t i = 0; i < res.lse.size(); ++i)
-        diff_lse += std::memcmp(&res.lse[i], &first.lse[i], sizeof(float)) != 0;
-      EXPECT_EQ(diff, 0) << "splits " << plan.max_splits << " heads/CTA " << hg
-                         << " (default: " << base.max_splits << ", " << base.heads_per_cta << ")";
-      EXPECT_EQ(diff_lse, 0) << "lse, splits " << plan.max_splits << " heads/CTA " << hg;
-    }
+    for (int hg : head_groups)
+      for (int step = 1; step <= (hg == 16 ? 2 : 1); ++step) {  // tiles per step: 2 at 16 heads
+        cuda::SparseMlaPlan plan = base;
+        plan.max_splits = std::min(cap, std::max(1, plan.max_tiles));
+        plan.heads_per_cta = hg;
+        plan.tiles_per_step = step;
+        Result res;
+        run_plan(pr, dp, plan, res);
+        int64_t diff = 0;
+        for (size_t i = 0; i < res.out.size(); ++i) diff += res.out[i] != first.out[i];
+        int64_t diff_lse = 0;
+        for (size_t i = 0; i < res.lse.size(); ++i)
+          diff_lse += std::memcmp(&res.lse[i], &first.lse[i], sizeof(float)) != 0;
+        EXPECT_EQ(diff, 0) << "splits " << plan.max_splits << " heads/CTA " << hg << " tiles/step "
+                           << step << " (default: " << base.max_splits << ", " << base.heads_per_cta
+                           << ", " << base.tiles_per_step << ")";
+        EXPECT_EQ(diff_lse, 0) << "lse, splits " << plan.max_splits << " heads/CTA " << hg
+                               << " tiles/step " << step;
+      }
 }
 
 Shape tiny_shape() {
@@ -421,7 +426,7 @@ TEST(SparseMlaCuda, FlashBatch128) {
   DS_REQUIRE_GPU();
   Shape s;
   s.num_seqs = 128;
-  check_problem(s, 501, {1, 2}, {64});
+  check_problem(s, 501, {1, 2}, {16, 64});
 }
 
 // More than 48 tiles (the kernel's address-table chunk) per query: the pipeline restarts at a
@@ -443,7 +448,7 @@ TEST(SparseMlaCuda, ProHeads128) {
   s.num_heads = 128;
   s.num_seqs = 2;
   s.queries_per_seq = 2;
-  check_problem(s, 601, {1, 4}, {32, 64});
+  check_problem(s, 601, {1, 4}, {16, 32, 64});
 }
 
 TEST(SparseMlaCuda, EmptyAndFullyMaskedKeySets) {
@@ -504,6 +509,104 @@ TEST(SparseMlaCuda, GraphReplayWithNewLengths) {
   DS_CUDA_ASSERT(cudaStreamDestroy(stream));
 }
 
+// Stands for the kernel that produces the attention's inputs: lets its dependents launch at once,
+// spins ~50 us, then writes the queries and the lengths. A programmatic dependent that read its
+// inputs before griddepcontrol.wait would read the poison.
+__global__ void slow_producer(const uint16_t* q_src, uint16_t* q, int64_t nq,
+                              const int32_t* wlen_src, int32_t* wlen, const int32_t* clen_src,
+                              int32_t* clen, int n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  const long long t0 = clock64();
+  while (clock64() - t0 < 100000) {
+  }
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < nq;
+       i += int64_t(gridDim.x) * blockDim.x)
+    q[i] = q_src[i];
+  if (blockIdx.x == 0)
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      wlen[i] = wlen_src[i];
+      clen[i] = clen_src[i];
+    }
+}
+
+// SparseMlaParams::pdl: the attention kernel launched as a programmatic dependent of the kernel
+// that writes its queries and lengths gives the same bits as the plain launch, on a stream and
+// inside a graph (where the combine kernel's dependency is an edge of the graph).
+TEST(SparseMlaCuda, ProgrammaticLaunchWaitsForTheProducer) {
+  DS_REQUIRE_GPU();
+  Shape s;
+  s.num_seqs = 2;
+  s.min_len = 500;
+  Problem pr = make_problem(s, 1001);
+  DeviceProblem dp(pr);
+  ASSERT_TRUE(dp.ok());
+  DS_CUDA_ASSERT(dp.upload(pr));
+  const cuda::SparseMlaPlan plan = cuda::plan_sparse_mla_decode(
+      pr.num_queries, s.num_heads, s.window_width, s.compressed_width, sm_count());
+  ASSERT_GT(plan.max_splits, 1);  // the combine kernel runs too
+  Result want;
+  run_plan(pr, dp, plan, want);
+  expect_close(pr, reference(pr), want, "plain launch");
+  test::DeviceBuffer<uint16_t> q_src(pr.q.size());
+  test::DeviceBuffer<int32_t> wlen_src(pr.window_len.size()), clen_src(pr.compressed_len.size());
+  ASSERT_TRUE(q_src.ok() && wlen_src.ok() && clen_src.ok());
+  DS_CUDA_ASSERT(q_src.upload(pr.q));
+  DS_CUDA_ASSERT(wlen_src.upload(pr.window_len));
+  DS_CUDA_ASSERT(clen_src.upload(pr.compressed_len));
+  const size_t ws_bytes =
+      cuda::sparse_mla_workspace_bytes(plan, pr.num_queries, s.num_heads, s.head_dim);
+  test::DeviceBuffer<float> ws(ws_bytes / sizeof(float));
+  ASSERT_TRUE(ws.ok());
+  cudaStream_t stream;
+  DS_CUDA_ASSERT(cudaStreamCreate(&stream));
+  cuda::SparseMlaParams p = dp.params(pr, plan, ws.get(), ws_bytes);
+  p.pdl = true;
+  auto enqueue = [&]() -> Status {
+    slow_producer<<<4, 256, 0, stream>>>(q_src.get(), dp.q.get(), int64_t(pr.q.size()),
+                                         wlen_src.get(), dp.wlen.get(), clen_src.get(),
+                                         dp.clen.get(), pr.num_queries);
+    if (cudaGetLastError() != cudaSuccess) return internal_error("slow_producer launch");
+    return cuda::launch_sparse_mla_decode(p, stream);
+  };
+  for (int use_graph = 0; use_graph < 2; ++use_graph) {
+    SCOPED_TRACE(use_graph ? "graph" : "stream");
+    for (auto* b : {&dp.q, &dp.out}) DS_CUDA_ASSERT(b->poison());
+    DS_CUDA_ASSERT(dp.wlen.poison());
+    DS_CUDA_ASSERT(dp.clen.poison());
+    DS_CUDA_ASSERT(dp.lse.poison());
+    DS_CUDA_ASSERT(ws.poison());
+    cudaGraphExec_t exec = nullptr;
+    if (use_graph) {
+      cudaGraph_t graph;
+      DS_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      const Status st = enqueue();
+      DS_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      DS_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+      DS_CUDA_ASSERT(cudaGraphDestroy(graph));
+      DS_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+    } else {
+      const Status st = enqueue();
+      ASSERT_TRUE(st.ok()) << st.to_string();
+    }
+    DS_CUDA_ASSERT(cudaStreamSynchronize(stream));
+    if (exec) DS_CUDA_ASSERT(cudaGraphExecDestroy(exec));
+    Result got;
+    DS_CUDA_ASSERT(dp.out.download(got.out));
+    DS_CUDA_ASSERT(dp.lse.download(got.lse));
+    int64_t diff = 0;
+    for (size_t i = 0; i < got.out.size(); ++i) diff += got.out[i] != want.out[i];
+    int64_t diff_lse = 0;
+    for (size_t i = 0; i < got.lse.size(); ++i)
+      diff_lse += std::memcmp(&got.lse[i], &want.lse[i], sizeof(float)) != 0;
+    EXPECT_EQ(diff, 0);
+    EXPECT_EQ(diff_lse, 0);
+  }
+  DS_CUDA_ASSERT(cudaStreamDestroy(stream));
+}
+
 TEST(SparseMlaCuda, RejectsBadParams) {
   DS_REQUIRE_GPU();
   Shape s = tiny_shape();
@@ -523,7 +626,13 @@ TEST(SparseMlaCuda, RejectsBadParams) {
   p.head_dim = 128;
   p.plan.heads_per_cta = 48;
   EXPECT_EQ(cuda::launch_sparse_mla_decode(p, nullptr).code(), StatusCode::kInvalidArgument);
+  p.plan.heads_per_cta = 32;
+  p.plan.tiles_per_step = 2;  // two tiles per step: 16 heads only
+  EXPECT_EQ(cuda::launch_sparse_mla_decode(p, nullptr).code(), StatusCode::kInvalidArgument);
   p.plan.heads_per_cta = 16;
+  p.plan.tiles_per_step = 3;
+  EXPECT_EQ(cuda::launch_sparse_mla_decode(p, nullptr).code(), StatusCode::kInvalidArgument);
+  p.plan.tiles_per_step = 1;
   p.plan.max_tiles = 1;  // narrower than the index widths
   EXPECT_EQ(cuda::launch_sparse_mla_decode(p, nullptr).code(), StatusCode::kInvalidArgument);
   DS_CUDA_ASSERT(cudaDeviceSynchronize());

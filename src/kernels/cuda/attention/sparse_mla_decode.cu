@@ -15,6 +15,10 @@
 //   4. split 0 keeps folding; other splits store (m_t, l_t, P V) per tile to the workspace and the
 //      combine kernel continues split 0's fold over them in tile order with the same arithmetic.
 // Scores are kept in the log2 domain (scale * log2 e); the lse output is converted back.
+// v5: the combine kernel is launched as a programmatic dependent of the attention kernel, and the
+// batch-1 plan runs one tile per CTA. Experiment behind plan.tiles_per_step = 2 (16 heads): two
+// tiles per step (phases 1-3 of both between the same two block barriers, folded in tile order:
+// same bits); slower as written (NOTES.md), not the default.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -32,11 +36,28 @@
 #ifndef DS_SPARSE_MLA_ABLATE
 #define DS_SPARSE_MLA_ABLATE 0
 #endif
+// Tiles per step that the plan picks at 16 heads per CTA: 1 (default) or 2 (the v5 experiment,
+// slower on the H200: NOTES.md).
+#ifndef DS_SPARSE_MLA_TILES_PER_STEP16
+#define DS_SPARSE_MLA_TILES_PER_STEP16 1
+#endif
+// 1: the combine kernel is a programmatic dependent of the attention kernel (v5); 0: plain
+// stream order (v4), kept for timing comparisons.
+#ifndef DS_SPARSE_MLA_COMBINE_PDL
+#define DS_SPARSE_MLA_COMBINE_PDL 1
+#endif
 
 namespace ds::cuda {
 namespace {
 
 constexpr int kTile = kSparseMlaTileKeys;
+constexpr bool kSparseMlaCombinePdl = DS_SPARSE_MLA_COMBINE_PDL != 0;
+// The fast combine (programmatic launch, 20 tiles deep) only for a combine grid of at most this
+// many blocks (query x head; batch <= 4 at 64 heads): there it is latency-bound (batch 1: -1.6 us
+// with the one-tile-per-CTA plan). Batch 16 (1024 blocks) ran 3.6 us slower with it (H200, graph;
+// NOTES.md) and keeps the v4 combine: plain stream order, 16 tiles deep.
+constexpr int64_t kFastCombineMaxBlocks = 256;
+constexpr int kSparseMlaTilesPerStep16 = DS_SPARSE_MLA_TILES_PER_STEP16;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -56,6 +77,11 @@ __device__ __forceinline__ QuerySplit query_split(const SparseMlaParams& p, int 
   s.tiles = (s.n + kTile - 1) / kTile;
   s.splits = max(1, min(p.plan.max_splits, s.tiles));
   return s;
+}
+
+__host__ __device__ inline bool fast_combine(const SparseMlaParams& p) {
+  return kSparseMlaCombinePdl && p.plan.max_splits > 1 &&
+         int64_t(p.num_queries) * p.num_heads <= kFastCombineMaxBlocks;
 }
 
 __device__ __forceinline__ int split_begin(const QuerySplit& s, int k) {
@@ -85,6 +111,22 @@ __device__ __forceinline__ float final_lse(float m, float l) {
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Programmatic dependent launch (sm_90+; no-ops when the grid was launched without the attribute).
+// A grid waits for the previous grid in its stream before reading any input, and only then lets
+// its dependents launch, so a dependent that starts early sees every input of this grid written
+// (the combine kernel reads the lengths before its own wait for the attention kernel's partials).
+__device__ __forceinline__ void pdl_wait_then_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -137,7 +179,10 @@ __device__ __forceinline__ uint32_t kv_offset(int row, int chunk) {
   return uint32_t(row * kD * 2 + ((chunk ^ (row & 7)) << 4));
 }
 
-template <int kD, int kMT>
+// kP: tiles per step (v5). A step runs the dequantize -> QK^T -> barrier -> softmax -> barrier ->
+// PV chain over kP tiles at once (their loads, mma and softmax interleaved), and folds them one
+// after the other in tile order with the same arithmetic as kP = 1: the bits do not change.
+template <int kD, int kMT, int kP = 1>
 struct Config {
   static constexpr int kWarps = kD / 64;
   static constexpr int kThreads = kWarps * 32;
@@ -160,13 +205,19 @@ struct Config {
   static constexpr int kAddrTiles = 48;
   static constexpr int kResolveIters = (kAddrTiles * kTile + kThreads - 1) / kThreads;
   // Shared memory layout (bytes).
-  static constexpr int kKvBytes = kTile * kD * 2;
+  // Tiles issued ahead of the step that needs them (prologue): 3 at kP = 1 (the slot of tile t
+  // is refilled one step later), 4 at kP = 2 (a step refills the two slots it just dequantized).
+  static constexpr int kAhead = kStages - 2 + kP;
+  static constexpr int kKvBytes = kTile * kD * 2;  // one dequantized tile (kP of them)
   static constexpr int kStageBytes = kStages * kTile * kStageEntry;
-  static constexpr int kSpartBytes = kWarps * kHG * kTile * 4;
-  static constexpr int kPBytes = kHG * kPStride * 2;
-  static constexpr int kStatBytes = 4 * kHG * 4 + kTile * 4;  // run_m, run_l, coef, key_ok
+  static constexpr int kSpartFloats = kWarps * kHG * kTile;  // one tile's partial scores
+  static constexpr int kSpartBytes = kP * kSpartFloats * 4;
+  static constexpr int kPElems = kHG * kPStride;  // one tile's P
+  static constexpr int kPBytes = kP * kPElems * 2;
+  // run_m, run_l, coef (kP tiles), key_ok (kP tiles)
+  static constexpr int kStatBytes = (2 + 2 * kP) * kHG * 4 + kP * kTile * 4;
   static constexpr int kAddrBytes = kAddrTiles * kTile * 8;
-  static constexpr int kOffStage = kKvBytes;
+  static constexpr int kOffStage = kP * kKvBytes;
   static constexpr int kOffSpart = kOffStage + kStageBytes;
   static constexpr int kOffP = kOffSpart + kSpartBytes;
   static constexpr int kOffStat = kOffP + kPBytes;
@@ -177,23 +228,27 @@ struct Config {
   static_assert(kKeysPerThread >= 1 && kTile % kKeysPerThread == 0, "softmax mapping");
   static_assert(kNope % 64 == 0 && kNope > 0, "nope dims: a positive multiple of 64");
   static_assert(kSmemBytes <= 99 * 1024, "portable path: at most 99 KB of shared memory");
+  static_assert(kP == 1 || kP == 2, "tiles per step");
+  static_assert(kAhead <= kStages && kAddrTiles % kP == 0, "pipeline");
 };
 
-template <int kD, int kMT>
-__global__ void __launch_bounds__(Config<kD, kMT>::kThreads, kMT == 1 ? 2 : 1)
+template <int kD, int kMT, int kP>
+__global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 1)
     sparse_mla_decode_kernel(const SparseMlaParams p) {
-  using C = Config<kD, kMT>;
+  using C = Config<kD, kMT, kP>;
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* kv_tile = smem;
   uint8_t* stage = smem + C::kOffStage;
   // [warp][head][key ^ spart_swizzle(head)]: the swizzle makes the fragment stores conflict-free
   // and keeps each aligned group of <= 8 keys contiguous for the vector loads of the softmax.
   float* spart = reinterpret_cast<float*>(smem + C::kOffSpart);
-  __nv_bfloat16* p_tile = reinterpret_cast<__nv_bfloat16*>(smem + C::kOffP);  // [head][24]
+  // [tile of the step][head][24]
+  __nv_bfloat16* p_tile = reinterpret_cast<__nv_bfloat16*>(smem + C::kOffP);
   float* run_m = reinterpret_cast<float*>(smem + C::kOffStat);
   float* run_l = run_m + C::kHG;
-  float2* coef = reinterpret_cast<float2*>(run_l + C::kHG);  // per head {a, b} of the fold
-  int* key_ok = reinterpret_cast<int*>(coef + C::kHG);
+  // [tile of the step][head] {a, b} of the fold
+  float2* coef = reinterpret_cast<float2*>(run_l + C::kHG);
+  int* key_ok = reinterpret_cast<int*>(coef + kP * C::kHG);  // [tile of the step][key]
   int2* addr = reinterpret_cast<int2*>(smem + C::kOffAddr);  // {page or -1, slot | window << 31}
 
   const int split = blockIdx.x;
@@ -203,6 +258,10 @@ __global__ void __launch_bounds__(Config<kD, kMT>::kThreads, kMT == 1 ? 2 : 1)
   const int lane = tid & 31;
   const int warp = tid >> 5;
 
+  // Everything this grid reads may come from the previous kernel (p.pdl); the fast combine
+  // kernel launched after it may start now (its blocks wait for this grid's partials). Uniform
+  // branch: without either, the kernel runs exactly the v4 instructions.
+  if (p.pdl || fast_combine(p)) pdl_wait_then_trigger();
   const QuerySplit qs = query_split(p, q);
   if (split >= qs.splits) return;
   const int t_begin = split_begin(qs, split);
@@ -316,15 +375,17 @@ __global__ void __launch_bounds__(Config<kD, kMT>::kThreads, kMT == 1 ? 2 : 1)
                                                     int64_t(slot) * C::kScaleBytes + (warp & ~3));
   };
 
-  auto dequant_tile = [&](int t, int c0, int st) {
+  // u: tile of the step; !valid: an empty tile (all keys masked) past the split's end.
+  auto dequant_tile = [&](int t, int c0, int st, int u, bool valid = true) {
+    uint8_t* kvu = kv_tile + u * C::kKvBytes;
     const int2 a = addr[(t - c0) * kTile + ld_entry];
-    const bool ok = a.x >= 0;
+    const bool ok = valid && a.x >= 0;
     const int chunk0 = (ld_part * 32) / 8;  // 16-byte chunk of the bf16 row
-    if (ld_part == 0) key_ok[ld_entry] = ok ? 1 : 0;
+    if (ld_part == 0) key_ok[u * kTile + ld_entry] = ok ? 1 : 0;
     if (!ok || DS_SPARSE_MLA_ABLATE == 3) {
 #pragma unroll
       for (int c = 0; c < 4; ++c)
-        *reinterpret_cast<uint4*>(kv_tile + kv_offset<kD>(ld_entry, chunk0 + c)) =
+        *reinterpret_cast<uint4*>(kvu + kv_offset<kD>(ld_entry, chunk0 + c)) =
             make_uint4(0, 0, 0, 0);
       return;
     }
@@ -355,13 +416,13 @@ __global__ void __launch_bounds__(Config<kD, kMT>::kThreads, kMT == 1 ? 2 : 1)
           const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
           out[h] = pack_bf16x2(f.x * scale, f.y * scale);  // exact: e4m3 * 2^k fits bf16
         }
-        *reinterpret_cast<uint4*>(kv_tile + kv_offset<kD>(ld_entry, chunk0 + c)) =
+        *reinterpret_cast<uint4*>(kvu + kv_offset<kD>(ld_entry, chunk0 + c)) =
             make_uint4(out[0], out[1], out[2], out[3]);
       }
     } else {
 #pragma unroll
       for (int c = 0; c < 4; ++c)
-        *reinterpret_cast<uint4*>(kv_tile + kv_offset<kD>(ld_entry, chunk0 + c)) =
+        *reinterpret_cast<uint4*>(kvu + kv_offset<kD>(ld_entry, chunk0 + c)) =
             reinterpret_cast<const uint4*>(src + ld_off)[c];
     }
   };
@@ -370,182 +431,421 @@ __global__ void __launch_bounds__(Config<kD, kMT>::kThreads, kMT == 1 ? 2 : 1)
   const uint32_t p_base = smem_addr(p_tile);
   const int mi = lane >> 3, ri = lane & 7;
 
-  for (int c0 = t_begin; c0 < t_end; c0 += C::kAddrTiles) {
-    const int c1 = min(t_end, c0 + C::kAddrTiles);
-    __syncthreads();  // earlier readers of addr are done
-    resolve(c0, c1);
-    __syncthreads();
+  if constexpr (kP == 1) {
+    // One tile per step (the v4 loop, the default).
+    for (int c0 = t_begin; c0 < t_end; c0 += C::kAddrTiles) {
+      const int c1 = min(t_end, c0 + C::kAddrTiles);
+      __syncthreads();  // earlier readers of addr are done
+      resolve(c0, c1);
+      __syncthreads();
 #pragma unroll
-    for (int s = 0; s < C::kStages - 1; ++s) {
-      if (c0 + s < c1) issue_tile(c0 + s, c0, s);
-      cp_async_commit();
-    }
-    for (int t = c0; t < c1; ++t) {
-      cp_async_wait<C::kStages - 2>();  // this thread's copies for tile t have landed
-      // The warp's copies (the scale word) visible to the warp; its PV reads of the previous
-      // tile's columns are done. Other warps never touch this warp's stage bytes or columns.
-      __syncwarp();
-      dequant_tile(t, c0, (t - c0) % C::kStages);
-      if (t + C::kStages - 1 < c1)
-        issue_tile(t + C::kStages - 1, c0, (t - c0 + C::kStages - 1) % C::kStages);
-      cp_async_commit();
-      __syncwarp();  // the warp's dequantized columns visible to its ldmatrix
+      for (int s = 0; s < C::kStages - 1; ++s) {
+        if (c0 + s < c1) issue_tile(c0 + s, c0, s);
+        cp_async_commit();
+      }
+      for (int t = c0; t < c1; ++t) {
+        cp_async_wait<C::kStages - 2>();  // this thread's copies for tile t have landed
+        // The warp's copies (the scale word) visible to the warp; its PV reads of the previous
+        // tile's columns are done. Other warps never touch this warp's stage bytes or columns.
+        __syncwarp();
+        dequant_tile(t, c0, (t - c0) % C::kStages, 0);
+        if (t + C::kStages - 1 < c1)
+          issue_tile(t + C::kStages - 1, c0, (t - c0 + C::kStages - 1) % C::kStages);
+        cp_async_commit();
+        __syncwarp();  // the warp's dequantized columns visible to its ldmatrix
 
-      // ---- QK^T: partial scores over this warp's 64 dims ----
-      {
-        uint32_t kb[4][4];
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          const int key = (mi >> 1) * 8 + ri;
-          const int chunk = (warp * 64 + kk * 16) / 8 + (mi & 1);
-          ldmatrix_x4(kb[kk], kv_base + kv_offset<kD>(key, chunk));
-        }
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          float acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+        // ---- QK^T: partial scores over this warp's 64 dims ----
+        {
+          uint32_t kb[4][4];
 #pragma unroll
           for (int kk = 0; kk < 4; ++kk) {
-            if (DS_SPARSE_MLA_ABLATE == 1) continue;
-            mma_bf16(acc[0], q_frag[mt][kk], kb[kk][0], kb[kk][1], acc[0]);
-            mma_bf16(acc[1], q_frag[mt][kk], kb[kk][2], kb[kk][3], acc[1]);
+            const int key = (mi >> 1) * 8 + ri;
+            const int chunk = (warp * 64 + kk * 16) / 8 + (mi & 1);
+            ldmatrix_x4(kb[kk], kv_base + kv_offset<kD>(key, chunk));
           }
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int row = mt * 16 + (lane >> 2) + hh * 8;
-            float* sp = spart + (warp * C::kHG + row) * kTile;
-            const int sw = spart_swizzle(row);
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
-              *reinterpret_cast<float2*>(sp + ((nt * 8 + 2 * (lane & 3)) ^ sw)) =
-                  make_float2(acc[nt][2 * hh], acc[nt][2 * hh + 1]);
-          }
-        }
-      }
-      __syncthreads();
-
-      // ---- softmax of the tile (scores summed in warp order, tile max, P in bf16), then the
-      // fold statistics by the first thread of each row: l_t sums P in key order ----
-      {
-        const int row = tid / C::kThreadsPerRow;
-        const int key0 = (tid % C::kThreadsPerRow) * C::kKeysPerThread;
-        float s[C::kKeysPerThread];
-        float m = kNegInf;
-        const int sw = spart_swizzle(row);
-        // Partial scores of the warps, added in warp order (vector loads where the group allows).
-#pragma unroll
-        for (int w = 0; w < C::kWarps; ++w) {
-          const float* sp = spart + (w * C::kHG + row) * kTile;
-          float v[C::kKeysPerThread];
-          if constexpr (C::kKeysPerThread == 4 || C::kKeysPerThread == 8) {
-#pragma unroll
-            for (int g = 0; g < C::kKeysPerThread; g += 4) {
-              const float4 f = *reinterpret_cast<const float4*>(sp + ((key0 + g) ^ sw));
-              v[g] = f.x;
-              v[g + 1] = f.y;
-              v[g + 2] = f.z;
-              v[g + 3] = f.w;
-            }
-          } else if constexpr (C::kKeysPerThread == 2) {
-            const float2 f = *reinterpret_cast<const float2*>(sp + (key0 ^ sw));
-            v[0] = f.x;
-            v[1] = f.y;
-          } else {
-#pragma unroll
-            for (int i = 0; i < C::kKeysPerThread; ++i) v[i] = sp[(key0 + i) ^ sw];
-          }
-#pragma unroll
-          for (int i = 0; i < C::kKeysPerThread; ++i) s[i] = w == 0 ? v[i] : s[i] + v[i];
-        }
-#pragma unroll
-        for (int i = 0; i < C::kKeysPerThread; ++i) {
-          const float acc = s[i];
-          const int j = t * kTile + key0 + i;
-          s[i] = (j < qs.n && key_ok[key0 + i]) ? acc * scale_log2 : kNegInf;
-          m = fmaxf(m, s[i]);
-        }
-#pragma unroll
-        for (int off = C::kThreadsPerRow / 2; off > 0; off >>= 1)
-          m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
-        float pr[C::kKeysPerThread];
-#pragma unroll
-        for (int i = 0; i < C::kKeysPerThread; ++i) {
-          const __nv_bfloat16 b = __float2bfloat16_rn(m == kNegInf ? 0.0f : exp2f(s[i] - m));
-          p_tile[row * C::kPStride + key0 + i] = b;
-          pr[i] = __bfloat162float(b);
-        }
-        const int row_lane0 = (lane / C::kThreadsPerRow) * C::kThreadsPerRow;
-        float l_t = 0.0f;
-#pragma unroll
-        for (int k = 0; k < kTile; ++k)
-          l_t += __shfl_sync(0xFFFFFFFFu, pr[k % C::kKeysPerThread],
-                             row_lane0 + k / C::kKeysPerThread);
-        if (key0 == 0) {
-          if (fold) {
-            float m_new, a, b;
-            merge_coeffs(run_m[row], m, m_new, a, b);
-            run_l[row] = merge_value(run_l[row], a, l_t, b);
-            run_m[row] = m_new;
-            coef[row] = make_float2(a, b);
-          } else {
-            coef[row] = make_float2(0.0f, 1.0f);
-            if (h0 + row < p.num_heads) {
-              float* ml = ws_ml + ((slot_base + t) * p.num_heads + h0 + row) * 2;
-              ml[0] = m;
-              ml[1] = l_t;
-            }
-          }
-        }
-      }
-      __syncthreads();
-
-      // ---- PV: per 8 output dims one mma from zero, then O = O a + (P V) b ----
-      {
-        uint32_t pa[kMT][4];
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          const int row = mt * 16 + (mi & 1) * 8 + ri;
-          ldmatrix_x4(pa[mt], p_base + uint32_t((row * C::kPStride + (mi >> 1) * 8) * 2));
-        }
-#pragma unroll
-        for (int nb2 = 0; nb2 < 4; ++nb2) {
-          uint32_t vb[4];
-          const int key = (mi & 1) * 8 + ri;
-          const int chunk = (warp * 64 + nb2 * 16) / 8 + (mi >> 1);
-          ldmatrix_x4_trans(vb, kv_base + kv_offset<kD>(key, chunk));
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
-            const int r0 = mt * 16 + (lane >> 2);
-            const float2 c0 = coef[r0], c1 = coef[r0 + 8];
-            const float a0 = c0.x, b0 = c0.y, a1 = c1.x, b1 = c1.y;
+            float acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              if (DS_SPARSE_MLA_ABLATE == 2) continue;
-              const float zero[4] = {0, 0, 0, 0};
-              float pv[4];
-              mma_bf16(pv, pa[mt], vb[2 * half], vb[2 * half + 1], zero);
-              float* acc = o[mt][nb2 * 2 + half];
-              acc[0] = merge_value(acc[0], a0, pv[0], b0);
-              acc[1] = merge_value(acc[1], a0, pv[1], b0);
-              acc[2] = merge_value(acc[2], a1, pv[2], b1);
-              acc[3] = merge_value(acc[3], a1, pv[3], b1);
+            for (int kk = 0; kk < 4; ++kk) {
+              if (DS_SPARSE_MLA_ABLATE == 1) continue;
+              mma_bf16(acc[0], q_frag[mt][kk], kb[kk][0], kb[kk][1], acc[0]);
+              mma_bf16(acc[1], q_frag[mt][kk], kb[kk][2], kb[kk][3], acc[1]);
+            }
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+              const int row = mt * 16 + (lane >> 2) + hh * 8;
+              float* sp = spart + (warp * C::kHG + row) * kTile;
+              const int sw = spart_swizzle(row);
+#pragma unroll
+              for (int nt = 0; nt < 2; ++nt)
+                *reinterpret_cast<float2*>(sp + ((nt * 8 + 2 * (lane & 3)) ^ sw)) =
+                    make_float2(acc[nt][2 * hh], acc[nt][2 * hh + 1]);
             }
           }
         }
-      }
-      if (!fold) {  // store this tile's P V as its own partial
+        __syncthreads();
+
+        // ---- softmax of the tile (scores summed in warp order, tile max, P in bf16), then the
+        // fold statistics by the first thread of each row: l_t sums P in key order ----
+        {
+          const int row = tid / C::kThreadsPerRow;
+          const int key0 = (tid % C::kThreadsPerRow) * C::kKeysPerThread;
+          float s[C::kKeysPerThread];
+          float m = kNegInf;
+          const int sw = spart_swizzle(row);
+          // Partial scores of the warps, added in warp order (vector loads where the group allows).
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
+          for (int w = 0; w < C::kWarps; ++w) {
+            const float* sp = spart + (w * C::kHG + row) * kTile;
+            float v[C::kKeysPerThread];
+            if constexpr (C::kKeysPerThread == 4 || C::kKeysPerThread == 8) {
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int h = h0 + mt * 16 + (lane >> 2) + hh * 8;
-            if (h >= p.num_heads) continue;
-            float* dst =
-                ws_o + ((slot_base + t) * p.num_heads + h) * kD + warp * 64 + 2 * (lane & 3);
+              for (int g = 0; g < C::kKeysPerThread; g += 4) {
+                const float4 f = *reinterpret_cast<const float4*>(sp + ((key0 + g) ^ sw));
+                v[g] = f.x;
+                v[g + 1] = f.y;
+                v[g + 2] = f.z;
+                v[g + 3] = f.w;
+              }
+            } else if constexpr (C::kKeysPerThread == 2) {
+              const float2 f = *reinterpret_cast<const float2*>(sp + (key0 ^ sw));
+              v[0] = f.x;
+              v[1] = f.y;
+            } else {
 #pragma unroll
-            for (int nb = 0; nb < 8; ++nb)
-              *reinterpret_cast<float2*>(dst + nb * 8) =
-                  make_float2(o[mt][nb][2 * hh], o[mt][nb][2 * hh + 1]);
+              for (int i = 0; i < C::kKeysPerThread; ++i) v[i] = sp[(key0 + i) ^ sw];
+            }
+#pragma unroll
+            for (int i = 0; i < C::kKeysPerThread; ++i) s[i] = w == 0 ? v[i] : s[i] + v[i];
           }
+#pragma unroll
+          for (int i = 0; i < C::kKeysPerThread; ++i) {
+            const float acc = s[i];
+            const int j = t * kTile + key0 + i;
+            s[i] = (j < qs.n && key_ok[key0 + i]) ? acc * scale_log2 : kNegInf;
+            m = fmaxf(m, s[i]);
+          }
+#pragma unroll
+          for (int off = C::kThreadsPerRow / 2; off > 0; off >>= 1)
+            m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+          float pr[C::kKeysPerThread];
+#pragma unroll
+          for (int i = 0; i < C::kKeysPerThread; ++i) {
+            const __nv_bfloat16 b = __float2bfloat16_rn(m == kNegInf ? 0.0f : exp2f(s[i] - m));
+            p_tile[row * C::kPStride + key0 + i] = b;
+            pr[i] = __bfloat162float(b);
+          }
+          const int row_lane0 = (lane / C::kThreadsPerRow) * C::kThreadsPerRow;
+          float l_t = 0.0f;
+#pragma unroll
+          for (int k = 0; k < kTile; ++k)
+            l_t += __shfl_sync(0xFFFFFFFFu, pr[k % C::kKeysPerThread],
+                               row_lane0 + k / C::kKeysPerThread);
+          if (key0 == 0) {
+            if (fold) {
+              float m_new, a, b;
+              merge_coeffs(run_m[row], m, m_new, a, b);
+              run_l[row] = merge_value(run_l[row], a, l_t, b);
+              run_m[row] = m_new;
+              coef[row] = make_float2(a, b);
+            } else {
+              coef[row] = make_float2(0.0f, 1.0f);
+              if (h0 + row < p.num_heads) {
+                float* ml = ws_ml + ((slot_base + t) * p.num_heads + h0 + row) * 2;
+                ml[0] = m;
+                ml[1] = l_t;
+              }
+            }
+          }
+        }
+        __syncthreads();
+
+        // ---- PV: per 8 output dims one mma from zero, then O = O a + (P V) b ----
+        {
+          uint32_t pa[kMT][4];
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            const int row = mt * 16 + (mi & 1) * 8 + ri;
+            ldmatrix_x4(pa[mt], p_base + uint32_t((row * C::kPStride + (mi >> 1) * 8) * 2));
+          }
+#pragma unroll
+          for (int nb2 = 0; nb2 < 4; ++nb2) {
+            uint32_t vb[4];
+            const int key = (mi & 1) * 8 + ri;
+            const int chunk = (warp * 64 + nb2 * 16) / 8 + (mi >> 1);
+            ldmatrix_x4_trans(vb, kv_base + kv_offset<kD>(key, chunk));
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              const int r0 = mt * 16 + (lane >> 2);
+              const float2 c0 = coef[r0], c1 = coef[r0 + 8];
+              const float a0 = c0.x, b0 = c0.y, a1 = c1.x, b1 = c1.y;
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                if (DS_SPARSE_MLA_ABLATE == 2) continue;
+                const float zero[4] = {0, 0, 0, 0};
+                float pv[4];
+                mma_bf16(pv, pa[mt], vb[2 * half], vb[2 * half + 1], zero);
+                float* acc = o[mt][nb2 * 2 + half];
+                acc[0] = merge_value(acc[0], a0, pv[0], b0);
+                acc[1] = merge_value(acc[1], a0, pv[1], b0);
+                acc[2] = merge_value(acc[2], a1, pv[2], b1);
+                acc[3] = merge_value(acc[3], a1, pv[3], b1);
+              }
+            }
+          }
+        }
+        if (!fold) {  // store this tile's P V as its own partial
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+              const int h = h0 + mt * 16 + (lane >> 2) + hh * 8;
+              if (h >= p.num_heads) continue;
+              float* dst =
+                  ws_o + ((slot_base + t) * p.num_heads + h) * kD + warp * 64 + 2 * (lane & 3);
+#pragma unroll
+              for (int nb = 0; nb < 8; ++nb)
+                *reinterpret_cast<float2*>(dst + nb * 8) =
+                    make_float2(o[mt][nb][2 * hh], o[mt][nb][2 * hh + 1]);
+            }
+        }
+      }
+    }
+  } else {
+    // kP tiles per step (v5 experiment, plan.tiles_per_step = 2, NOTES.md). No per-tile guards
+    // around the mma: a step past the split's end runs on an empty tile (all keys masked, zero
+    // entries; fold coefficients (1, 0) leave O and the statistics unchanged, no partial stored).
+    for (int c0 = t_begin; c0 < t_end; c0 += C::kAddrTiles) {
+      const int c1 = min(t_end, c0 + C::kAddrTiles);
+      __syncthreads();  // earlier readers of addr are done
+      resolve(c0, c1);
+      __syncthreads();
+#pragma unroll
+      for (int s = 0; s < C::kAhead; ++s) {
+        if (c0 + s < c1) issue_tile(c0 + s, c0, s);
+        cp_async_commit();
+      }
+      for (int t = c0; t < c1; t += kP) {
+        // Tiles t .. t + np - 1 in this step (np < kP only at the end of a split: uniform).
+        const int np = min(kP, c1 - t);
+        cp_async_wait<C::kStages - 2>();  // this thread's copies for tiles t .. t + kP - 1 landed
+        // The warp's copies (the scale word) visible to the warp; its PV reads of the previous
+        // step's columns are done. Other warps never touch this warp's stage bytes or columns.
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < kP; ++u) dequant_tile(t + u, c0, (t + u - c0) % C::kStages, u, u < np);
+        if (kP > 1) __syncwarp();  // the scale words read before their slots are refilled
+#pragma unroll
+        for (int u = 0; u < kP; ++u) {
+          const int tn = t + u + C::kAhead;
+          if (tn < c1) issue_tile(tn, c0, (tn - c0) % C::kStages);
+          cp_async_commit();
+        }
+        __syncwarp();  // the warp's dequantized columns visible to its ldmatrix
+
+        // ---- QK^T: partial scores over this warp's 64 dims, the step's tiles interleaved ----
+        {
+          uint32_t kb[kP][4][4];
+#pragma unroll
+          for (int u = 0; u < kP; ++u)
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+              const int key = (mi >> 1) * 8 + ri;
+              const int chunk = (warp * 64 + kk * 16) / 8 + (mi & 1);
+              ldmatrix_x4(kb[u][kk],
+                          kv_base + uint32_t(u * C::kKvBytes) + kv_offset<kD>(key, chunk));
+            }
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            float acc[kP][2][4];
+#pragma unroll
+            for (int u = 0; u < kP; ++u)
+#pragma unroll
+              for (int i = 0; i < 8; ++i) acc[u][i / 4][i % 4] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+              for (int u = 0; u < kP; ++u) {
+                if (DS_SPARSE_MLA_ABLATE == 1) continue;
+                mma_bf16(acc[u][0], q_frag[mt][kk], kb[u][kk][0], kb[u][kk][1], acc[u][0]);
+                mma_bf16(acc[u][1], q_frag[mt][kk], kb[u][kk][2], kb[u][kk][3], acc[u][1]);
+              }
+#pragma unroll
+            for (int u = 0; u < kP; ++u)
+#pragma unroll
+              for (int hh = 0; hh < 2; ++hh) {
+                const int row = mt * 16 + (lane >> 2) + hh * 8;
+                float* sp = spart + u * C::kSpartFloats + (warp * C::kHG + row) * kTile;
+                const int sw = spart_swizzle(row);
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+                  *reinterpret_cast<float2*>(sp + ((nt * 8 + 2 * (lane & 3)) ^ sw)) =
+                      make_float2(acc[u][nt][2 * hh], acc[u][nt][2 * hh + 1]);
+              }
+          }
+        }
+        __syncthreads();
+
+        // ---- softmax of each tile (scores summed in warp order, tile max, P in bf16), then the
+        // fold statistics by the first thread of each row, tile after tile: l_t sums P in key
+        // order ----
+        {
+          const int row = tid / C::kThreadsPerRow;
+          const int key0 = (tid % C::kThreadsPerRow) * C::kKeysPerThread;
+          const int sw = spart_swizzle(row);
+          const int row_lane0 = (lane / C::kThreadsPerRow) * C::kThreadsPerRow;
+          float m_u[kP], l_u[kP];
+#pragma unroll
+          for (int u = 0; u < kP; ++u) {
+            float s[C::kKeysPerThread];
+            float m = kNegInf;
+            // Partial scores of the warps, added in warp order (vector loads where possible).
+#pragma unroll
+            for (int w = 0; w < C::kWarps; ++w) {
+              const float* sp = spart + u * C::kSpartFloats + (w * C::kHG + row) * kTile;
+              float v[C::kKeysPerThread];
+              if constexpr (C::kKeysPerThread == 4 || C::kKeysPerThread == 8) {
+#pragma unroll
+                for (int g = 0; g < C::kKeysPerThread; g += 4) {
+                  const float4 f = *reinterpret_cast<const float4*>(sp + ((key0 + g) ^ sw));
+                  v[g] = f.x;
+                  v[g + 1] = f.y;
+                  v[g + 2] = f.z;
+                  v[g + 3] = f.w;
+                }
+              } else if constexpr (C::kKeysPerThread == 2) {
+                const float2 f = *reinterpret_cast<const float2*>(sp + (key0 ^ sw));
+                v[0] = f.x;
+                v[1] = f.y;
+              } else {
+#pragma unroll
+                for (int i = 0; i < C::kKeysPerThread; ++i) v[i] = sp[(key0 + i) ^ sw];
+              }
+#pragma unroll
+              for (int i = 0; i < C::kKeysPerThread; ++i) s[i] = w == 0 ? v[i] : s[i] + v[i];
+            }
+#pragma unroll
+            for (int i = 0; i < C::kKeysPerThread; ++i) {
+              const float acc = s[i];
+              const int j = (t + u) * kTile + key0 + i;
+              s[i] = (j < qs.n && key_ok[u * kTile + key0 + i]) ? acc * scale_log2 : kNegInf;
+              m = fmaxf(m, s[i]);
+            }
+#pragma unroll
+            for (int off = C::kThreadsPerRow / 2; off > 0; off >>= 1)
+              m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+            float pr[C::kKeysPerThread];
+#pragma unroll
+            for (int i = 0; i < C::kKeysPerThread; ++i) {
+              const __nv_bfloat16 b = __float2bfloat16_rn(m == kNegInf ? 0.0f : exp2f(s[i] - m));
+              p_tile[u * C::kPElems + row * C::kPStride + key0 + i] = b;
+              pr[i] = __bfloat162float(b);
+            }
+            float l_t = 0.0f;
+#pragma unroll
+            for (int k = 0; k < kTile; ++k)
+              l_t += __shfl_sync(0xFFFFFFFFu, pr[k % C::kKeysPerThread],
+                                 row_lane0 + k / C::kKeysPerThread);
+            m_u[u] = m;
+            l_u[u] = l_t;
+          }
+          if (key0 == 0) {
+            if (fold) {
+              float rm = run_m[row], rl = run_l[row];
+#pragma unroll
+              for (int u = 0; u < kP; ++u) {
+                if (u >= np) {  // the empty tile past the split's end: O = O * 1 + 0
+                  coef[u * C::kHG + row] = make_float2(1.0f, 0.0f);
+                  continue;
+                }
+                float m_new, a, b;
+                merge_coeffs(rm, m_u[u], m_new, a, b);
+                rl = merge_value(rl, a, l_u[u], b);
+                rm = m_new;
+                coef[u * C::kHG + row] = make_float2(a, b);
+              }
+              run_l[row] = rl;
+              run_m[row] = rm;
+            } else {
+#pragma unroll
+              for (int u = 0; u < kP; ++u) {
+                coef[u * C::kHG + row] = u < np ? make_float2(0.0f, 1.0f) : make_float2(1.0f, 0.0f);
+                if (u >= np) continue;
+                if (h0 + row < p.num_heads) {
+                  float* ml = ws_ml + ((slot_base + t + u) * p.num_heads + h0 + row) * 2;
+                  ml[0] = m_u[u];
+                  ml[1] = l_u[u];
+                }
+              }
+            }
+          }
+        }
+        __syncthreads();
+
+        // ---- PV: per 8 output dims one mma from zero per tile, then O = O a + (P V) b for the
+        // step's tiles in order ----
+        {
+          uint32_t pa[kP][kMT][4];
+#pragma unroll
+          for (int u = 0; u < kP; ++u)
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              const int row = mt * 16 + (mi & 1) * 8 + ri;
+              ldmatrix_x4(
+                  pa[u][mt],
+                  p_base + uint32_t((u * C::kPElems + row * C::kPStride + (mi >> 1) * 8) * 2));
+            }
+          float2 cf[kP][kMT][2];  // fold coefficients of rows r0 and r0 + 8
+#pragma unroll
+          for (int u = 0; u < kP; ++u)
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              cf[u][mt][0] = coef[u * C::kHG + mt * 16 + (lane >> 2)];
+              cf[u][mt][1] = coef[u * C::kHG + mt * 16 + (lane >> 2) + 8];
+            }
+#pragma unroll
+          for (int nb2 = 0; nb2 < 4; ++nb2) {
+            uint32_t vb[kP][4];
+            const int key = (mi & 1) * 8 + ri;
+            const int chunk = (warp * 64 + nb2 * 16) / 8 + (mi >> 1);
+#pragma unroll
+            for (int u = 0; u < kP; ++u)
+              ldmatrix_x4_trans(vb[u],
+                                kv_base + uint32_t(u * C::kKvBytes) + kv_offset<kD>(key, chunk));
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              const int r0 = mt * 16 + (lane >> 2);
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                if (DS_SPARSE_MLA_ABLATE == 2) continue;
+                const float zero[4] = {0, 0, 0, 0};
+                float pv[kP][4];
+#pragma unroll
+                for (int u = 0; u < kP; ++u)
+                  mma_bf16(pv[u], pa[u][mt], vb[u][2 * half], vb[u][2 * half + 1], zero);
+                float* acc = o[mt][nb2 * 2 + half];
+#pragma unroll
+                for (int u = 0; u < kP; ++u) {
+                  const float2 c0 = cf[u][mt][0], c1 = cf[u][mt][1];
+                  acc[0] = merge_value(acc[0], c0.x, pv[u][0], c0.y);
+                  acc[1] = merge_value(acc[1], c0.x, pv[u][1], c0.y);
+                  acc[2] = merge_value(acc[2], c1.x, pv[u][2], c1.y);
+                  acc[3] = merge_value(acc[3], c1.x, pv[u][3], c1.y);
+                  if (!fold && u < np) {  // tile t + u's P V is its own partial
+                    const int h = h0 + r0;
+                    float* dst = ws_o + ((slot_base + t + u) * p.num_heads + h) * kD + warp * 64 +
+                                 2 * (lane & 3) + (nb2 * 2 + half) * 8;
+                    if (h < p.num_heads)
+                      *reinterpret_cast<float2*>(dst) = make_float2(acc[0], acc[1]);
+                    if (h + 8 < p.num_heads)
+                      *reinterpret_cast<float2*>(dst + 8 * kD) = make_float2(acc[2], acc[3]);
+                  }
+                }
+              }
+            }
+          }
+        }
       }
     }
   }
@@ -593,12 +893,18 @@ __global__ void __launch_bounds__(Config<kD, kMT>::kThreads, kMT == 1 ? 2 : 1)
 }
 
 // Continues split 0's fold over the per-tile partials of the other splits, in tile order.
-// Block (query q, head h); each thread owns 4 output dims.
-template <int kD>
+// Block (query q, head h); each thread owns 4 output dims; kBatch: tiles whose loads are in flight
+// before their (ordered) merges. The fast combine (fast_combine(p): kBatch 20, which covers the
+// 39 partials of a 640-key query at batch 1 in two round trips) is launched as a programmatic
+// dependent of the attention kernel (v5): its blocks start while the attention kernel runs, read
+// the lengths (inputs of the attention kernel, complete once that grid has triggered), then wait
+// for the partials. Otherwise kBatch 16 in plain stream order (v4; the wait is a no-op).
+template <int kD, int kBatch>
 __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const SparseMlaParams p) {
   const int q = blockIdx.x;
   const int h = blockIdx.y;
   const QuerySplit qs = query_split(p, q);
+  pdl_wait();
   if (qs.splits <= 1) return;
   const int d = threadIdx.x * 4;
   const int64_t slot_base = int64_t(q) * p.plan.max_tiles;
@@ -614,7 +920,6 @@ __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const Sparse
   float m = ml.x, l = ml.y;
   float4 o = o_at(0);
   const int t0 = split_begin(qs, 1);
-  constexpr int kBatch = 16;  // loads of several tiles in flight before their (ordered) merges
   for (int t = t0; t < qs.tiles; t += kBatch) {
     float4 ot[kBatch];
     float2 mlt[kBatch];
@@ -645,32 +950,62 @@ __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const Sparse
   if (p.lse && threadIdx.x == 0) p.lse[int64_t(q) * p.num_heads + h] = final_lse(m, l);
 }
 
-template <int kD, int kMT>
+// One launch of kernel(p), as a programmatic dependent of the previous grid in the stream when
+// `pdl` (the kernels wait with griddepcontrol.wait before reading what that grid wrote).
+template <typename Kernel>
+cudaError_t launch_kernel(Kernel kernel, dim3 grid, int threads, int smem, bool pdl,
+                          const SparseMlaParams& p, cudaStream_t stream) {
+  if (!pdl) {
+    kernel<<<grid, threads, size_t(smem), stream>>>(p);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(unsigned(threads));
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
+template <int kD, int kMT, int kP>
 Status launch_impl(const SparseMlaParams& p, cudaStream_t stream) {
-  using C = Config<kD, kMT>;
+  using C = Config<kD, kMT, kP>;
   DS_CUDA_RETURN_IF_ERROR(
-      ensure_max_dynamic_smem(sparse_mla_decode_kernel<kD, kMT>, int(C::kSmemBytes)));
+      ensure_max_dynamic_smem(sparse_mla_decode_kernel<kD, kMT, kP>, int(C::kSmemBytes)));
   const int groups = (p.num_heads + C::kHG - 1) / C::kHG;
   const dim3 grid(unsigned(p.plan.max_splits), unsigned(p.num_queries), unsigned(groups));
-  sparse_mla_decode_kernel<kD, kMT><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
-  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_decode_kernel<kD, kMT, kP>, grid, C::kThreads,
+                                        C::kSmemBytes, p.pdl, p, stream));
   if (p.plan.max_splits > 1) {
     const dim3 cgrid(unsigned(p.num_queries), unsigned(p.num_heads));
-    sparse_mla_combine_kernel<kD><<<cgrid, kD / 4, 0, stream>>>(p);
-    DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    if (fast_combine(p)) {
+      DS_CUDA_RETURN_IF_ERROR(
+          launch_kernel(sparse_mla_combine_kernel<kD, 20>, cgrid, kD / 4, 0, true, p, stream));
+    } else {
+      DS_CUDA_RETURN_IF_ERROR(
+          launch_kernel(sparse_mla_combine_kernel<kD, 16>, cgrid, kD / 4, 0, false, p, stream));
+    }
   }
   return ok_status();
 }
 
 template <int kD>
 Status launch_for_dim(const SparseMlaParams& p, cudaStream_t stream) {
+  if (p.plan.tiles_per_step == 2) {  // 16 heads only (checked by the caller)
+    return launch_impl<kD, 1, 2>(p, stream);
+  }
   switch (p.plan.heads_per_cta) {
     case 16:
-      return launch_impl<kD, 1>(p, stream);
+      return launch_impl<kD, 1, 1>(p, stream);
     case 32:
-      return launch_impl<kD, 2>(p, stream);
+      return launch_impl<kD, 2, 1>(p, stream);
     case 64:
-      return launch_impl<kD, 4>(p, stream);
+      return launch_impl<kD, 4, 1>(p, stream);
     default:
       return invalid_argument("sparse_mla_decode: heads_per_cta must be 16, 32 or 64, got " +
                               std::to_string(p.plan.heads_per_cta));
@@ -699,10 +1034,17 @@ SparseMlaPlan plan_sparse_mla_decode(int32_t num_queries, int32_t num_heads, int
   // Split keys only when heads leave more than half the GPU idle: every split but the first
   // stores one fp32 partial per tile (NOTES.md), which costs more than idle SMs beyond that.
   int64_t splits = 1;
-  if (2 * ctas < sms) splits = (sms + ctas - 1) / ctas;
+  if (2 * ctas < sms) {
+    splits = (sms + ctas - 1) / ctas;
+    // 16-head CTAs run two per SM: where one wave still leaves some CTA two tiles of a full-width
+    // query (batch 1: 33 splits of 40 tiles), take up to two CTAs per SM, one tile each (v5).
+    if (plan.heads_per_cta == 16 && splits < plan.max_tiles && 2 * splits > plan.max_tiles)
+      splits = std::min<int64_t>(plan.max_tiles, 2 * sms / ctas);
+  }
   splits = std::min<int64_t>(splits, std::max(1, plan.max_tiles));
   if (max_splits_cap > 0) splits = std::min<int64_t>(splits, max_splits_cap);
   plan.max_splits = int32_t(std::max<int64_t>(1, splits));
+  plan.tiles_per_step = plan.heads_per_cta == 16 ? kSparseMlaTilesPerStep16 : 1;
   return plan;
 }
 
@@ -718,6 +1060,11 @@ Status launch_sparse_mla_decode(const SparseMlaParams& p, cudaStream_t stream) {
   if (!p.q || !p.out || !p.query_seq || !p.window_len || (p.window_width > 0 && !p.window_idx) ||
       (p.compressed_width > 0 && (!p.compressed_idx || !p.compressed_len)))
     return invalid_argument("sparse_mla_decode: null pointer in params");
+  if (!(p.plan.tiles_per_step == 1 || (p.plan.tiles_per_step == 2 && p.plan.heads_per_cta == 16)))
+    return invalid_argument(
+        "sparse_mla_decode: tiles_per_step must be 1, or 2 with 16 heads per "
+        "CTA, got " +
+        std::to_string(p.plan.tiles_per_step));
   if (p.window_width < 0 || p.compressed_width < 0 || p.plan.max_splits < 1 ||
       p.plan.max_tiles * kTile < p.window_width + p.compressed_width)
     return invalid_argument("sparse_mla_decode: plan does not match the index widths");

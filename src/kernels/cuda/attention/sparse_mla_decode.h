@@ -40,6 +40,10 @@ struct SparseMlaPlan {
   int32_t heads_per_cta = 64;  // 16, 32 or 64: heads sharing one dequantized KV tile
   int32_t max_splits = 1;      // key splits per query; a query of T tiles uses min(max_splits, T)
   int32_t max_tiles = 0;       // ceil((window_width + compressed_width) / 16): workspace slots
+  // Tiles of 16 keys per step of the kernel's loop: 1 (what the plan picks), or 2 with 16 heads
+  // per CTA (two tiles between the same two block barriers; an experiment, slower on the H200:
+  // NOTES.md). Same bits either way.
+  int32_t tiles_per_step = 1;
 };
 
 // All pointers are device pointers. Per query token q (q < num_queries), its keys are, in order,
@@ -65,6 +69,11 @@ struct SparseMlaParams {
   const int32_t* compressed_len = nullptr;  // [num_queries], nullable if width 0
   int32_t compressed_width = 0;
   SparseMlaPlan plan;
+  // Launch the attention kernel as a programmatic dependent of the previous kernel in the stream
+  // (sm_90+): its blocks are placed while that kernel finishes and wait (griddepcontrol.wait)
+  // before reading anything. The combine kernel is always a programmatic dependent of the
+  // attention kernel.
+  bool pdl = false;
   float* workspace = nullptr;  // sparse_mla_workspace_bytes(...) bytes, 16-byte aligned
   size_t workspace_bytes = 0;
 };
