@@ -63,10 +63,6 @@ namespace sched = ds::sched;
 namespace rt = ds::runtime;
 
 constexpr size_t kMaxQueuedEvents = 64;  // past it, new output merges into the last event
-
-double seconds_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
 constexpr uint64_t kDefaultKvBudgetCap = uint64_t(2) << 30;  // CPU default: at most 2 GiB
 // CUDA backend without --max-model-len: each sequence's device state is sized for this context.
 constexpr int64_t kDefaultGpuContext = 32768;
@@ -74,6 +70,10 @@ constexpr int64_t kDefaultGpuContext = 32768;
 constexpr int64_t kMtpBacklogRows = 8;
 // Logits rows one step returns per running sequence (speculative verification: 1 + 8 drafts).
 constexpr int64_t kMaxLogitRowsPerSeq = 9;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 ApiError make_error(ErrorKind kind, std::string message, std::string param = "",
                     std::string code = "") {
@@ -1221,13 +1221,13 @@ void EngineImpl::step() {
     metrics_.step_emit_seconds_total += seconds_between(sample_end, emit_end);
   }
   if (spec_) {
-    const double verify_s = std::chrono::duration<double>(emit_end - step_start).count();
+    const double verify_s = seconds_between(step_start, emit_end);
     if (pure_decode) {
       spec_policy_->record(decode_batch, spec_k_, emitted, verify_s + spec_draft_seconds_);
     }
     const Clock::time_point draft_start = Clock::now();
     speculate(&work);
-    spec_draft_seconds_ = std::chrono::duration<double>(Clock::now() - draft_start).count();
+    spec_draft_seconds_ = seconds_between(draft_start, Clock::now());
     std::lock_guard<std::mutex> lock(metrics_mu_);
     metrics_.step_speculate_seconds_total += spec_draft_seconds_;
     spec_k_ = k_next;
