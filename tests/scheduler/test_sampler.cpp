@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "scheduler/fast_exp.h"
 #include "scheduler/sampler.h"
 
 namespace ds::sched {
@@ -250,10 +251,10 @@ TEST(Sampler, GreedyAtFullVocabularyIsTheFirstMaximum) {
   }
 }
 
-// distribution() against the documented rule computed over a full sort: softmax of w / T, the
-// top-k prefix, the smallest prefix whose mass reaches top_p of the kept mass, then p >= min_p x
-// p_max, renormalized. Supports must agree exactly; values to 1e-9 relative (summation orders
-// differ).
+// distribution() against the documented rule computed over a full sort: softmax of w / T (with
+// the sampler's single-precision exp, whose accuracy FastExp below bounds), the top-k prefix, the
+// smallest prefix whose mass reaches top_p of the kept mass, then p >= min_p x p_max,
+// renormalized. Supports must agree exactly; values to 1e-9 relative (summation orders differ).
 TEST(Sampler, DistributionAtFullVocabularyMatchesTheDefinition) {
   struct Combo {
     double temperature, top_p;
@@ -279,7 +280,7 @@ TEST(Sampler, DistributionAtFullVocabularyMatchesTheDefinition) {
     const float mx = *std::max_element(l.begin(), l.end());
     std::vector<double> e(l.size());
     for (size_t i = 0; i < l.size(); ++i) {
-      e[i] = double(std::exp((l[i] - mx) * float(1.0 / c.temperature)));
+      e[i] = double(ds::sched::exp_nonpositive((l[i] - mx) * float(1.0 / c.temperature)));
     }
     std::vector<int32_t> order(l.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
@@ -353,6 +354,43 @@ TEST(Sampler, AllFiniteFindsEveryNonFiniteValueAnywhere) {
       EXPECT_FALSE(all_finite(m.data(), kBigVocab)) << "at " << at << " value " << bad;
     }
   }
+}
+
+// The sampler's exp (fast_exp.h) against the exact value: under 2e-7 relative on [-87, 0] (a
+// dense sweep and random points, each lane of a block and the one-value form alike), exactly 1
+// at 0, exactly 0 at -inf and below -87, and the vocabulary helpers equal to the per-value form.
+TEST(FastExp, WithinItsBoundAndExactAtTheEnds) {
+  double worst = 0;
+  auto check = [&](float x) {
+    const double want = std::exp(double(x));
+    const double got = double(ds::sched::exp_nonpositive(x));
+    worst = std::max(worst, std::fabs(got - want) / want);
+  };
+  for (float x = -87.0f; x <= 0.0f; x += 3.1e-4f) check(x);
+  ds::Rng rng(5);
+  for (int i = 0; i < 200000; ++i) check(-87.0f * float(rng.uniform()));
+  EXPECT_LT(worst, 2e-7);
+  EXPECT_EQ(ds::sched::exp_nonpositive(0.0f), 1.0f);
+  EXPECT_EQ(ds::sched::exp_nonpositive(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_EQ(ds::sched::exp_nonpositive(-87.5f), 0.0f);
+  EXPECT_EQ(ds::sched::exp_nonpositive(-1000.0f), 0.0f);
+  EXPECT_GT(ds::sched::exp_nonpositive(-87.0f), 0.0f);
+  // Lanes of a block are the one-value form; the helpers cover a ragged tail.
+  const int64_t n = 4099;
+  std::vector<float> w(static_cast<size_t>(n));
+  for (float& v : w) v = float(rng.uniform() * 40.0 - 30.0);
+  w[17] = -std::numeric_limits<float>::infinity();
+  const float mx = *std::max_element(w.begin(), w.end());
+  std::vector<double> out(static_cast<size_t>(n), -1.0);
+  ds::sched::exp_shifted(w.data(), n, mx, 0.5f, out.data());
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = (w[size_t(i)] - mx) * 0.5f;
+    ASSERT_EQ(out[size_t(i)], double(ds::sched::exp_nonpositive(x))) << i;
+    sum += double(ds::sched::exp_nonpositive(w[size_t(i)] - mx));
+  }
+  EXPECT_EQ(out[17], 0.0);
+  EXPECT_EQ(ds::sched::sum_exp_shifted(w.data(), n, mx), sum);
 }
 
 TEST(Sampler, Validation) {
