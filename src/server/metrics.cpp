@@ -132,11 +132,11 @@ std::string ServerMetrics::render(const deepserve::EngineMetrics* engine,
   metric_header(&out, "deepserve:engine_step_seconds_total", "counter",
                 "Engine-thread seconds per step phase (schedule, forward, sample, emit, "
                 "speculate).");
-  for (const auto& [phase, v] : {std::pair<const char*, double>{"schedule", m.step_schedule_seconds_total},
-                                 {"forward", m.step_forward_seconds_total},
-                                 {"sample", m.step_sample_seconds_total},
-                                 {"emit", m.step_emit_seconds_total},
-                                 {"speculate", m.step_speculate_seconds_total}}) {
+  const std::pair<const char*, double> phases[] = {
+      {"schedule", m.step_schedule_seconds_total}, {"forward", m.step_forward_seconds_total},
+      {"sample", m.step_sample_seconds_total},     {"emit", m.step_emit_seconds_total},
+      {"speculate", m.step_speculate_seconds_total}};
+  for (const auto& [phase, v] : phases) {
     sample(&out, "deepserve:engine_step_seconds_total", labels + ",phase=\"" + phase + "\"", v);
   }
   metric_header(&out, "deepserve:engine_step_tokens_total", "counter",

@@ -147,7 +147,8 @@ TEST(Profile, ABackendsDeviceTimesReplaceTheHostClock) {
   ASSERT_TRUE(host.ok());
   // Same ranges per step as the host-timed run: the fill's and warm-up's were dropped.
   for (int c = 0; c < kNumComponents; ++c) {
-    EXPECT_EQ(result->decode.components[size_t(c)].ranges, host->decode.components[size_t(c)].ranges)
+    EXPECT_EQ(result->decode.components[size_t(c)].ranges,
+              host->decode.components[size_t(c)].ranges)
         << component_name(Component(c));
   }
   EXPECT_EQ(nlohmann::json::parse(profile_to_json(*host, "tiny"))["component_timing"],

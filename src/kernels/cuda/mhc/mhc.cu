@@ -153,8 +153,8 @@ __global__ void __launch_bounds__(kFinishThreads)
     if (lane < hc) {
       pre[lane] =
           ops::sigmoid_f32(__fadd_rn(__fmul_rn(mixes[lane], p.scale[0]), p.base[lane])) + eps;
-      p.post[tok * hc + lane] = 2.0f * ops::sigmoid_f32(__fadd_rn(
-                                           __fmul_rn(mixes[hc + lane], p.scale[1]), p.base[hc + lane]));
+      const float m = __fadd_rn(__fmul_rn(mixes[hc + lane], p.scale[1]), p.base[hc + lane]);
+      p.post[tok * hc + lane] = 2.0f * ops::sigmoid_f32(m);
     }
     float c = __fadd_rn(__fmul_rn(mixes[2 * hc + l], p.scale[2]), p.base[2 * hc + l]);
     // C[j][kk] and C[jj][k] from the lanes that hold them (lane & 16 keeps the mirror half apart).
