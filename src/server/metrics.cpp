@@ -1,8 +1,18 @@
 // Prometheus histograms and the /metrics text (see metrics.h).
 #include "server/metrics.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <utility>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/allocator_interface.h>
+#define DS_HEAP_FROM_SANITIZER 1
+#elif defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+#include <malloc.h>
+#define DS_HEAP_FROM_MALLINFO2 1
+#endif
 
 namespace ds::server {
 namespace {
@@ -25,6 +35,28 @@ void sample(std::string* out, const std::string& name, const std::string& labels
 }
 
 }  // namespace
+
+ProcessMemory process_memory() {
+  ProcessMemory m;
+  // /proc/self/statm: size resident shared text lib data dt, in pages.
+  if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
+    unsigned long long size = 0, resident = 0;
+    if (std::fscanf(f, "%llu %llu", &size, &resident) == 2) {
+      m.resident_bytes = int64_t(resident) * int64_t(sysconf(_SC_PAGESIZE));
+    }
+    std::fclose(f);
+  }
+#if defined(DS_HEAP_FROM_SANITIZER)
+  // AddressSanitizer replaces malloc; its allocator counts the live bytes itself.
+  m.heap_allocated_bytes = int64_t(__sanitizer_get_current_allocated_bytes());
+#elif defined(DS_HEAP_FROM_MALLINFO2)
+  // Every arena's bytes in use plus the mmap'ed chunks: what the program holds, whatever the
+  // arenas' free lists and high-water marks add to the RSS.
+  const struct mallinfo2 info = mallinfo2();
+  m.heap_allocated_bytes = int64_t(info.uordblks + info.hblkhd);
+#endif
+  return m;
+}
 
 std::string prometheus_label_value(const std::string& value) {
   std::string out;
@@ -209,6 +241,18 @@ std::string ServerMetrics::render(const deepserve::EngineMetrics* engine,
   sample(&out, "deepserve:http_responses_total", labels + ",code=\"5xx\"", double(http_5xx_));
   counter("deepserve:http_rejected_total", "HTTP answers 429/503 (overloaded, loading, draining).",
           double(http_rejected_));
+
+  // Process memory, unlabelled like the Prometheus client libraries' process collector.
+  const ProcessMemory pm = process_memory();
+  if (pm.resident_bytes >= 0) {
+    metric_header(&out, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
+    sample(&out, "process_resident_memory_bytes", "", double(pm.resident_bytes));
+  }
+  if (pm.heap_allocated_bytes >= 0) {
+    gauge("deepserve:heap_allocated_bytes",
+          "Bytes the C allocator has handed out and not taken back (glibc mallinfo2).",
+          double(pm.heap_allocated_bytes));
+  }
 
   time_to_first_token.render(&out, "deepserve:time_to_first_token_seconds",
                              "Histogram of time to first token in seconds.", labels);

@@ -57,6 +57,15 @@ class ServerMetrics {
   std::atomic<int64_t> http_2xx_{0}, http_4xx_{0}, http_5xx_{0}, http_rejected_{0};
 };
 
+// This process's memory: the resident set (/proc/self/statm) and the bytes the C allocator holds
+// for the program (glibc's mallinfo2, every arena): the second grows only when live allocations
+// do, the first also with allocator fragmentation. -1 where unavailable.
+struct ProcessMemory {
+  int64_t resident_bytes = -1;
+  int64_t heap_allocated_bytes = -1;
+};
+ProcessMemory process_memory();
+
 // Prometheus label value escaping (backslash, double quote, newline).
 std::string prometheus_label_value(const std::string& value);
 

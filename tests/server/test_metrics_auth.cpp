@@ -1,6 +1,7 @@
 // Unit tests of the Prometheus text (names, histogram buckets) and the API-key helpers (AU1, AU2).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
 #include <sstream>
 
@@ -98,6 +99,29 @@ TEST(Metrics, VllmNamesUnderOurPrefix) {
     if (line.empty() || line[0] == '#') continue;
     EXPECT_EQ(line.rfind(family, 0), 0u) << line;
   }
+}
+
+// The heap gauge follows live allocations (the load test's leak check relies on it) and both
+// process gauges are in the exposition.
+TEST(Metrics, ProcessMemoryFollowsLiveAllocations) {
+  const ProcessMemory before = process_memory();
+  ASSERT_GT(before.resident_bytes, 0);
+  ASSERT_GE(before.heap_allocated_bytes, 0) << "no allocator statistics on this platform";
+  constexpr size_t kBytes = size_t(48) << 20;
+  auto* block = static_cast<volatile unsigned char*>(std::malloc(kBytes));
+  ASSERT_NE(block, nullptr);
+  for (size_t i = 0; i < kBytes; i += 4096) block[i] = static_cast<unsigned char>(i >> 12);
+  const ProcessMemory held = process_memory();
+  std::free(const_cast<unsigned char*>(block));
+  const ProcessMemory after = process_memory();
+  EXPECT_GE(held.heap_allocated_bytes - before.heap_allocated_bytes, int64_t(kBytes));
+  EXPECT_GE(held.resident_bytes - before.resident_bytes, int64_t(kBytes) / 2);
+  EXPECT_LE(after.heap_allocated_bytes, held.heap_allocated_bytes - int64_t(kBytes));
+
+  ServerMetrics m;
+  auto s = Samples(m.render(nullptr, "tiny"));
+  EXPECT_GT(s["process_resident_memory_bytes"], 0);
+  EXPECT_GT(s["deepserve:heap_allocated_bytes{model_name=\"tiny\"}"], 0);
 }
 
 TEST(AU2, ConstantTimeEqual) {
