@@ -128,6 +128,110 @@ TEST_P(ForwardOps, FailedCallLeavesTheArenaEmptyAndTheStateUntouched) {
   EXPECT_EQ(cpu.mark(), 0u);
 }
 
+// A backend that rounds the outputs of rms_norm, rms_norm_heads, rope and mHC itself when it
+// says so (Ops::rounds_elementwise_outputs; CudaOps does it in those kernels): here CpuOps plus a
+// round_bf16 of each such output, done on the inner backend (not counted). Counts the forward's
+// own round_bf16 calls and the calls of those ops.
+class SelfRoundingOps final : public ForwardingOps {
+ public:
+  // claims: what rounds_elementwise_outputs() says; rounds: whether the ops really round.
+  SelfRoundingOps(Ops* inner, bool claims, bool rounds)
+      : ForwardingOps(inner), claims_(claims), rounds_(rounds) {}
+
+  bool rounds_elementwise_outputs() const override { return claims_; }
+  void begin_step(const StepPlan& plan) override {
+    tokens_ = plan.num_tokens;
+    ForwardingOps::begin_step(plan);
+  }
+  void rms_norm(const float* x, const float* w, int64_t rows, int64_t dim, float eps,
+                float* y) override {
+    ForwardingOps::rms_norm(x, w, rows, dim, eps, y);
+    own_round(y, rows * dim);
+  }
+  void rms_norm_heads(float* x, int64_t rows, int64_t heads, int64_t head_dim,
+                      float eps) override {
+    ForwardingOps::rms_norm_heads(x, rows, heads, head_dim, eps);
+    own_round(x, rows * heads * head_dim);
+  }
+  void rope(float* x, int64_t heads, int64_t head_dim, int64_t rope_dim, const float* inv_freq,
+            cpu::RopeDirection direction) override {
+    ForwardingOps::rope(x, heads, head_dim, rope_dim, inv_freq, direction);
+    own_round(x, tokens_ * heads * head_dim);
+  }
+  void mhc_pre(const cpu::MhcConfig& c, const cpu::MhcSiteWeights& w, const float* x, int64_t rows,
+               float* u, float* post, float* comb) override {
+    ForwardingOps::mhc_pre(c, w, x, rows, u, post, comb);
+    own_round(u, rows * c.dim);
+  }
+  void mhc_post(const cpu::MhcConfig& c, const float* o, const float* x, const float* post,
+                const float* comb, int64_t rows, float* x_new) override {
+    ForwardingOps::mhc_post(c, o, x, post, comb, rows, x_new);
+    own_round(x_new, rows * c.hc_mult * c.dim);
+  }
+  void mhc_head(const cpu::MhcConfig& c, const cpu::MhcHeadWeights& w, const float* x,
+                int64_t rows, float* y) override {
+    ForwardingOps::mhc_head(c, w, x, rows, y);
+    own_round(y, rows * c.dim);
+  }
+
+  int forward_rounds_ = 0;    // round_bf16 calls made by the forward
+  int elementwise_calls_ = 0; // calls of the six ops above
+
+ protected:
+  void before_op(const char* name) override {
+    if (std::strcmp(name, "round_bf16") == 0) ++forward_rounds_;
+    for (const char* op : {"rms_norm", "rms_norm_heads", "rope", "mhc_pre", "mhc_post", "mhc_head"})
+      if (std::strcmp(name, op) == 0) ++elementwise_calls_;
+  }
+
+ private:
+  void own_round(float* x, int64_t n) {
+    if (rounds_) inner()->round_bf16(x, n);
+  }
+  bool claims_, rounds_;
+  int64_t tokens_ = 0;
+};
+
+// Chunked prefill + decode logits, then MTP draft logits from the last chunk's streams.
+std::vector<float> run_with_mtp(const Forward& f, const std::vector<int32_t>& tokens) {
+  std::vector<float> logits = run_chunked(f, tokens, {37, 1, 5});
+  SequenceState state = f.new_sequence();
+  SequenceChunk chunk{&state, tokens, {0, int64_t(tokens.size()) - 1}};
+  std::vector<ChunkOutput> out;
+  EXPECT_TRUE(f.run(std::span<SequenceChunk>(&chunk, 1), &out, /*want_streams=*/true).ok());
+  std::vector<int32_t> next = {tokens[1], tokens.back()};
+  MtpChunk m{&state, out[0].streams, next, {0, 1}};
+  std::vector<ChunkOutput> mtp_out;
+  EXPECT_TRUE(f.run_mtp(std::span<MtpChunk>(&m, 1), &mtp_out).ok());
+  logits.insert(logits.end(), mtp_out[0].logits.begin(), mtp_out[0].logits.end());
+  return logits;
+}
+
+// Reference numerics: a backend that rounds those outputs itself gives the default forward's
+// logits bit for bit, and the forward skips exactly one round_bf16 per call of those ops; one
+// that claims to but does not round gives other logits (the forward relies on the claim).
+TEST(ForwardOpsRounding, BackendRoundedOutputsSkipTheForwardsRounding) {
+  const ModelWeights& model = tiny_model();
+  const ForwardOptions options = ForwardOptions::for_mode(NumericsMode::kReference);
+  ASSERT_TRUE(options.round_bf16);
+  const auto tokens = random_tokens(60, 21);
+  CpuOps cpu(model.config());
+  const std::vector<float> want = run_with_mtp(Forward(&model, options), tokens);
+
+  SelfRoundingOps separate(&cpu, /*claims=*/false, /*rounds=*/false);
+  EXPECT_EQ(run_with_mtp(Forward(&model, options, &separate), tokens), want);
+  SelfRoundingOps fused(&cpu, /*claims=*/true, /*rounds=*/true);
+  EXPECT_EQ(run_with_mtp(Forward(&model, options, &fused), tokens), want);
+  EXPECT_EQ(fused.elementwise_calls_, separate.elementwise_calls_);
+  EXPECT_GT(fused.elementwise_calls_, 0);
+  EXPECT_EQ(separate.forward_rounds_ - fused.forward_rounds_, separate.elementwise_calls_);
+  EXPECT_GT(fused.forward_rounds_, 0);  // the linears' and the attention's rounding stay
+
+  SelfRoundingOps lying(&cpu, /*claims=*/true, /*rounds=*/false);
+  EXPECT_NE(run_with_mtp(Forward(&model, options, &lying), tokens), want);
+  EXPECT_EQ(cpu.mark(), 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, ForwardOps,
                          ::testing::Values(NumericsMode::kReference, NumericsMode::kHf),
                          [](const auto& info) {

@@ -89,12 +89,14 @@ class DualOps final : public dsv4::Ops {
     sync(x, r * d);
     gpu_->rms_norm(x, w, r, d, eps, y);
     cpu_.rms_norm(host(x), w, r, d, eps, host(y));
+    cpu_round(y, r * d);
     compare("rms_norm", y, r * d);
   }
   void rms_norm_heads(float* x, int64_t r, int64_t h, int64_t hd, float eps) override {
     sync(x, r * h * hd);
     gpu_->rms_norm_heads(x, r, h, hd, eps);
     cpu_.rms_norm_heads(host(x), r, h, hd, eps);
+    cpu_round(x, r * h * hd);
     compare("rms_norm_heads", x, r * h * hd);
   }
   void rope(float* x, int64_t h, int64_t hd, int64_t rd, const float* f,
@@ -102,8 +104,12 @@ class DualOps final : public dsv4::Ops {
     sync(x, rows() * h * hd);
     gpu_->rope(x, h, hd, rd, f, dir);
     cpu_.rope(host(x), h, hd, rd, f, dir);
+    cpu_round(x, rows() * h * hd);
     compare("rope", x, rows() * h * hd);
   }
+  // The GPU rounds these ops' outputs in their kernels: the CPU side rounds after its op, as the
+  // forward would have (one comparison per op either way).
+  bool rounds_elementwise_outputs() const override { return gpu_->rounds_elementwise_outputs(); }
   void round_bf16(float* x, int64_t n) override {
     sync(x, n);
     gpu_->round_bf16(x, n);
@@ -134,6 +140,7 @@ class DualOps final : public dsv4::Ops {
     sync(x, r * c.hc_mult * c.dim);
     gpu_->mhc_pre(c, w, x, r, u, post, comb);
     cpu_.mhc_pre(c, w, host(x), r, host(u), host(post), host(comb));
+    cpu_round(u, r * c.dim);
     compare("mhc_pre u", u, r * c.dim);
     compare("mhc_pre post", post, r * c.hc_mult);
     compare("mhc_pre comb", comb, r * c.hc_mult * c.hc_mult);
@@ -146,6 +153,7 @@ class DualOps final : public dsv4::Ops {
     sync(comb, r * c.hc_mult * c.hc_mult);
     gpu_->mhc_post(c, o, x, post, comb, r, x_new);
     cpu_.mhc_post(c, host(o), host(x), host(post), host(comb), r, host(x_new));
+    cpu_round(x_new, r * c.hc_mult * c.dim);
     compare("mhc_post", x_new, r * c.hc_mult * c.dim);
   }
   void mhc_head(const cpu::MhcConfig& c, const cpu::MhcHeadWeights& w, const float* x, int64_t r,
@@ -153,6 +161,7 @@ class DualOps final : public dsv4::Ops {
     sync(x, r * c.hc_mult * c.dim);
     gpu_->mhc_head(c, w, x, r, y);
     cpu_.mhc_head(c, w, host(x), r, host(y));
+    cpu_round(y, r * c.dim);
     compare("mhc_head", y, r * c.dim);
   }
   void moe(const dsv4::MoeSite& site, const float* x, float* y) override {
@@ -233,6 +242,10 @@ class DualOps final : public dsv4::Ops {
     if (n <= 0) return;
     cudaStreamSynchronize(gpu_->stream());
     cudaMemcpy(host(d), d, size_t(n) * 4, cudaMemcpyDeviceToHost);
+  }
+  // The CPU copy of the GPU buffer d gets the rounding the GPU op did in its kernel.
+  void cpu_round(const float* d, int64_t n) {
+    if (gpu_->rounds_elementwise_outputs() && n > 0) cpu_.round_bf16(host(d), n);
   }
   void compare(const std::string& op, const float* d, int64_t n) {
     if (n <= 0) return;

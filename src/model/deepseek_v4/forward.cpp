@@ -8,7 +8,9 @@
 // attention output before and after its inverse RoPE, the wo_a and wo_b outputs, the MoE output,
 // the mHC post output (the residual streams), the final head collapse and norm, and in the MTP
 // layer the enorm / hnorm / e_proj / h_proj outputs and their sum. Inside the kernels:
-// compressor_finish_entry, indexer_prepare_query and the MoE experts round where REF does.
+// compressor_finish_entry, indexer_prepare_query and the MoE experts round where REF does. After
+// RMSNorm, RoPE and mHC the rounding is the backend's own when it says so
+// (Ops::rounds_elementwise_outputs: CudaOps does it in those kernels), else a round_bf16 call.
 #include "model/deepseek_v4/forward.h"
 
 #include <cmath>
@@ -116,6 +118,10 @@ void Forward::maybe_round(float* x, int64_t n) const {
   if (options_.round_bf16) ops_->round_bf16(x, n);
 }
 
+void Forward::round_elementwise_output(float* x, int64_t n) const {
+  if (options_.round_bf16 && !ops_->rounds_elementwise_outputs()) ops_->round_bf16(x, n);
+}
+
 void Forward::attention(const LayerWeights& L, int64_t slot, int64_t N, const float* h,
                         float* out) const {
   const DeepSeekV4Config& c = config();
@@ -137,20 +143,20 @@ void Forward::attention(const LayerWeights& L, int64_t slot, int64_t N, const fl
     ops.linear(h, N, L.wq_a, actq, qr);
     maybe_round(qr, N * c.q_lora_rank);
     ops.rms_norm(qr, L.q_norm.data(), N, c.q_lora_rank, eps, qr);
-    maybe_round(qr, N * c.q_lora_rank);
+    round_elementwise_output(qr, N * c.q_lora_rank);
     ops.linear(qr, N, L.wq_b, actq, q);
     maybe_round(q, N * H * hd);
     ops.rms_norm_heads(q, N, H, hd, eps);
-    maybe_round(q, N * H * hd);
+    round_elementwise_output(q, N * H * hd);
     ops.rope(q, H, hd, rd, L.inv_freq.data(), cpu::RopeDirection::kForward);
-    maybe_round(q, N * H * hd);
+    round_elementwise_output(q, N * H * hd);
 
     ops.linear(h, N, L.wkv, actq, kv);
     maybe_round(kv, N * hd);
     ops.rms_norm(kv, L.kv_norm.data(), N, hd, eps, kv);
-    maybe_round(kv, N * hd);
+    round_elementwise_output(kv, N * hd);
     ops.rope(kv, 1, hd, rd, L.inv_freq.data(), cpu::RopeDirection::kForward);
-    maybe_round(kv, N * hd);
+    round_elementwise_output(kv, N * hd);
     if (f.fp8_kv_simulation) ops.simulate_fp8_kv(kv, N, hd, rd);
   }
 
@@ -219,7 +225,7 @@ void Forward::attention(const LayerWeights& L, int64_t slot, int64_t N, const fl
   {
     ComponentScope scope(ops_, Component::kAttentionProjections);
     ops.rope(o, H, hd, rd, L.inv_freq.data(), cpu::RopeDirection::kInverse);
-    maybe_round(o, N * H * hd);
+    round_elementwise_output(o, N * H * hd);
     float* z = alloc(N * L.wo_a.out_features);  // [N, o_groups * o_lora_rank]
     ops.grouped_output_projection(o, c.o_groups, L.wo_a, z);
     maybe_round(z, N * L.wo_a.out_features);
@@ -261,7 +267,6 @@ MoeSite moe_site(const ModelWeights& weights, const LayerWeights& L,
 
 void Forward::block(const LayerWeights& L, int64_t slot, int64_t N, float* x) const {
   const DeepSeekV4Config& c = config();
-  const cpu::NumericsFlags& f = options_.flags;
   const int64_t D = c.hidden_size, hc = c.hc_mult;
   const float eps = float(c.rms_norm_eps);
   const cpu::MhcConfig mc = mhc_config(c);
@@ -278,16 +283,16 @@ void Forward::block(const LayerWeights& L, int64_t slot, int64_t N, float* x) co
     {
       ComponentScope scope(ops_, Component::kMhc);
       ops.mhc_pre(mc, site, streams, N, u, post, comb);
-      maybe_round(u, N * D);
+      round_elementwise_output(u, N * D);
     }
     ComponentScope scope(ops_, Component::kNorm);
     ops.rms_norm(u, norm, N, D, eps, u);
-    maybe_round(u, N * D);
+    round_elementwise_output(u, N * D);
   };
   auto mhc_post = [&](const float* streams, float* streams_new) {
     ComponentScope scope(ops_, Component::kMhc);
     ops.mhc_post(mc, branch, streams, post, comb, N, streams_new);
-    maybe_round(streams_new, N * hc * D);
+    round_elementwise_output(streams_new, N * hc * D);
   };
   mhc_pre(L.hc_attn, x, L.attn_norm.data());
   attention(L, slot, N, u, branch);
@@ -323,9 +328,9 @@ void Forward::head(const float* x, const std::vector<int64_t>& rows,
   ops.gather_rows(x, hc * D, rows, xs);
   float* y = alloc(R * D);  // [R, D]
   ops.mhc_head(mhc_config(c), hc_head, xs, R, y);
-  maybe_round(y, R * D);
+  round_elementwise_output(y, R * D);
   ops.rms_norm(y, norm.data(), R, D, float(c.rms_norm_eps), y);
-  maybe_round(y, R * D);
+  round_elementwise_output(y, R * D);
   // §4: fp32 logits; the head is a bf16 linear (input never quantized).
   float* out = alloc(R * c.vocab_size);  // [R, vocab]
   ops.linear(y, R, weights_->head, false, out);
@@ -547,12 +552,12 @@ Status Forward::run_mtp(std::span<MtpChunk> chunks, std::vector<ChunkOutput>* ou
     float* ep = alloc(N * D);
     ops.embed(weights_->embed, 1, e);
     ops.rms_norm(e, M.enorm.data(), N, D, eps, e);
-    maybe_round(e, N * D);
+    round_elementwise_output(e, N * D);
     ops.linear(e, N, M.e_proj, actq, ep);
     maybe_round(ep, N * D);
     float* hp = alloc(N * hc * D);
     ops.rms_norm(streams, M.hnorm.data(), N * hc, D, eps, streams);
-    maybe_round(streams, N * hc * D);
+    round_elementwise_output(streams, N * hc * D);
     ops.linear(streams, N * hc, M.h_proj, actq, hp);
     maybe_round(hp, N * hc * D);
     ops.add_broadcast(ep, hp, hc, D, x);

@@ -1364,6 +1364,7 @@ void CudaOps::rms_norm(const float* x, const float* weight, int64_t rows, int64_
   p.x_stride = dim;
   p.y_stride = dim;
   p.eps = eps;
+  p.round_bf16 = true;  // rounds_elementwise_outputs()
   cuda::launch_rms_norm(p, stream_);
   (void)check(cuda_check(cudaGetLastError(), "launch_rms_norm"));
 }
@@ -1377,6 +1378,7 @@ void CudaOps::rms_norm_heads(float* x, int64_t rows, int64_t heads, int64_t head
   p.head_dim = head_dim;
   p.token_stride = heads * head_dim;
   p.eps = eps;
+  p.round_bf16 = true;
   cuda::launch_rms_norm_heads(p, stream_);
   (void)check(cuda_check(cudaGetLastError(), "launch_rms_norm_heads"));
 }
@@ -1394,6 +1396,7 @@ void CudaOps::rope(float* x, int64_t heads, int64_t head_dim, int64_t rope_dim,
   p.rope_dim = rope_dim;
   p.token_stride = heads * head_dim;
   p.inverse = direction == cpu::RopeDirection::kInverse;
+  p.round_bf16 = true;
   cuda::launch_rope(p, stream_);
   (void)check(cuda_check(cudaGetLastError(), "launch_rope"));
 }
@@ -1458,6 +1461,7 @@ void CudaOps::mhc_pre(const cpu::MhcConfig& config, const cpu::MhcSiteWeights& w
   p.sinkhorn_iters = int(config.sinkhorn_iters);
   p.hc_eps = config.hc_eps;
   p.norm_eps = config.norm_eps;
+  p.round_bf16 = true;
   if (!failed()) {
     cuda::launch_mhc_pre(p, stream_);
     (void)check(cuda_check(cudaGetLastError(), "launch_mhc_pre"));
@@ -1476,6 +1480,7 @@ void CudaOps::mhc_post(const cpu::MhcConfig& config, const float* o, const float
   p.x_new = x_new;
   p.num_tokens = rows;
   p.dim = config.dim;
+  p.round_bf16 = true;
   cuda::launch_mhc_post(p, stream_);
   (void)check(cuda_check(cudaGetLastError(), "launch_mhc_post"));
 }
@@ -1495,6 +1500,7 @@ void CudaOps::mhc_head(const cpu::MhcConfig& config, const cpu::MhcHeadWeights& 
   p.dim = config.dim;
   p.hc_eps = config.hc_eps;
   p.norm_eps = config.norm_eps;
+  p.round_bf16 = true;
   if (!failed()) {
     cuda::launch_mhc_head(p, stream_);
     (void)check(cuda_check(cudaGetLastError(), "launch_mhc_head"));

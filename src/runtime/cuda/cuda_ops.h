@@ -158,6 +158,9 @@ class CudaOps final : public dsv4::Ops {
   void rope(float* x, int64_t heads, int64_t head_dim, int64_t rope_dim, const float* inv_freq,
             cpu::RopeDirection direction) override;
   void round_bf16(float* x, int64_t n) override;
+  // Reference numerics only (create): rms_norm, rms_norm_heads, rope and the mHC ops round in
+  // their kernels.
+  bool rounds_elementwise_outputs() const override { return true; }
   void simulate_fp8_kv(float* kv, int64_t rows, int64_t head_dim, int64_t rope_dim) override;
   void indexer_prepare_query(float* q, int64_t heads, int64_t head_dim, int64_t rope_dim,
                              const float* inv_freq, bool fp4_simulation, bool round_bf16) override;
