@@ -385,6 +385,29 @@ Shape tiny_shape() {
   return s;
 }
 
+// Host arithmetic only (no GPU): at Flash widths on 132 SMs, a split plan places at most one
+// CTA per SM, except the batch-1 rule's one-tile CTAs (at most two per SM); batches that fill the
+// GPU with heads do not split; every query of the widest key list gets at least one tile per split.
+TEST(SparseMlaPlan, SplitsFitOneCtaPerSm) {
+  constexpr int32_t kSms = 132, kHeads = 64, kWindow = 128, kTopk = 512;
+  for (int32_t batch = 1; batch <= 128; ++batch) {
+    const cuda::SparseMlaPlan plan =
+        cuda::plan_sparse_mla_decode(batch, kHeads, kWindow, kTopk, kSms);
+    const int64_t ctas = int64_t(batch) * (kHeads / plan.heads_per_cta) * plan.max_splits;
+    ASSERT_EQ(plan.max_tiles, (kWindow + kTopk) / cuda::kSparseMlaTileKeys);
+    ASSERT_LE(plan.max_splits, plan.max_tiles);
+    const bool one_tile_per_cta = plan.max_splits == plan.max_tiles;
+    if (plan.max_splits > 1 && !one_tile_per_cta) EXPECT_LE(ctas, kSms) << "batch " << batch;
+    if (one_tile_per_cta) EXPECT_LE(ctas, 2 * kSms) << "batch " << batch;
+    if (2 * int64_t(batch) * (kHeads / plan.heads_per_cta) >= kSms)
+      EXPECT_EQ(plan.max_splits, 1) << "batch " << batch;
+  }
+  // The measured cases (NOTES.md v6): batch 4 -> 8 splits, batch 16 -> 2, batch 1 -> 40.
+  EXPECT_EQ(cuda::plan_sparse_mla_decode(4, kHeads, kWindow, kTopk, kSms).max_splits, 8);
+  EXPECT_EQ(cuda::plan_sparse_mla_decode(16, kHeads, kWindow, kTopk, kSms).max_splits, 2);
+  EXPECT_EQ(cuda::plan_sparse_mla_decode(1, kHeads, kWindow, kTopk, kSms).max_splits, 40);
+}
+
 TEST(SparseMlaCuda, TinyShapes) {
   DS_REQUIRE_GPU();
   Shape s = tiny_shape();

@@ -1035,7 +1035,10 @@ SparseMlaPlan plan_sparse_mla_decode(int32_t num_queries, int32_t num_heads, int
   // stores one fp32 partial per tile (NOTES.md), which costs more than idle SMs beyond that.
   int64_t splits = 1;
   if (2 * ctas < sms) {
-    splits = (sms + ctas - 1) / ctas;
+    // At most one CTA per SM (rounded down): rounding up put a second CTA on some SMs, whose
+    // splits then finished last (H200, session 8, context 32K: batch 4 s8 20.5 us vs s9 26.7,
+    // batch 16 s2 58.5 vs s3 68.9; NOTES.md v6).
+    splits = std::max<int64_t>(1, sms / ctas);
     // 16-head CTAs run two per SM: where one wave still leaves some CTA two tiles of a full-width
     // query (batch 1: 33 splits of 40 tiles), take up to two CTAs per SM, one tile each (v5).
     if (plan.heads_per_cta == 16 && splits < plan.max_tiles && 2 * splits > plan.max_tiles)
