@@ -177,6 +177,7 @@ class GemmCudaTest : public ::testing::Test {
     runner_ = std::move(r).value();
   }
   static constexpr int64_t kMaxTokens = 4096, kMaxCols = 32768;
+  bool f32_input_ = false;  // run_fp8_case through the runner: quantized cases read fp32 input
 
   // Runs one case through GemmRunner::linear_fp8 (which picks the path by M) and checks the
   // sampled tokens. Returns the worst |err| / S seen.
@@ -195,6 +196,7 @@ class GemmCudaTest : public ::testing::Test {
     std::vector<uint16_t> x = random_activations(rng, m, x_stride);
     DeviceWeight dw(hw);
     test::DeviceBuffer<uint16_t> dx(x.size());
+    test::DeviceBuffer<float> dx32(f32_input_ && quantize ? x.size() : 1);
     const size_t esz = out == cuda::OutType::kF32 ? 4 : 2;
     test::DeviceBuffer<uint8_t> dy(size_t(m * gn) * esz);
     EXPECT_TRUE(dw.data.ok() && dw.scale.ok() && dw.scale_f32.ok() && dx.ok() && dy.ok());
@@ -252,6 +254,14 @@ class GemmCudaTest : public ::testing::Test {
       p.num_tokens = m;
       p.x.bf16 = dx.get();
       p.x.x_row_stride = x_stride;
+      if (f32_input_ && quantize) {
+        // The same (bf16-valued) activations as fp32: quantized from fp32, no bf16 input.
+        std::vector<float> x32(x.size());
+        for (size_t i = 0; i < x.size(); ++i) x32[i] = bf16_to_float(x[i]);
+        EXPECT_EQ(dx32.upload(x32), cudaSuccess);
+        p.x.bf16 = nullptr;
+        p.x.f32 = dx32.get();
+      }
       p.quantize_activations = quantize;
       p.y = dy.get();
       p.y_type = out;
@@ -491,6 +501,16 @@ TEST_F(GemmCudaTest, DecodeBatchSizesThroughRunner) {
     for (int64_t m : {2, 4, 8})
       for (bool q : {true, false})
         run_fp8_case(kFlashShapes[i], m, q, cuda::OutType::kBF16, ++seed);
+}
+
+TEST_F(GemmCudaTest, Fp32InputThroughRunner) {
+  // What CudaOps passes for quantized FP8 linears: fp32 activations, quantized by the runner
+  // (small-M kernels at M <= 64, cuBLASLt above and in its decode range).
+  f32_input_ = true;
+  uint64_t seed = 850;
+  for (int i : {0, 1, 2, 3, 4})
+    for (int64_t m : {1, 5, 16, 64, 300}) run_fp8_case(kFlashShapes[i], m, true,
+                                                       cuda::OutType::kF32, ++seed);
 }
 
 TEST_F(GemmCudaTest, FlashShapesDecode) {

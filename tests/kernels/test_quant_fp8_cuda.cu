@@ -35,9 +35,24 @@ std::vector<uint16_t> random_activations(Rng& rng, int64_t n) {
   return x;
 }
 
-void check_against_reference(const Shape& s, uint64_t seed) {
+// f32_input: the kernel reads fp32 values that are not bf16 values (x_f32), the reference rounds
+// them to bf16 first (ds::float_to_bf16), as the bf16 copy of launch_f32_to_bf16 would hold.
+void check_against_reference(const Shape& s, uint64_t seed, bool f32_input = false) {
   Rng rng(seed);
   std::vector<uint16_t> x = random_activations(rng, s.rows * s.stride);
+  std::vector<float> x32;
+  if (f32_input) {
+    // Each value moved off its bf16 value by 0, 1/2 or 1 times |v| 2^-8 either way: about half a
+    // bf16 step at most (ties where v is a power of two).
+    x32.resize(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float v = bf16_to_float(x[i]);
+      const float half_step = std::ldexp(std::fabs(v), -8);
+      const float off = float(int(rng.below(5)) - 2) * 0.5f * half_step;  // -1..1 half steps
+      x32[i] = v + off;
+      x[i] = float_to_bf16(x32[i]);
+    }
+  }
   // CPU reference on the same (bf16-rounded) values, row by row.
   std::vector<uint8_t> ref_codes(size_t(s.rows * s.row_len)), ref_scales(size_t(s.rows * s.row_len / 128));
   std::vector<float> row(size_t(s.row_len));
@@ -47,13 +62,16 @@ void check_against_reference(const Shape& s, uint64_t seed) {
                              &ref_scales[size_t(r * s.row_len / 128)], nullptr);
   }
   test::DeviceBuffer<uint16_t> d_x(x.size());
+  test::DeviceBuffer<float> d_x32(f32_input ? x32.size() : 1);
   test::DeviceBuffer<uint8_t> d_codes(ref_codes.size()), d_scales(ref_scales.size());
-  ASSERT_TRUE(d_x.ok() && d_codes.ok() && d_scales.ok());
+  ASSERT_TRUE(d_x.ok() && d_x32.ok() && d_codes.ok() && d_scales.ok());
   DS_CUDA_ASSERT(d_x.upload(x));
+  if (f32_input) DS_CUDA_ASSERT(d_x32.upload(x32));
   DS_CUDA_ASSERT(d_codes.poison());
   DS_CUDA_ASSERT(d_scales.poison());
   cuda::QuantFp8Params p;
-  p.x = d_x.get();
+  p.x = f32_input ? nullptr : d_x.get();
+  p.x_f32 = f32_input ? d_x32.get() : nullptr;
   p.codes = d_codes.get();
   p.scales = d_scales.get();
   p.num_rows = s.rows;
@@ -85,6 +103,15 @@ TEST(QuantFp8Cuda, FlashShapes) {
   check_against_reference({64, 4096, 4096}, 22);    // decode batch 64
   check_against_reference({37, 2048, 2048}, 23);    // expert down-projection input
   check_against_reference({2048, 8192, 8192}, 24);  // prefill chunk, wo_b input (o_groups*o_lora)
+}
+
+TEST(QuantFp8Cuda, Fp32InputRoundsToBf16First) {
+  DS_REQUIRE_GPU();
+  check_against_reference({3, 256, 256}, 31, true);
+  check_against_reference({5, 256, 384}, 32, true);     // strided rows
+  check_against_reference({1, 4096, 4096}, 33, true);   // decode, hidden (wq_a, wkv input)
+  check_against_reference({64, 1024, 1024}, 34, true);  // decode batch 64, wq_b input
+  check_against_reference({300, 8192, 8192}, 35, true); // prefill, wo_b input
 }
 
 TEST(QuantFp8Cuda, NanPropagates) {

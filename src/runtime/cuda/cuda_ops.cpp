@@ -1284,7 +1284,10 @@ Status CudaOps::linear_impl(const float* x, int64_t rows, const cpu::LinearWeigh
   if (rows == 0) return ok_status();
   const int64_t K = w.in_features * groups;
   const size_t mark = arena_.mark();
-  const uint16_t* xb = to_bf16(x, rows, K);
+  // A quantized FP8 linear reads x itself (rounded to bf16 as it is quantized): no bf16 copy.
+  const bool fp8_from_f32 = w.format == cpu::WeightFormat::kFp8Block && quantize &&
+                            reinterpret_cast<uintptr_t>(x) % 16 == 0 && K % 8 == 0;
+  const uint16_t* xb = fp8_from_f32 ? nullptr : to_bf16(x, rows, K);
   if (failed()) return error_;
   Status st;
   if (w.format == cpu::WeightFormat::kFp8Block) {
@@ -1298,6 +1301,7 @@ Status CudaOps::linear_impl(const float* x, int64_t rows, const cpu::LinearWeigh
     p.w.num_groups = groups;
     p.num_tokens = rows;
     p.x.bf16 = xb;
+    p.x.f32 = fp8_from_f32 ? x : nullptr;
     p.x.x_row_stride = K;
     p.quantize_activations = quantize;
     p.y = y;

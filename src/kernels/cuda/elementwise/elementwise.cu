@@ -25,16 +25,8 @@ __device__ __forceinline__ float quiet_nan() {
   return __uint_as_float(0x7FFFFFFFu);
 }
 
-// ds::float_to_bf16 bit for bit: round to nearest even; a NaN stays a NaN with its payload's top
-// bits and the quiet bit set (cvt.rn.bf16.f32 would return the canonical NaN instead).
-__device__ __forceinline__ uint32_t bf16_bits_exact(float v) {
-  const uint32_t u = __float_as_uint(v);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return ((u >> 16) | 0x0040u) & 0xFFFFu;
-  return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-}
-__device__ __forceinline__ float round_bf16_exact(float v) {
-  return __uint_as_float(bf16_bits_exact(v) << 16);
-}
+using ops::bf16_bits_exact;
+using ops::round_bf16_exact;
 
 bool aligned(const void* p, uintptr_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;

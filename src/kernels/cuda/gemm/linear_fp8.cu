@@ -1447,16 +1447,19 @@ Status GemmRunner::linear_fp8(const Fp8LinearParams& p, cudaStream_t stream) {
   if (p.num_tokens < 0) return invalid_argument("fp8 linear: negative token count");
   if (p.num_tokens == 0) return ok_status();
   const int64_t in_cols = p.w.in_features * p.w.num_groups;
+  if (p.x.f32 && (!p.quantize_activations || reinterpret_cast<uintptr_t>(p.x.f32) % 16 != 0))
+    return invalid_argument("fp8 linear: fp32 input needs quantize_activations and 16-byte rows");
   Fp8LinearParams q = p;
   if (p.quantize_activations && !p.x.codes) {
     // Reference numerics: quantize once into the workspace (bit-exact with the CPU reference).
-    if (!p.x.bf16) return invalid_argument("fp8 linear: no input");
+    if (!p.x.bf16 && !p.x.f32) return invalid_argument("fp8 linear: no input");
     if (p.num_tokens > max_tokens_ || in_cols > max_in_columns_)
       return invalid_argument("fp8 linear: input larger than the runner's workspace");
     if (p.x.x_row_stride < in_cols || p.x.x_row_stride % 8 != 0)
       return invalid_argument("fp8 linear: bf16 row stride must be >= G*K and a multiple of 8");
     QuantFp8Params qp;
-    qp.x = p.x.bf16;
+    qp.x = p.x.f32 ? nullptr : p.x.bf16;
+    qp.x_f32 = p.x.f32;
     qp.codes = codes_;
     qp.scales = scales_;
     qp.num_rows = p.num_tokens;

@@ -56,6 +56,9 @@ struct Fp8Activations {
   int64_t x_row_stride = 0;         // elements, >= G*K, a multiple of 8
   const uint8_t* codes = nullptr;   // [M, G*K] e4m3 (contiguous rows), or nullptr
   const uint8_t* scales = nullptr;  // [M, G*K/128] e8m0, or nullptr
+  // Reference numerics only, instead of bf16: fp32 values [M, x_row_stride], 16-byte aligned,
+  // quantized as their bf16 roundings would be (QuantFp8Params::x_f32; no bf16 copy needed).
+  const float* f32 = nullptr;
 };
 
 // ---- small M: our own kernels ------------------------------------------------------------------

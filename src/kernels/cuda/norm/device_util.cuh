@@ -20,6 +20,16 @@ __device__ __forceinline__ float round_bf16(float v) {
 __device__ __forceinline__ uint16_t bf16_bits(float v) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
+// ds::float_to_bf16 bit for bit: round to nearest even; a NaN stays a NaN with its payload's top
+// bits and the quiet bit set (cvt.rn.bf16.f32 would return the canonical NaN instead).
+__device__ __forceinline__ uint32_t bf16_bits_exact(float v) {
+  const uint32_t u = __float_as_uint(v);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return ((u >> 16) | 0x0040u) & 0xFFFFu;
+  return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+}
+__device__ __forceinline__ float round_bf16_exact(float v) {
+  return __uint_as_float(bf16_bits_exact(v) << 16);
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -1,10 +1,12 @@
 // FP8 block activation quantization kernel. Each half-warp owns one 128-element block: every lane
 // loads 8 bf16 values (16 bytes, coalesced), the half-warp reduces the absolute maximum with
 // shuffles, its first lane writes the e8m0 scale, and every lane writes its 8 e4m3 codes (8 bytes).
-// Memory-bound: it reads 2 bytes and writes 1 byte (+1/128) per element. v1 (one warp per block,
-// 8-byte loads) reached 1.98x the floor; see NOTES.md.
+// Memory-bound: it reads 2 bytes (fp32 input: 4, rounded to bf16 in registers) and writes 1 byte
+// (+1/128) per element. v1 (one warp per block, 8-byte loads) reached 1.98x the floor; see
+// NOTES.md.
 #include <cuda_fp8.h>
 
+#include "kernels/cuda/norm/device_util.cuh"
 #include "kernels/cuda/quant/quant_fp8.h"
 
 namespace ds::cuda {
@@ -22,6 +24,7 @@ __device__ __forceinline__ uint32_t e8m0_ceil_pow2_code(float v) {
   return exp_field + ((u & 0x7FFFFFu) ? 1u : 0u);
 }
 
+template <bool kF32In>
 __global__ void quantize_fp8_blocks_kernel(QuantFp8Params p) {
   // Each half-warp owns one 128-element block: 16 lanes x 8 bf16 (one 16-byte load each).
   const int lane = threadIdx.x & 31;
@@ -35,7 +38,13 @@ __global__ void quantize_fp8_blocks_kernel(QuantFp8Params p) {
   const int64_t col0 = active ? (block % blocks_per_row) * kQuantFp8Block + sub * 8 : 0;
 
   float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  if (active) {
+  if (active && kF32In) {
+    const float4* src = reinterpret_cast<const float4*>(p.x_f32 + row * p.x_row_stride + col0);
+    const float4 a = src[0], b = src[1];
+    const float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = ops::round_bf16_exact(f[i]);
+  } else if (active) {
     const uint4 raw = *reinterpret_cast<const uint4*>(p.x + row * p.x_row_stride + col0);
     const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
@@ -75,7 +84,10 @@ void launch_quantize_fp8_blocks(const QuantFp8Params& params, cudaStream_t strea
   constexpr int kWarpsPerCta = 8;
   const int64_t blocks_per_cta = 2 * kWarpsPerCta;  // two 128-element blocks per warp
   const int64_t grid = (num_blocks + blocks_per_cta - 1) / blocks_per_cta;
-  quantize_fp8_blocks_kernel<<<unsigned(grid), kWarpsPerCta * 32, 0, stream>>>(params);
+  if (params.x_f32 != nullptr)
+    quantize_fp8_blocks_kernel<true><<<unsigned(grid), kWarpsPerCta * 32, 0, stream>>>(params);
+  else
+    quantize_fp8_blocks_kernel<false><<<unsigned(grid), kWarpsPerCta * 32, 0, stream>>>(params);
 }
 
 }  // namespace ds::cuda

@@ -18,6 +18,10 @@ struct QuantFp8Params {
   int64_t num_rows = 0;
   int64_t row_len = 0;          // a multiple of 128
   int64_t x_row_stride = 0;     // in elements; >= row_len and a multiple of 8
+  // Instead of x (which must then be null): fp32 values, same layout and stride rules, 16-byte
+  // aligned, rounded to bf16 (ds::float_to_bf16) as they are loaded: the codes and scales of
+  // launch_f32_to_bf16 followed by the bf16 form, without the bf16 copy in memory.
+  const float* x_f32 = nullptr;
 };
 
 inline constexpr int kQuantFp8Block = 128;
