@@ -99,15 +99,16 @@ class UlpPerturbedOps final : private CpuOpsHolder, public ForwardingOps {
  public:
   UlpPerturbedOps(const DeepSeekV4Config& config, uint64_t seed)
       : CpuOpsHolder(config), ForwardingOps(&cpu_), state_(seed * 0x9E3779B97F4A7C15ull + 1) {}
-  void linear(const float* x, int64_t rows, const cpu::LinearWeight& w, bool q,
-              float* y) override {
-    cpu_.linear(x, rows, w, q, y);
+  void linear(const float* x, int64_t rows, const cpu::LinearWeight& w, bool q, float* y,
+              bool round_output) override {
+    cpu_.linear(x, rows, w, q, y, false);
     for (int64_t i = 0; i < rows * w.out_features; ++i) {
       state_ ^= state_ << 13;
       state_ ^= state_ >> 7;
       state_ ^= state_ << 17;
       y[i] = std::nextafter(y[i], (state_ & 1) ? INFINITY : -INFINITY);
     }
+    if (round_output) cpu_.round_bf16(y, rows * w.out_features);  // after, as the forward did
   }
 
  private:

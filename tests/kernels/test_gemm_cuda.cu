@@ -188,7 +188,9 @@ class GemmCudaTest : public ::testing::Test {
     if (direct_small_m) path = Path::kSmallM;
     SCOPED_TRACE(std::string(s.name) + " M=" + std::to_string(m) +
                  (quantize ? " quantized" : " bf16-act") +
-                 (out == cuda::OutType::kF32 ? " f32-out" : " bf16-out"));
+                 (out == cuda::OutType::kF32      ? " f32-out"
+                  : out == cuda::OutType::kF32Bf16 ? " f32-rounded-out"
+                                                   : " bf16-out"));
     Rng rng(seed);
     HostWeight hw = random_weight(rng, s);
     const int64_t gk = s.k * s.groups, gn = s.n * s.groups;
@@ -197,7 +199,7 @@ class GemmCudaTest : public ::testing::Test {
     DeviceWeight dw(hw);
     test::DeviceBuffer<uint16_t> dx(x.size());
     test::DeviceBuffer<float> dx32(f32_input_ && quantize ? x.size() : 1);
-    const size_t esz = out == cuda::OutType::kF32 ? 4 : 2;
+    const size_t esz = cuda::out_is_f32(out) ? 4 : 2;
     test::DeviceBuffer<uint8_t> dy(size_t(m * gn) * esz);
     EXPECT_TRUE(dw.data.ok() && dw.scale.ok() && dw.scale_f32.ok() && dx.ok() && dy.ok());
     EXPECT_EQ(dw.data.upload(hw.data), cudaSuccess);
@@ -312,14 +314,20 @@ class GemmCudaTest : public ::testing::Test {
       for (int64_t n = 0; n < gn; ++n) {
         const size_t gi = size_t(toks[ti] * gn + n), ri = ti * size_t(gn) + size_t(n);
         float got;
-        if (out == cuda::OutType::kF32)
+        if (cuda::out_is_f32(out))
           std::memcpy(&got, &ybytes[gi * 4], 4);
         else
           got = bf16_to_float(uint16_t(ybytes[gi * 2] | (ybytes[gi * 2 + 1] << 8)));
+        // kF32Bf16: fp32 elements that are bf16 values.
+        if (out == cuda::OutType::kF32Bf16 && !(bf16_to_float(float_to_bf16(got)) == got)) {
+          if (bad < 5) ADD_FAILURE() << "token " << toks[ti] << " row " << n << ": " << got
+                                     << " is not a bf16 value";
+          ++bad;
+        }
         const double err = std::fabs(double(got) - double(ref[ri]));
         const double tol =
             (tight ? kTol : kTolCublasLt) * abs_sum[ri] +
-            (out == cuda::OutType::kBF16 ? std::ldexp(std::fabs(ref[ri]), -8) : 0.0) + 1e-30;
+            (out != cuda::OutType::kF32 ? std::ldexp(std::fabs(ref[ri]), -8) : 0.0) + 1e-30;
         err2 += err * err;
         ref2 += double(ref[ri]) * ref[ri];
         if (!(err <= tol)) {  // NaN (poison) fails too
@@ -330,12 +338,12 @@ class GemmCudaTest : public ::testing::Test {
         }
         // Reported error: beyond the bf16 output rounding (half an ulp), relative to S.
         const double excess =
-            err - (out == cuda::OutType::kBF16 ? std::ldexp(std::fabs(ref[ri]), -9) : 0.0);
+            err - (out != cuda::OutType::kF32 ? std::ldexp(std::fabs(ref[ri]), -9) : 0.0);
         if (abs_sum[ri] > 0) worst = std::max(worst, std::max(0.0, excess) / abs_sum[ri]);
       }
     }
     EXPECT_EQ(bad, 0);
-    const double frob_tol = !tight ? kFrobCublasLt : out == cuda::OutType::kBF16 ? 5e-3 : 1e-4;
+    const double frob_tol = !tight ? kFrobCublasLt : out != cuda::OutType::kF32 ? 5e-3 : 1e-4;
     EXPECT_LE(std::sqrt(err2 / std::max(ref2, 1e-30)), frob_tol) << "relative Frobenius error";
     return worst;
   }
@@ -513,6 +521,27 @@ TEST_F(GemmCudaTest, Fp32InputThroughRunner) {
                                                        cuda::OutType::kF32, ++seed);
 }
 
+TEST_F(GemmCudaTest, RoundedFp32Output) {
+  // OutType::kF32Bf16 (what CudaOps asks for at the forward's bf16 rounding points): fp32
+  // elements holding bf16 values within the bf16 bound, from each small-M kernel's epilogue and
+  // through the runner (cuBLASLt above M = 64 and in its decode range: the GEMM, then the
+  // rounding pass). The bf16 linear's form is in Bf16Linear.
+  uint64_t seed = 870;
+  for (cuda::SmallMKernel k :
+       {cuda::SmallMKernel::kMma, cuda::SmallMKernel::kStream, cuda::SmallMKernel::kBulk}) {
+    SmallMConfig c;
+    c.kernel = k;
+    for (int64_t m : {1, 7, 16})
+      run_fp8_case(kFlashShapes[1], m, true, cuda::OutType::kF32Bf16, ++seed, true,
+                   Path::kSmallM, c);
+  }
+  for (int i : {0, 1, 2, 3, 4})
+    for (int64_t m : {1, 33, 200}) {
+      run_fp8_case(kFlashShapes[i], m, true, cuda::OutType::kF32Bf16, ++seed);
+      run_fp8_case(kFlashShapes[i], m, false, cuda::OutType::kF32Bf16, ++seed);
+    }
+}
+
 TEST_F(GemmCudaTest, FlashShapesDecode) {
   uint64_t seed = 300;
   for (const LinearShape& s : kFlashShapes)
@@ -553,7 +582,8 @@ TEST_F(GemmCudaTest, Bf16Linear) {
   };
   for (S s : {S{256, 4096, 1}, S{256, 4096, 64}, S{1024, 4096, 16}, S{64, 4096, 512},
               S{512, 4096, 4096}, S{128, 256, 3}})
-    for (cuda::OutType out : {cuda::OutType::kF32, cuda::OutType::kBF16}) {
+    for (cuda::OutType out :
+         {cuda::OutType::kF32, cuda::OutType::kBF16, cuda::OutType::kF32Bf16}) {
       SCOPED_TRACE("bf16 linear N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
                    " M=" + std::to_string(s.m));
       Rng rng(++seed);
@@ -561,7 +591,7 @@ TEST_F(GemmCudaTest, Bf16Linear) {
       for (auto& v : w) v = float_to_bf16(rng.normal() * 0.02f);
       std::vector<uint16_t> x = random_activations(rng, s.m, s.k);
       test::DeviceBuffer<uint16_t> dw(w.size()), dx(x.size());
-      const size_t esz = out == cuda::OutType::kF32 ? 4 : 2;
+      const size_t esz = cuda::out_is_f32(out) ? 4 : 2;
       test::DeviceBuffer<uint8_t> dy(size_t(s.m * s.n) * esz);
       ASSERT_EQ(dw.upload(w), cudaSuccess);
       ASSERT_EQ(dx.upload(x), cudaSuccess);
@@ -596,14 +626,17 @@ TEST_F(GemmCudaTest, Bf16Linear) {
                               bf16_to_float(w[size_t(n * s.k + c)]));
           const size_t gi = size_t(toks[t] * s.n + n);
           float got;
-          if (out == cuda::OutType::kF32)
+          if (cuda::out_is_f32(out))
             std::memcpy(&got, &yb[gi * 4], 4);
           else
             got = bf16_to_float(uint16_t(yb[gi * 2] | (yb[gi * 2 + 1] << 8)));
           const float r = ref[t * size_t(s.n) + size_t(n)];
           const double tol =
-              kTol * asum + (out == cuda::OutType::kBF16 ? std::ldexp(std::fabs(r), -8) : 0.0);
+              kTol * asum + (out != cuda::OutType::kF32 ? std::ldexp(std::fabs(r), -8) : 0.0);
           if (!(std::fabs(double(got) - r) <= tol)) ++bad;
+          // kF32Bf16: fp32 elements that are bf16 values.
+          if (out == cuda::OutType::kF32Bf16 && !(bf16_to_float(float_to_bf16(got)) == got))
+            ++bad;
         }
       EXPECT_EQ(bad, 0);
     }

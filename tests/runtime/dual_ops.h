@@ -70,18 +70,19 @@ class DualOps final : public dsv4::Ops {
     cpu_.embed(t, copies, host(x));
     compare("embed", x, rows() * copies * t.in_features);
   }
-  void linear(const float* x, int64_t r, const cpu::LinearWeight& w, bool q, float* y) override {
+  void linear(const float* x, int64_t r, const cpu::LinearWeight& w, bool q, float* y,
+              bool round) override {
     sync(x, r * w.in_features);
-    gpu_->linear(x, r, w, q, y);
-    cpu_.linear(host(x), r, w, q, host(y));
+    gpu_->linear(x, r, w, q, y, round);
+    cpu_.linear(host(x), r, w, q, host(y), round);
     compare("linear " + std::to_string(w.out_features) + "x" + std::to_string(w.in_features), y,
             r * w.out_features);
   }
-  void grouped_output_projection(const float* o, int64_t g, const cpu::LinearWeight& w,
-                                 float* z) override {
+  void grouped_output_projection(const float* o, int64_t g, const cpu::LinearWeight& w, float* z,
+                                 bool round) override {
     sync(o, rows() * w.in_features * g);
-    gpu_->grouped_output_projection(o, g, w, z);
-    cpu_.grouped_output_projection(host(o), g, w, host(z));
+    gpu_->grouped_output_projection(o, g, w, z, round);
+    cpu_.grouped_output_projection(host(o), g, w, host(z), round);
     compare("grouped_output_projection", z, rows() * w.out_features);
   }
   void rms_norm(const float* x, const float* w, int64_t r, int64_t d, float eps,

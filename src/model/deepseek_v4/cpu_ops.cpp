@@ -45,14 +45,17 @@ void CpuOps::embed(const cpu::LinearWeight& table, int64_t copies, float* x) {
 }
 
 void CpuOps::linear(const float* x, int64_t rows, const cpu::LinearWeight& w,
-                    bool quantize_activations, float* y) {
+                    bool quantize_activations, float* y, bool round_output) {
   cpu::linear(x, rows, w, quantize_activations, y);
+  if (round_output) cpu::round_to_bf16(y, rows * w.out_features);
 }
 
 void CpuOps::grouped_output_projection(const float* o, int64_t groups,
-                                       const cpu::LinearWeight& wo_a, float* z) {
+                                       const cpu::LinearWeight& wo_a, float* z,
+                                       bool round_output) {
   // §2: wo_a never quantizes its input.
   cpu::grouped_output_projection(o, plan_->num_tokens, groups, wo_a, false, z);
+  if (round_output) cpu::round_to_bf16(z, plan_->num_tokens * wo_a.out_features);
 }
 
 void CpuOps::rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,

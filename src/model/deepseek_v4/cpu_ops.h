@@ -27,9 +27,9 @@ class CpuOps final : public Ops {
 
   void embed(const cpu::LinearWeight& table, int64_t copies, float* x) override;
   void linear(const float* x, int64_t rows, const cpu::LinearWeight& w, bool quantize_activations,
-              float* y) override;
+              float* y, bool round_output) override;
   void grouped_output_projection(const float* o, int64_t groups, const cpu::LinearWeight& wo_a,
-                                 float* z) override;
+                                 float* z, bool round_output) override;
   void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
                 float* y) override;
   void rms_norm_heads(float* x, int64_t rows, int64_t heads, int64_t head_dim,

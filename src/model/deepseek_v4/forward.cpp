@@ -10,7 +10,8 @@
 // layer the enorm / hnorm / e_proj / h_proj outputs and their sum. Inside the kernels:
 // compressor_finish_entry, indexer_prepare_query and the MoE experts round where REF does. After
 // RMSNorm, RoPE and mHC the rounding is the backend's own when it says so
-// (Ops::rounds_elementwise_outputs: CudaOps does it in those kernels), else a round_bf16 call.
+// (Ops::rounds_elementwise_outputs: CudaOps does it in those kernels), else a round_bf16 call;
+// after a linear it is the linear's own (its round_output argument).
 #include "model/deepseek_v4/forward.h"
 
 #include <cmath>
@@ -140,19 +141,16 @@ void Forward::attention(const LayerWeights& L, int64_t slot, int64_t N, const fl
   float* kv = alloc(N * hd);             // [N, hd]
   {
     ComponentScope scope(ops_, Component::kAttentionProjections);
-    ops.linear(h, N, L.wq_a, actq, qr);
-    maybe_round(qr, N * c.q_lora_rank);
+    ops.linear(h, N, L.wq_a, actq, qr, options_.round_bf16);
     ops.rms_norm(qr, L.q_norm.data(), N, c.q_lora_rank, eps, qr);
     round_elementwise_output(qr, N * c.q_lora_rank);
-    ops.linear(qr, N, L.wq_b, actq, q);
-    maybe_round(q, N * H * hd);
+    ops.linear(qr, N, L.wq_b, actq, q, options_.round_bf16);
     ops.rms_norm_heads(q, N, H, hd, eps);
     round_elementwise_output(q, N * H * hd);
     ops.rope(q, H, hd, rd, L.inv_freq.data(), cpu::RopeDirection::kForward);
     round_elementwise_output(q, N * H * hd);
 
-    ops.linear(h, N, L.wkv, actq, kv);
-    maybe_round(kv, N * hd);
+    ops.linear(h, N, L.wkv, actq, kv, options_.round_bf16);
     ops.rms_norm(kv, L.kv_norm.data(), N, hd, eps, kv);
     round_elementwise_output(kv, N * hd);
     ops.rope(kv, 1, hd, rd, L.inv_freq.data(), cpu::RopeDirection::kForward);
@@ -169,13 +167,11 @@ void Forward::attention(const LayerWeights& L, int64_t slot, int64_t N, const fl
   if (csa) {
     ComponentScope scope(ops_, Component::kIndexer);
     q_index = alloc(N * ih * ihd);
-    ops.linear(qr, N, L.indexer_wq_b, actq, q_index);
-    maybe_round(q_index, N * ih * ihd);
+    ops.linear(qr, N, L.indexer_wq_b, actq, q_index, options_.round_bf16);
     ops.indexer_prepare_query(q_index, ih, ihd, rd, L.inv_freq.data(), f.indexer_fp4_simulation,
                               options_.round_bf16);
     w_index = alloc(N * ih);
-    ops.linear(h, N, L.indexer_weights_proj, false, w_index);
-    maybe_round(w_index, N * ih);
+    ops.linear(h, N, L.indexer_weights_proj, false, w_index, options_.round_bf16);
     ops.indexer_scale_weights(w_index, ih, ihd);
     maybe_round(w_index, N * ih);
   }
@@ -227,17 +223,19 @@ void Forward::attention(const LayerWeights& L, int64_t slot, int64_t N, const fl
     ops.rope(o, H, hd, rd, L.inv_freq.data(), cpu::RopeDirection::kInverse);
     round_elementwise_output(o, N * H * hd);
     float* z = alloc(N * L.wo_a.out_features);  // [N, o_groups * o_lora_rank]
-    ops.grouped_output_projection(o, c.o_groups, L.wo_a, z);
-    maybe_round(z, N * L.wo_a.out_features);
-    ops.linear(z, N, L.wo_b, actq, out);
+    ops.grouped_output_projection(o, c.o_groups, L.wo_a, z, options_.round_bf16);
+    // Tensor parallel: each rank's wo_b saw only its groups' columns (sharding.h); the rounding
+    // point is after their sum.
+    ops.linear(z, N, L.wo_b, actq, out, options_.round_bf16 && !weights_->shard.tensor_parallel);
   }
-  // Tensor parallel: each rank's wo_b saw only its groups' columns (sharding.h).
   if (weights_->shard.tensor_parallel) {
-    ComponentScope scope(ops_, Component::kCollective);
-    ops.all_reduce_sum(out, N * c.hidden_size);
+    {
+      ComponentScope scope(ops_, Component::kCollective);
+      ops.all_reduce_sum(out, N * c.hidden_size);
+    }
+    ComponentScope scope(ops_, Component::kAttentionProjections);
+    maybe_round(out, N * c.hidden_size);
   }
-  ComponentScope scope(ops_, Component::kAttentionProjections);
-  maybe_round(out, N * c.hidden_size);
 }
 
 MoeSite moe_site(const ModelWeights& weights, const LayerWeights& L,
@@ -333,7 +331,7 @@ void Forward::head(const float* x, const std::vector<int64_t>& rows,
   round_elementwise_output(y, R * D);
   // §4: fp32 logits; the head is a bf16 linear (input never quantized).
   float* out = alloc(R * c.vocab_size);  // [R, vocab]
-  ops.linear(y, R, weights_->head, false, out);
+  ops.linear(y, R, weights_->head, false, out, false);
   std::vector<Ops::HostCopy> copies;
   int64_t done = 0;
   for (const auto& [dst, n] : logits) {
@@ -553,13 +551,11 @@ Status Forward::run_mtp(std::span<MtpChunk> chunks, std::vector<ChunkOutput>* ou
     ops.embed(weights_->embed, 1, e);
     ops.rms_norm(e, M.enorm.data(), N, D, eps, e);
     round_elementwise_output(e, N * D);
-    ops.linear(e, N, M.e_proj, actq, ep);
-    maybe_round(ep, N * D);
+    ops.linear(e, N, M.e_proj, actq, ep, options_.round_bf16);
     float* hp = alloc(N * hc * D);
     ops.rms_norm(streams, M.hnorm.data(), N * hc, D, eps, streams);
     round_elementwise_output(streams, N * hc * D);
-    ops.linear(streams, N * hc, M.h_proj, actq, hp);
-    maybe_round(hp, N * hc * D);
+    ops.linear(streams, N * hc, M.h_proj, actq, hp, options_.round_bf16);
     ops.add_broadcast(ep, hp, hc, D, x);
     maybe_round(x, N * hc * D);
   }

@@ -47,14 +47,14 @@ class ForwardingOps : public Ops {
     inner_->embed(table, copies, x);
   }
   void linear(const float* x, int64_t rows, const cpu::LinearWeight& w, bool quantize_activations,
-              float* y) override {
+              float* y, bool round_output) override {
     before_op("linear");
-    inner_->linear(x, rows, w, quantize_activations, y);
+    inner_->linear(x, rows, w, quantize_activations, y, round_output);
   }
   void grouped_output_projection(const float* o, int64_t groups, const cpu::LinearWeight& wo_a,
-                                 float* z) override {
+                                 float* z, bool round_output) override {
     before_op("grouped_output_projection");
-    inner_->grouped_output_projection(o, groups, wo_a, z);
+    inner_->grouped_output_projection(o, groups, wo_a, z, round_output);
   }
   void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
                 float* y) override {

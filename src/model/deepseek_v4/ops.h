@@ -139,12 +139,16 @@ class Ops {
   // ---- Token-wise ops (rows = the plan's tokens unless a count is given) ----
   // §4: x[i, c, :] = embed[ids[i]] for c < copies.  x [num_tokens, copies, dim]
   virtual void embed(const cpu::LinearWeight& table, int64_t copies, float* x) = 0;
-  // y = x @ W^T (cpu::linear).  x [rows, K], y [rows, N]
+  // y = x @ W^T (cpu::linear), then, with round_output, y rounded to bf16 values as round_bf16
+  // would (the forward's rounding point after the linear; a device backend rounds in the GEMM's
+  // epilogue).  x [rows, K], y [rows, N]
   virtual void linear(const float* x, int64_t rows, const cpu::LinearWeight& w,
-                      bool quantize_activations, float* y) = 0;
-  // §7.8 grouped wo_a.  o [num_tokens, heads * head_dim], z [num_tokens, groups * o_lora_rank]
+                      bool quantize_activations, float* y, bool round_output) = 0;
+  // §7.8 grouped wo_a, round_output as for linear.
+  //   o [num_tokens, heads * head_dim], z [num_tokens, groups * o_lora_rank]
   virtual void grouped_output_projection(const float* o, int64_t groups,
-                                         const cpu::LinearWeight& wo_a, float* z) = 0;
+                                         const cpu::LinearWeight& wo_a, float* z,
+                                         bool round_output) = 0;
   // Weighted RMSNorm (y may alias x).  x, y [rows, dim]
   virtual void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
                         float* y) = 0;

@@ -1280,7 +1280,10 @@ uint16_t* CudaOps::to_bf16(const float* x, int64_t rows, int64_t cols) {
 }
 
 Status CudaOps::linear_impl(const float* x, int64_t rows, const cpu::LinearWeight& w, bool quantize,
-                            int groups, float* y) {
+                            int groups, float* y, bool round) {
+  // round: the GEMM's output rounded to bf16 values in place of a round_bf16 launch (small-M
+  // kernels: in the epilogue; cuBLASLt: one pass over the output).
+  const cuda::OutType out_type = round ? cuda::OutType::kF32Bf16 : cuda::OutType::kF32;
   if (rows == 0) return ok_status();
   const int64_t K = w.in_features * groups;
   const size_t mark = arena_.mark();
@@ -1305,7 +1308,7 @@ Status CudaOps::linear_impl(const float* x, int64_t rows, const cpu::LinearWeigh
     p.x.x_row_stride = K;
     p.quantize_activations = quantize;
     p.y = y;
-    p.y_type = cuda::OutType::kF32;
+    p.y_type = out_type;
     p.y_row_stride = w.out_features;
     st = gemm_->linear_fp8(p, stream_);
   } else if (w.format == cpu::WeightFormat::kBF16 && groups == 1) {
@@ -1317,7 +1320,7 @@ Status CudaOps::linear_impl(const float* x, int64_t rows, const cpu::LinearWeigh
     p.x = xb;
     p.x_row_stride = K;
     p.y = y;
-    p.y_type = cuda::OutType::kF32;
+    p.y_type = out_type;
     p.y_row_stride = w.out_features;
     auto pad = padded_bf16_.find(w.data);
     float* y_wide = nullptr;  // [rows, padded N] when the weight is padded
@@ -1344,16 +1347,17 @@ Status CudaOps::linear_impl(const float* x, int64_t rows, const cpu::LinearWeigh
 }
 
 void CudaOps::linear(const float* x, int64_t rows, const cpu::LinearWeight& w,
-                     bool quantize_activations, float* y) {
+                     bool quantize_activations, float* y, bool round_output) {
   if (skip()) return;
-  (void)check(linear_impl(x, rows, w, quantize_activations, 1, y));
+  (void)check(linear_impl(x, rows, w, quantize_activations, 1, y, round_output));
 }
 
 void CudaOps::grouped_output_projection(const float* o, int64_t groups,
-                                        const cpu::LinearWeight& wo_a, float* z) {
+                                        const cpu::LinearWeight& wo_a, float* z,
+                                        bool round_output) {
   if (skip()) return;
   // §2: wo_a never quantizes its input. wo_a is [groups * o_lora_rank, heads * hd / groups].
-  (void)check(linear_impl(o, step_->num_tokens, wo_a, false, int(groups), z));
+  (void)check(linear_impl(o, step_->num_tokens, wo_a, false, int(groups), z, round_output));
 }
 
 void CudaOps::rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
@@ -1621,8 +1625,8 @@ void CudaOps::compress(int64_t slot, const dsv4::CompressorWeights& cw, cpu::Com
   float* ckv = scratch<float>(N * width);
   float* cscore = scratch<float>(N * width);
   if (skip()) return;
-  if (!check(linear_impl(h, N, cw.wkv, false, 1, ckv)).ok()) return;
-  if (!check(linear_impl(h, N, cw.wgate, false, 1, cscore)).ok()) return;
+  if (!check(linear_impl(h, N, cw.wkv, false, 1, ckv, false)).ok()) return;
+  if (!check(linear_impl(h, N, cw.wgate, false, 1, cscore, false)).ok()) return;
   if (st.any_log) {
     // Speculative checkpoint: keep this step's projected rows of the logging sequences.
     float* log = indexer ? ls.index_log : ls.log;

@@ -149,9 +149,9 @@ class CudaOps final : public dsv4::Ops {
 
   void embed(const cpu::LinearWeight& table, int64_t copies, float* x) override;
   void linear(const float* x, int64_t rows, const cpu::LinearWeight& w, bool quantize_activations,
-              float* y) override;
+              float* y, bool round_output) override;
   void grouped_output_projection(const float* o, int64_t groups, const cpu::LinearWeight& wo_a,
-                                 float* z) override;
+                                 float* z, bool round_output) override;
   void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
                 float* y) override;
   void rms_norm_heads(float* x, int64_t rows, int64_t heads, int64_t head_dim, float eps) override;
@@ -207,7 +207,7 @@ class CudaOps final : public dsv4::Ops {
   T* scratch(int64_t n);  // arena allocation of n T's (nullptr + error on overflow)
   uint16_t* to_bf16(const float* x, int64_t rows, int64_t cols);  // arena bf16 copy
   Status linear_impl(const float* x, int64_t rows, const cpu::LinearWeight& w, bool quantize,
-                     int groups, float* y);
+                     int groups, float* y, bool round);
   template <typename T>
   const T* upload(const std::vector<T>& host);  // arena copy of a host array (this step)
   Status reset_slot(int64_t slot);

@@ -23,6 +23,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/gemm/linear_fp8.h"
+#include "kernels/cuda/norm/device_util.cuh"
 #include "kernels/cuda/quant/quant_fp8.h"
 
 namespace ds::cuda {
@@ -48,6 +49,7 @@ struct SmallMArgs {
   int64_t w_scale_stride;  // K/128
   int k_split;             // CTAs per cluster along K
   int y_f32;
+  int y_round;             // fp32 output rounded to bf16 values (OutType::kF32Bf16)
   int pdl;                       // launched with programmatic stream serialization
   int stages;                    // kBulk: shared-memory ring slots
   int64_t tiles, groups, items;  // row tiles per group; work items = tiles * groups * chunks
@@ -274,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1) fp8_small_m_kernel(
       if (tok < a.m && r < a.n) {
         const int64_t idx = tok * a.y_stride + group * a.n + r;
         if (a.y_f32)
-          static_cast<float*>(a.y)[idx] = sum;
+          static_cast<float*>(a.y)[idx] = a.y_round ? ops::round_bf16_exact(sum) : sum;
         else
           static_cast<__nv_bfloat16*>(a.y)[idx] = __float2bfloat16_rn(sum);
       }
@@ -526,7 +528,7 @@ __global__ void __launch_bounds__(kStreamThreads, StreamTraits<NT>::kMinBlocks)
     if (tok < a.m && r < a.n) {
       const int64_t idx = tok * a.y_stride + group * a.n + r;
       if (a.y_f32)
-        static_cast<float*>(a.y)[idx] = sum;
+        static_cast<float*>(a.y)[idx] = a.y_round ? ops::round_bf16_exact(sum) : sum;
       else
         static_cast<__nv_bfloat16*>(a.y)[idx] = __float2bfloat16_rn(sum);
     }
@@ -788,7 +790,7 @@ __global__ void __launch_bounds__(kBulkThreads, NT == 1 ? 4 : 3) fp8_bulk_kernel
     if (tok < a.m && r < a.n) {
       const int64_t idx = tok * a.y_stride + group * a.n + r;
       if (a.y_f32)
-        static_cast<float*>(a.y)[idx] = sum;
+        static_cast<float*>(a.y)[idx] = a.y_round ? ops::round_bf16_exact(sum) : sum;
       else
         static_cast<__nv_bfloat16*>(a.y)[idx] = __float2bfloat16_rn(sum);
     }
@@ -1085,7 +1087,8 @@ Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) 
   a.y_stride = p.y_row_stride;
   a.w_scale_stride = p.w.in_features / kFp8GemmBlock;
   a.k_split = ks;
-  a.y_f32 = p.y_type == OutType::kF32;
+  a.y_f32 = out_is_f32(p.y_type) ? 1 : 0;
+  a.y_round = p.y_type == OutType::kF32Bf16 ? 1 : 0;
   a.pdl = p.pdl ? 1 : 0;
   a.stages = plan.stages;
   const int64_t tiles = (p.w.out_features + 16 * rw - 1) / (16 * rw);
@@ -1114,6 +1117,27 @@ Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) 
   DS_CUDA_RETURN_IF_ERROR(err);
   return ok_status();
 }
+
+namespace {
+// y[r, c] = its bf16 rounding, for an fp32 output of the cuBLASLt paths asked for kF32Bf16.
+__global__ void round_rows_bf16_kernel(float* y, int64_t rows, int64_t cols, int64_t stride) {
+  const int64_t total = rows * cols;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float* e = y + (i / cols) * stride + i % cols;
+    *e = ops::round_bf16_exact(*e);
+  }
+}
+
+Status round_rows_bf16(void* y, int64_t rows, int64_t cols, int64_t stride, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return ok_status();
+  const int64_t blocks = std::min<int64_t>((rows * cols + 255) / 256, 4096);
+  round_rows_bf16_kernel<<<unsigned(blocks), 256, 0, stream>>>(static_cast<float*>(y), rows, cols,
+                                                               stride);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ok_status();
+}
+}  // namespace
 
 Status launch_e8m0_to_f32(const uint8_t* in, float* out, int64_t n, cudaStream_t stream) {
   if (n <= 0) return ok_status();
@@ -1209,7 +1233,7 @@ Status GemmRunner::make_fp8_plan(const Fp8WeightView& w, int64_t m, const float*
       pl->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &aptr, sizeof aptr));
   DS_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
       pl->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bptr, sizeof bptr));
-  const cudaDataType_t dt = y_type == OutType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+  const cudaDataType_t dt = out_is_f32(y_type) ? CUDA_R_32F : CUDA_R_16BF;
   if (!pl->swapped) {
     DS_LT_RETURN_IF_ERROR(
         cublasLtMatrixLayoutCreate(&pl->a, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(n), k));
@@ -1238,7 +1262,7 @@ Status GemmRunner::run_fp8_group(const Plan& plan, const Fp8WeightView& w, int64
                                  OutType y_type, cudaStream_t stream) {
   const int64_t n = w.out_features, k = w.in_features;
   const float alpha = 1.0f, beta = 0.0f;
-  const size_t elt = y_type == OutType::kF32 ? 4 : 2;
+  const size_t elt = out_is_f32(y_type) ? 4 : 2;
   cublasLtHandle_t lt = static_cast<cublasLtHandle_t>(lt_);
   const uint8_t* wg = w.data + size_t(g) * size_t(n) * size_t(k);
   const float* wsg =
@@ -1425,8 +1449,13 @@ Status GemmRunner::linear_fp8_cublaslt(const Fp8LinearParams& p, cudaStream_t st
   act_scales_transpose_kernel<<<tgrid, dim3(32, 8), 0, stream>>>(p.x.scales, scales_t_,
                                                                  p.num_tokens, c);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return run_fp8_cublaslt(p.w, p.num_tokens, p.x.codes, scales_t_, p.y, p.y_type, p.y_row_stride,
-                          stream);
+  // kF32Bf16: the fp32 GEMM (same plan as kF32), then the rounding pass.
+  const bool round = p.y_type == OutType::kF32Bf16;
+  DS_RETURN_IF_ERROR(run_fp8_cublaslt(p.w, p.num_tokens, p.x.codes, scales_t_, p.y,
+                                      round ? OutType::kF32 : p.y_type, p.y_row_stride, stream));
+  if (!round) return ok_status();
+  return round_rows_bf16(p.y, p.num_tokens, p.w.out_features * p.w.num_groups, p.y_row_stride,
+                         stream);
 }
 
 bool fp8_linear_uses_cublaslt(const Fp8WeightView& w, int64_t m) {
@@ -1506,7 +1535,9 @@ Status GemmRunner::linear_bf16(const Bf16LinearParams& p, cudaStream_t stream) {
     return invalid_argument("bf16 linear: N, K and row strides must be multiples of 8");
   if (p.num_tokens == 0) return ok_status();
   const int64_t m = p.num_tokens, n = p.out_features, k = p.in_features;
-  auto key = std::make_tuple(1, m, n, k, p.x_row_stride, p.y_row_stride, int(p.y_type));
+  const bool round = p.y_type == OutType::kF32Bf16;  // fp32 GEMM, then the rounding pass
+  const OutType y_type = round ? OutType::kF32 : p.y_type;
+  auto key = std::make_tuple(1, m, n, k, p.x_row_stride, p.y_row_stride, int(y_type));
   std::shared_ptr<Plan>& plan = plans_[key];
   cublasLtHandle_t lt = static_cast<cublasLtHandle_t>(lt_);
   if (!plan) {
@@ -1517,7 +1548,7 @@ Status GemmRunner::linear_bf16(const Bf16LinearParams& p, cudaStream_t stream) {
         cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof opt));
     DS_LT_RETURN_IF_ERROR(
         cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opn, sizeof opn));
-    const cudaDataType_t dt = p.y_type == OutType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+    const cudaDataType_t dt = out_is_f32(y_type) ? CUDA_R_32F : CUDA_R_16BF;
     DS_LT_RETURN_IF_ERROR(
         cublasLtMatrixLayoutCreate(&pl->a, CUDA_R_16BF, uint64_t(k), uint64_t(n), k));
     DS_LT_RETURN_IF_ERROR(
@@ -1547,7 +1578,7 @@ Status GemmRunner::linear_bf16(const Bf16LinearParams& p, cudaStream_t stream) {
   DS_LT_RETURN_IF_ERROR(cublasLtMatmul(lt, plan->desc, &alpha, p.w, plan->a, p.x, plan->b, &beta,
                                        p.y, plan->c, p.y, plan->c, &plan->algo, lt_workspace_,
                                        lt_workspace_bytes_, stream));
-  return ok_status();
+  return round ? round_rows_bf16(p.y, m, n, p.y_row_stride, stream) : ok_status();
 }
 
 }  // namespace ds::cuda
