@@ -128,15 +128,18 @@ TEST_P(ForwardOps, FailedCallLeavesTheArenaEmptyAndTheStateUntouched) {
   EXPECT_EQ(cpu.mark(), 0u);
 }
 
-// A backend that rounds the outputs of rms_norm, rms_norm_heads, rope and mHC itself when it
-// says so (Ops::rounds_elementwise_outputs; CudaOps does it in those kernels): here CpuOps plus a
-// round_bf16 of each such output, done on the inner backend (not counted). Counts the forward's
-// own round_bf16 calls and the calls of those ops.
+// A backend that rounds the outputs of rms_norm, rms_norm_heads, rope, mHC and attend itself
+// when it says so (Ops::rounds_elementwise_outputs; CudaOps does it in those kernels): here CpuOps
+// plus a round_bf16 of each such output, done on the inner backend (not counted). Counts the
+// forward's own round_bf16 calls and the calls of those ops.
 class SelfRoundingOps final : public ForwardingOps {
  public:
   // claims: what rounds_elementwise_outputs() says; rounds: whether the ops really round.
-  SelfRoundingOps(Ops* inner, bool claims, bool rounds)
-      : ForwardingOps(inner), claims_(claims), rounds_(rounds) {}
+  SelfRoundingOps(Ops* inner, const DeepSeekV4Config& config, bool claims, bool rounds)
+      : ForwardingOps(inner),
+        claims_(claims),
+        rounds_(rounds),
+        attend_width_(config.num_attention_heads * config.head_dim) {}
 
   bool rounds_elementwise_outputs() const override { return claims_; }
   void begin_step(const StepPlan& plan) override {
@@ -173,14 +176,20 @@ class SelfRoundingOps final : public ForwardingOps {
     ForwardingOps::mhc_head(c, w, x, rows, y);
     own_round(y, rows * c.dim);
   }
+  void attend(const AttendParams& p, const float* q, const float* kv, const int32_t* selected,
+              float* o) override {
+    ForwardingOps::attend(p, q, kv, selected, o);
+    own_round(o, tokens_ * attend_width_);
+  }
 
   int forward_rounds_ = 0;    // round_bf16 calls made by the forward
-  int elementwise_calls_ = 0; // calls of the six ops above
+  int elementwise_calls_ = 0;  // calls of the seven ops above
 
  protected:
   void before_op(const char* name) override {
     if (std::strcmp(name, "round_bf16") == 0) ++forward_rounds_;
-    for (const char* op : {"rms_norm", "rms_norm_heads", "rope", "mhc_pre", "mhc_post", "mhc_head"})
+    for (const char* op :
+         {"rms_norm", "rms_norm_heads", "rope", "mhc_pre", "mhc_post", "mhc_head", "attend"})
       if (std::strcmp(name, op) == 0) ++elementwise_calls_;
   }
 
@@ -189,6 +198,7 @@ class SelfRoundingOps final : public ForwardingOps {
     if (rounds_) inner()->round_bf16(x, n);
   }
   bool claims_, rounds_;
+  int64_t attend_width_;  // heads * head_dim
   int64_t tokens_ = 0;
 };
 
@@ -218,16 +228,16 @@ TEST(ForwardOpsRounding, BackendRoundedOutputsSkipTheForwardsRounding) {
   CpuOps cpu(model.config());
   const std::vector<float> want = run_with_mtp(Forward(&model, options), tokens);
 
-  SelfRoundingOps separate(&cpu, /*claims=*/false, /*rounds=*/false);
+  SelfRoundingOps separate(&cpu, model.config(), /*claims=*/false, /*rounds=*/false);
   EXPECT_EQ(run_with_mtp(Forward(&model, options, &separate), tokens), want);
-  SelfRoundingOps fused(&cpu, /*claims=*/true, /*rounds=*/true);
+  SelfRoundingOps fused(&cpu, model.config(), /*claims=*/true, /*rounds=*/true);
   EXPECT_EQ(run_with_mtp(Forward(&model, options, &fused), tokens), want);
   EXPECT_EQ(fused.elementwise_calls_, separate.elementwise_calls_);
   EXPECT_GT(fused.elementwise_calls_, 0);
   EXPECT_EQ(separate.forward_rounds_ - fused.forward_rounds_, separate.elementwise_calls_);
   EXPECT_GT(fused.forward_rounds_, 0);  // the linears' and the attention's rounding stay
 
-  SelfRoundingOps lying(&cpu, /*claims=*/true, /*rounds=*/false);
+  SelfRoundingOps lying(&cpu, model.config(), /*claims=*/true, /*rounds=*/false);
   EXPECT_NE(run_with_mtp(Forward(&model, options, &lying), tokens), want);
   EXPECT_EQ(cpu.mark(), 0u);
 }

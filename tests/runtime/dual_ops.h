@@ -212,6 +212,7 @@ class DualOps final : public dsv4::Ops {
     gpu_->attend(p, q, kv, sel, o);
     cpu_.attend(p, host(q), host(kv),
                 sel != nullptr ? reinterpret_cast<const int32_t*>(host_of(sel)) : nullptr, host(o));
+    cpu_round(o, rows() * H * hd);
     compare(sel != nullptr ? "attend (CSA)" : "attend", o, rows() * H * hd);
   }
   void store_window(int64_t slot, const float* kv, int64_t hd) override {

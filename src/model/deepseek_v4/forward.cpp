@@ -213,7 +213,7 @@ void Forward::attention(const LayerWeights& L, int64_t slot, int64_t N, const fl
     ap.layer = &L;
     ap.softmax_scale = float(1.0 / std::sqrt(double(hd)));
     ops.attend(ap, q, kv, selected, o);
-    maybe_round(o, N * H * hd);
+    round_elementwise_output(o, N * H * hd);
     ops.store_window(slot, kv, hd);
   }
 
