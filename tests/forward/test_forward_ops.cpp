@@ -128,8 +128,8 @@ TEST_P(ForwardOps, FailedCallLeavesTheArenaEmptyAndTheStateUntouched) {
   EXPECT_EQ(cpu.mark(), 0u);
 }
 
-// A backend that rounds the outputs of rms_norm, rms_norm_heads, rope, mHC and attend itself
-// when it says so (Ops::rounds_elementwise_outputs; CudaOps does it in those kernels): here CpuOps
+// A backend that rounds the outputs of rms_norm, rms_norm_heads, rope, mHC, attend and the indexer
+// weight scaling itself when it says so (Ops::rounds_elementwise_outputs; CudaOps does it in those kernels): here CpuOps
 // plus a round_bf16 of each such output, done on the inner backend (not counted). Counts the
 // forward's own round_bf16 calls and the calls of those ops.
 class SelfRoundingOps final : public ForwardingOps {
@@ -181,15 +181,19 @@ class SelfRoundingOps final : public ForwardingOps {
     ForwardingOps::attend(p, q, kv, selected, o);
     own_round(o, tokens_ * attend_width_);
   }
+  void indexer_scale_weights(float* w, int64_t heads, int64_t head_dim) override {
+    ForwardingOps::indexer_scale_weights(w, heads, head_dim);
+    own_round(w, tokens_ * heads);
+  }
 
   int forward_rounds_ = 0;    // round_bf16 calls made by the forward
-  int elementwise_calls_ = 0;  // calls of the seven ops above
+  int elementwise_calls_ = 0;  // calls of the eight ops above
 
  protected:
   void before_op(const char* name) override {
     if (std::strcmp(name, "round_bf16") == 0) ++forward_rounds_;
-    for (const char* op :
-         {"rms_norm", "rms_norm_heads", "rope", "mhc_pre", "mhc_post", "mhc_head", "attend"})
+    for (const char* op : {"rms_norm", "rms_norm_heads", "rope", "mhc_pre", "mhc_post",
+                           "mhc_head", "attend", "indexer_scale_weights"})
       if (std::strcmp(name, op) == 0) ++elementwise_calls_;
   }
 

@@ -339,15 +339,17 @@ TEST(IndexerPrepareQueryCuda, FlashShapes) {
   check_prepare_query({64, 64, 64 * 128, true, false}, 92);
 }
 
-void check_scale_weights(int64_t tokens, int64_t heads, uint64_t seed) {
-  SCOPED_TRACE("tokens " + std::to_string(tokens) + " heads " + std::to_string(heads));
+void check_scale_weights(int64_t tokens, int64_t heads, uint64_t seed, bool round = false) {
+  SCOPED_TRACE("tokens " + std::to_string(tokens) + " heads " + std::to_string(heads) +
+               (round ? " rounded" : ""));
   Rng rng(seed);
   const std::vector<float> w = test::random_normal(rng, size_t(tokens * heads), 4.0f);
   std::vector<float> want = w;
   for (int64_t t = 0; t < tokens; ++t)
     cpu::indexer_scale_weights(want.data() + t * heads, heads, 128, want.data() + t * heads);
+  if (round) cpu::round_to_bf16(want.data(), int64_t(want.size()));
   Dev<float> d_w(w);
-  cuda::launch_indexer_scale_weights(d_w.get(), tokens, heads, 128, nullptr);
+  cuda::launch_indexer_scale_weights(d_w.get(), tokens, heads, 128, round, nullptr);
   DS_CUDA_ASSERT(cudaGetLastError());
   DS_CUDA_ASSERT(cudaDeviceSynchronize());
   EXPECT_TRUE(bits_equal(d_w.host(), want));
@@ -358,6 +360,7 @@ TEST(IndexerScaleWeightsCuda, Shapes) {
   for (int64_t n : {1, 7, 64}) check_scale_weights(n, 4, 100 + uint64_t(n));  // tiny
   for (int64_t n : {1, 7, 64, 4096}) check_scale_weights(n, 64, 110 + uint64_t(n));
   check_scale_weights(7, 3, 120);
+  for (int64_t n : {1, 64, 4096}) check_scale_weights(n, 64, 130 + uint64_t(n), true);
 }
 
 // ---- add_broadcast, gather_rows ----

@@ -134,6 +134,7 @@ class DualOps final : public dsv4::Ops {
     sync(w, rows() * h);
     gpu_->indexer_scale_weights(w, h, hd);
     cpu_.indexer_scale_weights(host(w), h, hd);
+    cpu_round(w, rows() * h);
     compare("indexer_scale_weights", w, rows() * h);
   }
   void mhc_pre(const cpu::MhcConfig& c, const cpu::MhcSiteWeights& w, const float* x, int64_t r,

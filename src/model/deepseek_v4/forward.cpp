@@ -173,7 +173,7 @@ void Forward::attention(const LayerWeights& L, int64_t slot, int64_t N, const fl
     w_index = alloc(N * ih);
     ops.linear(h, N, L.indexer_weights_proj, false, w_index, options_.round_bf16);
     ops.indexer_scale_weights(w_index, ih, ihd);
-    maybe_round(w_index, N * ih);
+    round_elementwise_output(w_index, N * ih);
   }
 
   // §7.6 compressors: entries are emitted before any query of the step attends.

@@ -127,8 +127,8 @@ class Forward {
                    const std::vector<float>& norm, bool want_streams,
                    std::vector<ChunkOutput>* outputs) const;
   void maybe_round(float* x, int64_t n) const;
-  // maybe_round after rms_norm, rms_norm_heads, rope, mHC and attend, unless the backend rounds
-  // those outputs itself (Ops::rounds_elementwise_outputs).
+  // maybe_round after rms_norm, rms_norm_heads, rope, mHC, attend and the indexer weight scaling,
+  // unless the backend rounds those outputs itself (Ops::rounds_elementwise_outputs).
   void round_elementwise_output(float* x, int64_t n) const;
 
   const ModelWeights* weights_;

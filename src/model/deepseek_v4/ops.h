@@ -163,7 +163,8 @@ class Ops {
   virtual void round_bf16(float* x, int64_t n) = 0;
   // True when this backend rounds the outputs of rms_norm, rms_norm_heads, rope (its rotated
   // dims; the forward gives it inputs that are bf16 values already), mhc_pre (u), mhc_post,
-  // mhc_head and attend to bf16 values itself whenever the forward runs with round_bf16, with
+  // mhc_head, attend and indexer_scale_weights to bf16 values itself whenever the forward runs
+  // with round_bf16, with
   // the bits round_bf16 would give: the forward then does not call round_bf16 after them (one
   // launch fewer each on a device). Default: false (the CPU backend rounds in separate calls).
   virtual bool rounds_elementwise_outputs() const { return false; }

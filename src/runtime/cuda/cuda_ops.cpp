@@ -1447,7 +1447,8 @@ void CudaOps::indexer_prepare_query(float* q, int64_t heads, int64_t head_dim, i
 
 void CudaOps::indexer_scale_weights(float* w, int64_t heads, int64_t head_dim) {
   if (skip() || step_->num_tokens == 0) return;
-  cuda::launch_indexer_scale_weights(w, step_->num_tokens, heads, head_dim, stream_);
+  cuda::launch_indexer_scale_weights(w, step_->num_tokens, heads, head_dim,
+                                     /*round_bf16=*/true, stream_);  // rounds_elementwise_outputs
   (void)check(cuda_check(cudaGetLastError(), "launch_indexer_scale_weights"));
 }
 

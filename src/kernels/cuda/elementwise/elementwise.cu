@@ -215,10 +215,12 @@ __global__ void __launch_bounds__(kIndexerWarps * 32)
   }
 }
 
-__global__ void scale_kernel(float* w, int64_t n, float scale) {
+__global__ void scale_kernel(float* w, int64_t n, float scale, bool round) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    w[i] = __fmul_rn(w[i], scale);
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = __fmul_rn(w[i], scale);
+    w[i] = round ? round_bf16_exact(v) : v;
+  }
 }
 
 // ---- add_broadcast, gather_rows ----
@@ -385,13 +387,13 @@ void launch_indexer_prepare_query(const IndexerPrepareQueryParams& p, cudaStream
 }
 
 void launch_indexer_scale_weights(float* w, int64_t num_tokens, int64_t num_heads, int64_t head_dim,
-                                  cudaStream_t stream) {
+                                  bool round_bf16, cudaStream_t stream) {
   const int64_t n = num_tokens * num_heads;
   if (n <= 0) return;
   // Exactly ds::cpu::indexer_scale_weights' factor (host libm pow, product in double, rounded).
   const float scale = float(std::pow(double(head_dim), -0.5) * std::pow(double(num_heads), -0.5));
   const int64_t blocks = std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, kMaxGridX);
-  scale_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(w, n, scale);
+  scale_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(w, n, scale, round_bf16);
 }
 
 void launch_add_broadcast(const AddBroadcastParams& p, cudaStream_t stream) {

@@ -102,10 +102,10 @@ struct IndexerPrepareQueryParams {
 void launch_indexer_prepare_query(const IndexerPrepareQueryParams& params, cudaStream_t stream);
 
 // In place: w *= head_dim^-0.5 * num_heads^-0.5 (the factor is computed on the host exactly as
-// ds::cpu::indexer_scale_weights computes it, then one fp32 multiply per value).
-//   w [num_tokens, num_heads]
+// ds::cpu::indexer_scale_weights computes it, then one fp32 multiply per value), then with
+// round_bf16 rounded to bf16 values (ds::cpu::round_to_bf16).  w [num_tokens, num_heads]
 void launch_indexer_scale_weights(float* w, int64_t num_tokens, int64_t num_heads, int64_t head_dim,
-                                  cudaStream_t stream);
+                                  bool round_bf16, cudaStream_t stream);
 
 // ---- Row-wise helpers ----
 
