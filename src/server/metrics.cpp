@@ -7,7 +7,9 @@
 #include <utility>
 
 #if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/allocator_interface.h>
+// The sanitizer runtime's count of live bytes (declared here: GCC ships no
+// sanitizer/allocator_interface.h).
+extern "C" size_t __sanitizer_get_current_allocated_bytes(void);
 #define DS_HEAP_FROM_SANITIZER 1
 #elif defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
 #include <malloc.h>
