@@ -1280,7 +1280,7 @@ uint16_t* CudaOps::to_bf16(const float* x, int64_t rows, int64_t cols) {
 }
 
 Status CudaOps::linear_impl(const float* x, int64_t rows, const cpu::LinearWeight& w, bool quantize,
-                            int groups, float* y, bool round) {
+                            int groups, float* y, bool round, const uint16_t* x_bf16) {
   // round: the GEMM's output rounded to bf16 values in place of a round_bf16 launch (small-M
   // kernels: in the epilogue; cuBLASLt: one pass over the output).
   const cuda::OutType out_type = round ? cuda::OutType::kF32Bf16 : cuda::OutType::kF32;
@@ -1288,9 +1288,9 @@ Status CudaOps::linear_impl(const float* x, int64_t rows, const cpu::LinearWeigh
   const int64_t K = w.in_features * groups;
   const size_t mark = arena_.mark();
   // A quantized FP8 linear reads x itself (rounded to bf16 as it is quantized): no bf16 copy.
-  const bool fp8_from_f32 = w.format == cpu::WeightFormat::kFp8Block && quantize &&
-                            reinterpret_cast<uintptr_t>(x) % 16 == 0 && K % 8 == 0;
-  const uint16_t* xb = fp8_from_f32 ? nullptr : to_bf16(x, rows, K);
+  const bool fp8_from_f32 = x_bf16 == nullptr && w.format == cpu::WeightFormat::kFp8Block &&
+                            quantize && reinterpret_cast<uintptr_t>(x) % 16 == 0 && K % 8 == 0;
+  const uint16_t* xb = x_bf16 != nullptr ? x_bf16 : fp8_from_f32 ? nullptr : to_bf16(x, rows, K);
   if (failed()) return error_;
   Status st;
   if (w.format == cpu::WeightFormat::kFp8Block) {
@@ -1626,8 +1626,13 @@ void CudaOps::compress(int64_t slot, const dsv4::CompressorWeights& cw, cpu::Com
   float* ckv = scratch<float>(N * width);
   float* cscore = scratch<float>(N * width);
   if (skip()) return;
-  if (!check(linear_impl(h, N, cw.wkv, false, 1, ckv, false)).ok()) return;
-  if (!check(linear_impl(h, N, cw.wgate, false, 1, cscore, false)).ok()) return;
+  // Both projections read the same bf16 copy of h (one conversion launch, not two).
+  const uint16_t* hb = cw.wgate.in_features == cw.wkv.in_features
+                           ? to_bf16(h, N, cw.wkv.in_features)
+                           : nullptr;
+  if (skip()) return;
+  if (!check(linear_impl(h, N, cw.wkv, false, 1, ckv, false, hb)).ok()) return;
+  if (!check(linear_impl(h, N, cw.wgate, false, 1, cscore, false, hb)).ok()) return;
   if (st.any_log) {
     // Speculative checkpoint: keep this step's projected rows of the logging sequences.
     float* log = indexer ? ls.index_log : ls.log;

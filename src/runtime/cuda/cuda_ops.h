@@ -206,8 +206,10 @@ class CudaOps final : public dsv4::Ops {
   template <typename T>
   T* scratch(int64_t n);  // arena allocation of n T's (nullptr + error on overflow)
   uint16_t* to_bf16(const float* x, int64_t rows, int64_t cols);  // arena bf16 copy
+  // x_bf16: a bf16 copy of x the caller made already (else the input is converted here, or
+  // quantized straight from fp32 for an FP8 linear in reference numerics).
   Status linear_impl(const float* x, int64_t rows, const cpu::LinearWeight& w, bool quantize,
-                     int groups, float* y, bool round);
+                     int groups, float* y, bool round, const uint16_t* x_bf16 = nullptr);
   template <typename T>
   const T* upload(const std::vector<T>& host);  // arena copy of a host array (this step)
   Status reset_slot(int64_t slot);
