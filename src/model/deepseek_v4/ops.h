@@ -164,9 +164,9 @@ class Ops {
   // True when this backend rounds the outputs of rms_norm, rms_norm_heads, rope (its rotated
   // dims; the forward gives it inputs that are bf16 values already), mhc_pre (u), mhc_post,
   // mhc_head, attend and indexer_scale_weights to bf16 values itself whenever the forward runs
-  // with round_bf16, with
-  // the bits round_bf16 would give: the forward then does not call round_bf16 after them (one
-  // launch fewer each on a device). Default: false (the CPU backend rounds in separate calls).
+  // with round_bf16, with the bits round_bf16 would give: the forward then does not call
+  // round_bf16 after them (one launch fewer each on a device). Default: false (the CPU backend
+  // rounds in separate calls).
   virtual bool rounds_elementwise_outputs() const { return false; }
   // §2 FP8 simulation of the non-rope dims of kv vectors in place.  kv [rows, head_dim]
   virtual void simulate_fp8_kv(float* kv, int64_t rows, int64_t head_dim, int64_t rope_dim) = 0;

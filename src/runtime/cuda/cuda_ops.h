@@ -158,8 +158,9 @@ class CudaOps final : public dsv4::Ops {
   void rope(float* x, int64_t heads, int64_t head_dim, int64_t rope_dim, const float* inv_freq,
             cpu::RopeDirection direction) override;
   void round_bf16(float* x, int64_t n) override;
-  // Reference numerics only (create): rms_norm, rms_norm_heads, rope and the mHC ops round in
-  // their kernels; attend's output is bf16 (the sparse MLA kernel's) widened to fp32.
+  // Reference numerics only (create): rms_norm, rms_norm_heads, rope, the mHC ops and
+  // indexer_scale_weights round in their kernels; attend's output is bf16 (the sparse MLA
+  // kernel's) widened to fp32.
   bool rounds_elementwise_outputs() const override { return true; }
   void simulate_fp8_kv(float* kv, int64_t rows, int64_t head_dim, int64_t rope_dim) override;
   void indexer_prepare_query(float* q, int64_t heads, int64_t head_dim, int64_t rope_dim,
