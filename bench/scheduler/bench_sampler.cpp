@@ -106,6 +106,15 @@ int main(int argc, char** argv) {
       {"all_finite (every row)",
        [&](const float* l) { sink = sink + ds::sched::all_finite(l, kVocab); }},
       {"sample greedy", [&](const float* l) { sink = sink + greedy.sample(l); }},
+      {"all_finite + sample greedy",
+       [&](const float* l) {
+         sink = sink + (ds::sched::all_finite(l, kVocab) ? greedy.sample(l) : -1);
+       }},
+      {"sample_finite greedy (engine)",
+       [&](const float* l) {
+         int32_t t = -1;
+         sink = sink + (greedy.sample_finite(l, &t) ? t : -1);
+       }},
       {"sample temperature 1", [&](const float* l) { sink = sink + plain.sample(l); }},
       {"sample temperature 0.7 top_p 0.9", [&](const float* l) { sink = sink + top_p.sample(l); }},
       {"sample top_k 50", [&](const float* l) { sink = sink + top_k.sample(l); }},

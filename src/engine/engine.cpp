@@ -1248,7 +1248,10 @@ EngineImpl::RowDecisions EngineImpl::decide_rows(Request* r, const sched::Schedu
     }
 #endif
     RowDecision row;
-    row.finite = sched::all_finite(logits, vocab_);
+    // The finite check first (a non-finite row ends the request); for the sampled row it shares
+    // its pass over the logits with a greedy request's argmax (Sampler::sample_finite).
+    row.finite = j < nd ? sched::all_finite(logits, vocab_)
+                        : r->sampler->sample_finite(logits, &row.token);
     if (!row.finite) {
       d.rows.push_back(std::move(row));
       break;
@@ -1257,8 +1260,6 @@ EngineImpl::RowDecisions EngineImpl::decide_rows(Request* r, const sched::Schedu
       const std::vector<double>& q =
           size_t(j) < r->draft_q.size() ? r->draft_q[size_t(j)] : point_mass;
       row.token = r->sampler->verify(logits, r->seq.draft[size_t(j)], q, &row.accepted);
-    } else {
-      row.token = r->sampler->sample(logits);
     }
     // Accepted before the next row is judged, as each emitted token is. When the serial phase
     // ends the request at an earlier row (a stop string, max_tokens), the request is gone and

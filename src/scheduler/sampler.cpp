@@ -46,6 +46,39 @@ int32_t argmax_first(const float* w, int64_t n) {
   return 0;
 }
 
+// The largest value of w [n] and, in the same pass, whether every value is finite (all_finite's
+// exponent-carry test): one read of the row where all_finite + argmax_first read it twice.
+float finite_max(const float* w, int64_t n, bool* finite) {
+  constexpr int kLanes = 16;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  float lane[kLanes];
+  uint32_t carry[kLanes] = {};
+  std::fill(lane, lane + kLanes, ninf);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      uint32_t bits;
+      std::memcpy(&bits, w + i + l, sizeof(bits));
+      carry[l] |= (bits & 0x7f800000u) + 0x00800000u;
+      lane[l] = w[i + l] > lane[l] ? w[i + l] : lane[l];
+    }
+  }
+  uint32_t c = 0;
+  float mx = ninf;
+  for (int l = 0; l < kLanes; ++l) {
+    c |= carry[l];
+    mx = lane[l] > mx ? lane[l] : mx;
+  }
+  for (; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, w + i, sizeof(bits));
+    c |= (bits & 0x7f800000u) + 0x00800000u;
+    mx = w[i] > mx ? w[i] : mx;
+  }
+  *finite = (c & 0x80000000u) == 0;
+  return mx;
+}
+
 }  // namespace
 
 std::string validate_sampling(const deepserve::SamplingParams& p, int64_t vocab,
@@ -264,6 +297,22 @@ int64_t Sampler::candidates() {
     keep = n;
   }
   return keep;
+}
+
+bool Sampler::sample_finite(const float* logits, int32_t* token) {
+  if (greedy() && !adjusts()) {
+    // One pass for the check and the maximum, then the maximum's first occurrence.
+    bool finite = false;
+    const float mx = finite_max(logits, vocab_, &finite);
+    if (!finite) return false;
+    int64_t j = 0;
+    while (j + 1 < vocab_ && logits[j] != mx) ++j;
+    *token = int32_t(j);
+    return true;
+  }
+  if (!all_finite(logits, vocab_)) return false;
+  *token = sample(logits);
+  return true;
 }
 
 int32_t Sampler::sample(const float* logits) {

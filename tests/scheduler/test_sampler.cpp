@@ -356,6 +356,46 @@ TEST(Sampler, AllFiniteFindsEveryNonFiniteValueAnywhere) {
   }
 }
 
+// sample_finite == all_finite, then sample: for greedy requests (its one-pass form, the maximum
+// anywhere, ties, ulp-close extremes) and for an adjusted and a temperature request (its two-step
+// form, the same draws as a twin sampler with the same seed); a NaN or infinity anywhere returns
+// false, leaves the token alone and draws nothing (the next draw equals the twin's).
+TEST(Sampler, SampleFiniteIsAllFiniteThenSample) {
+  SamplingParams biased = greedy();
+  biased.logit_bias[7] = 50.0;
+  SamplingParams hot;
+  hot.temperature = 0.8;
+  hot.top_p = 0.9;
+  for (const SamplingParams& p : {greedy(), biased, hot}) {
+    for (uint64_t seed = 1; seed <= 5; ++seed) {
+      std::vector<float> l = big_logits(seed, int(seed % 3) * 4);
+      if (seed == 2) l.back() = 1000.0f;                      // the maximum in the tail
+      if (seed == 3) l[11] = l[kBigVocab - 5] = 999.0f;       // a tie: the lower id
+      if (seed == 4) l[12] = std::numeric_limits<float>::max();
+      Sampler fused(p, seed, kBigVocab, kEos, {});
+      Sampler twin(p, seed, kBigVocab, kEos, {});
+      int32_t token = -5;
+      ASSERT_TRUE(fused.sample_finite(l.data(), &token));
+      EXPECT_EQ(token, twin.sample(l.data())) << "seed " << seed << " t " << p.temperature;
+      if (p.temperature <= 0 && p.logit_bias.empty()) {
+        EXPECT_EQ(token, naive_argmax(l)) << "seed " << seed;
+      }
+      for (size_t at : {size_t(0), size_t(kBigVocab / 3), size_t(kBigVocab - 1)}) {
+        for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+          std::vector<float> m = l;
+          m[at] = bad;
+          int32_t untouched = -5;
+          EXPECT_FALSE(fused.sample_finite(m.data(), &untouched)) << "at " << at;
+          EXPECT_EQ(untouched, -5);
+        }
+      }
+      int32_t again = -5;
+      ASSERT_TRUE(fused.sample_finite(l.data(), &again));
+      EXPECT_EQ(again, twin.sample(l.data())) << "a refused row drew nothing";
+    }
+  }
+}
+
 // The sampler's exp (fast_exp.h) against the exact value: under 2e-7 relative on [-87, 0] (a
 // dense sweep and random points, each lane of a block and the one-value form alike), exactly 1
 // at 0, exactly 0 at -inf and below -87, and the vocabulary helpers equal to the per-value form.
