@@ -62,19 +62,37 @@ inline void exp_shifted(const float* w, int64_t n, float mx, float scale, double
   for (; i < n; ++i) out[i] = double(exp_nonpositive((w[i] - mx) * scale));
 }
 
-// sum over i < n of e^(w[i] - mx) (mx >= every w[i]), added in double in index order.
+// Sums of a vocabulary's worth of doubles without one serial chain of additions (a chain costs
+// an add's latency per value: ~0.2 ms for 129280 values): eight running sums, value i into sum
+// i % 8, combined pairwise at the end, then the tail past the last block of 8 in index order.
+// As accurate as the serial sum (each sum holds n/8 terms); a fixed order, so deterministic.
+inline double sum_lanes(const double* p, int64_t n) {
+  Double4 a = {0, 0, 0, 0}, b = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    Double4 x, y;
+    std::memcpy(&x, p + i, sizeof(x));
+    std::memcpy(&y, p + i + 4, sizeof(y));
+    a += x;
+    b += y;
+  }
+  const Double4 s = a + b;
+  double sum = (s[0] + s[1]) + (s[2] + s[3]);
+  for (; i < n; ++i) sum += p[i];
+  return sum;
+}
+
+// sum over i < n of e^(w[i] - mx) (mx >= every w[i]) in double: value i into running sum i % 4,
+// combined pairwise, then the tail in index order (sum_lanes' reasoning).
 inline double sum_exp_shifted(const float* w, int64_t n, float mx) {
-  double sum = 0;
+  Double4 acc = {0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) {
     Float4 x;
     std::memcpy(&x, w + i, sizeof(x));
-    const Float4 e = exp_nonpositive4(x - mx);
-    sum += double(e[0]);
-    sum += double(e[1]);
-    sum += double(e[2]);
-    sum += double(e[3]);
+    acc += __builtin_convertvector(exp_nonpositive4(x - mx), Double4);
   }
+  double sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
   for (; i < n; ++i) sum += double(exp_nonpositive(w[i] - mx));
   return sum;
 }

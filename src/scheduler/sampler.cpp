@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <numeric>
 #include <string>
 
 #include "scheduler/fast_exp.h"
@@ -77,6 +76,21 @@ float finite_max(const float* w, int64_t n, bool* finite) {
   }
   *finite = (c & 0x80000000u) == 0;
   return mx;
+}
+
+// How many of w [n] are >= t, four lanes at a time (a compare yields -1 per lane that passes).
+int64_t count_at_least(const float* w, int64_t n, float t) {
+  const Float4 tv = {t, t, t, t};
+  Int4 acc = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    Float4 x;
+    std::memcpy(&x, w + i, sizeof(x));
+    acc -= x >= tv;
+  }
+  int64_t c = int64_t(acc[0]) + acc[1] + acc[2] + acc[3];
+  for (; i < n; ++i) c += w[i] >= t ? 1 : 0;
+  return c;
 }
 
 }  // namespace
@@ -232,11 +246,46 @@ int32_t Sampler::greedy_token(const float* logits) {
   return argmax_adjusted();
 }
 
-int64_t Sampler::candidates() {
+void Sampler::best_sorted(const float* w, float mx, int64_t m) {
   const int64_t V = vocab_;
-  const float* w = work_.data();
+  // The m best by ByValueDesc are among the ids with w >= t for any t at or below the m-th
+  // largest value (ties at t included): widen t = mx - delta until at least m ids pass, collect
+  // them in id order, and sort only those (a partial_sort over all V ids compares each of them
+  // against the heap's top through w: most of a top-p row's time).
+  int64_t count = V;
+  float t = -std::numeric_limits<float>::infinity();
+  if (m * 16 < V) {
+    for (float delta = 4.0f;; delta *= 4.0f) {
+      t = mx - delta;  // -inf once delta overflows: every id passes
+      const int64_t c = count_at_least(w, V, t);
+      if (c >= m || !(t > -std::numeric_limits<float>::infinity())) {
+        count = c;
+        break;
+      }
+    }
+  }
+  order_.resize(size_t(count));
+  int32_t* ids = order_.data();
+  if (count == V) {
+    for (int64_t i = 0; i < V; ++i) ids[i] = int32_t(i);
+  } else {
+    int64_t k = 0;
+    for (int64_t i = 0; i < V; ++i)
+      if (w[i] >= t) ids[k++] = int32_t(i);
+  }
+  std::partial_sort(order_.begin(), order_.begin() + std::min(m, count), order_.end(),
+                    ByValueDesc{w});
+}
+
+const float* Sampler::adjusted(const float* logits) {
+  if (!adjusts()) return logits;
+  adjust(logits);
+  return work_.data();
+}
+
+int64_t Sampler::candidates(const float* w, float mx) {
+  const int64_t V = vocab_;
   // Softmax of w / T (unnormalized; the draw renormalizes).
-  const float mx = w[argmax_first(w, V)];
   prob_.resize(size_t(V));
   double* p = prob_.data();
   const float inv_t = float(1.0 / params_.temperature);
@@ -256,20 +305,17 @@ int64_t Sampler::candidates() {
     return -1;
   }
   // Candidates in descending order of w (= of p), sorted only as far as needed.
-  order_.resize(size_t(V));
-  std::iota(order_.begin(), order_.end(), 0);
-  const ByValueDesc cmp{w};
   int64_t keep = V;
   if (use_top_k) {
     keep = params_.top_k;
-    std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(), cmp);
+    best_sorted(w, mx, keep);
   }
   if (use_top_p) {
     double kept_mass = 0;  // mass of the first `keep` candidates (renormalization base)
     if (use_top_k) {
       for (int64_t i = 0; i < keep; ++i) kept_mass += p[order_[size_t(i)]];
     } else {
-      for (int64_t i = 0; i < V; ++i) kept_mass += p[i];
+      kept_mass = sum_lanes(p, V);
     }
     const double target = params_.top_p * kept_mass;
     int64_t sorted = use_top_k ? keep : 0;
@@ -278,7 +324,7 @@ int64_t Sampler::candidates() {
     int64_t n = 0;
     while (true) {
       if (!use_top_k && m > sorted) {
-        std::partial_sort(order_.begin() + sorted, order_.begin() + m, order_.end(), cmp);
+        best_sorted(w, mx, m);  // the first `sorted` stay where they were: the order is total
         sorted = m;
       }
       while (n < m) {
@@ -310,6 +356,14 @@ bool Sampler::sample_finite(const float* logits, int32_t* token) {
     *token = int32_t(j);
     return true;
   }
+  if (!greedy() && !adjusts()) {
+    // The softmax's maximum and the check in one pass over the raw row.
+    bool finite = false;
+    const float mx = finite_max(logits, vocab_, &finite);
+    if (!finite) return false;
+    *token = draw(candidates(logits, mx));
+    return true;
+  }
   if (!all_finite(logits, vocab_)) return false;
   *token = sample(logits);
   return true;
@@ -318,12 +372,16 @@ bool Sampler::sample_finite(const float* logits, int32_t* token) {
 int32_t Sampler::sample(const float* logits) {
   // 4. greedy.
   if (greedy()) return greedy_token(logits);
-  adjust(logits);
-  const int64_t keep = candidates();
+  const float* w = adjusted(logits);
+  bool finite = false;  // not needed here: the maximum is
+  return draw(candidates(w, finite_max(w, vocab_, &finite)));
+}
+
+int32_t Sampler::draw(int64_t keep) {
   const double* p = prob_.data();
   if (keep < 0) {  // every token, in id order
     double total = 0;
-    for (int64_t i = 0; i < vocab_; ++i) total += p[i];
+    total = sum_lanes(p, vocab_);
     double u = rng_.uniform() * total;
     int32_t last = 0;
     for (int64_t i = 0; i < vocab_; ++i) {
@@ -352,12 +410,13 @@ void Sampler::distribution(const float* logits, std::vector<double>* out) {
     return;
   }
   // Exactly sample()'s values, candidate set and renormalization.
-  adjust(logits);
-  const int64_t keep = candidates();
+  const float* w = adjusted(logits);
+  bool finite = false;
+  const int64_t keep = candidates(w, finite_max(w, V, &finite));
   const double* p = prob_.data();
   double total = 0;
   if (keep < 0) {
-    for (int64_t i = 0; i < V; ++i) total += p[i];
+    total = sum_lanes(p, V);
     for (int64_t i = 0; i < V; ++i) (*out)[size_t(i)] = p[i] / total;
     return;
   }
@@ -373,7 +432,7 @@ namespace {
 // A draw from weights p (not necessarily normalized; the last positive one absorbs rounding).
 int32_t draw_from(const std::vector<double>& p, double u01) {
   double total = 0;
-  for (double v : p) total += v;
+  total = sum_lanes(p.data(), int64_t(p.size()));
   double u = u01 * total;
   int32_t last = 0;
   for (size_t i = 0; i < p.size(); ++i) {

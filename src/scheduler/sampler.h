@@ -88,11 +88,19 @@ class Sampler {
   bool adjusts() const;
   // Step 4 for temperature 0: the argmax after steps 1-3 (ties to the lowest id).
   int32_t greedy_token(const float* logits);
-  // Step 4 after steps 1-3 for temperature > 0 (sample() and distribution() share it): prob_ =
-  // exp((work_ - max) / T) for every token, then the candidates. Returns how many are kept,
-  // listed in order_ in descending order; or -1 when every token is a candidate in id order (no
-  // top-k, no top-p; prob_ below the min-p cut is zeroed).
-  int64_t candidates();
+  // The logits after steps 1-3: `logits` itself when nothing adjusts them, else work_.
+  const float* adjusted(const float* logits);
+  // Step 4 after steps 1-3 for temperature > 0 (sample() and distribution() share it) on the
+  // adjusted logits w [vocab] with maximum mx: prob_ = exp((w - mx) / T) for every token, then
+  // the candidates. Returns how many are kept, listed in order_ in descending order; or -1 when
+  // every token is a candidate in id order (no top-k, no top-p; prob_ below the min-p cut is
+  // zeroed). order_ is sorted by w, which must stay alive until the draw.
+  int64_t candidates(const float* w, float mx);
+  // One uniform draw over candidates()' result (renormalized).
+  int32_t draw(int64_t keep);
+  // order_[0, m) = the m best ids of w [vocab] (maximum mx) in descending order, ties to the
+  // lower id (ByValueDesc); m <= vocab. order_ may hold fewer than vocab ids after it.
+  void best_sorted(const float* w, float mx, int64_t m);
 
   deepserve::SamplingParams params_;
   int64_t vocab_;

@@ -264,59 +264,76 @@ TEST(Sampler, DistributionAtFullVocabularyMatchesTheDefinition) {
   const std::vector<Combo> combos = {{1.0, 1.0, 0, 0.0},  {0.7, 0.9, 0, 0.0},  {1.0, 0.95, 50, 0.0},
                                      {1.3, 1.0, 40, 0.0}, {1.0, 1.0, 0, 0.05}, {0.8, 0.9, 0, 0.02},
                                      {1.0, 0.5, 200, 0.1}};
+  // Logits: random (big_logits), widely spaced (the best few spread over tens of units, so the
+  // sampler's candidate threshold widens several times), flat with ties, with masked (-inf)
+  // tokens between the others, and 13 maxima at 0 with 128 ties at -4 (exactly the sampler's
+  // first candidate threshold, mx - 4) that the top 50 and 200 need.
+  auto make_logits = [](int kind, uint64_t seed) {
+    std::vector<float> l = big_logits(seed, kind == 0 ? 0 : 4);
+    for (size_t i = 0; i < l.size(); ++i) {
+      if (kind == 1) l[i] = -float((i * 7919) % kBigVocab) * 0.37f;
+      if (kind == 2) l[i] = float(int(l[i]) % 3);
+      if (kind == 3 && i % 3 == 1) l[i] = -std::numeric_limits<float>::infinity();
+      if (kind == 4) l[i] = i % 9973 == 0 ? 0.0f : i % 1013 == 0 ? -4.0f : -10.0f;
+    }
+    return l;
+  };
   uint64_t seed = 40;
-  for (const Combo& c : combos) {
-    const std::vector<float> l = big_logits(++seed);
-    SamplingParams p;
-    p.temperature = c.temperature;
-    p.top_p = c.top_p;
-    p.top_k = c.top_k;
-    p.min_p = c.min_p;
-    Sampler s(p, 1, kBigVocab, kEos, {});
-    std::vector<double> got;
-    s.distribution(l.data(), &got);
-    ASSERT_EQ(int64_t(got.size()), kBigVocab);
-    // Reference.
-    const float mx = *std::max_element(l.begin(), l.end());
-    std::vector<double> e(l.size());
-    for (size_t i = 0; i < l.size(); ++i) {
-      e[i] = double(ds::sched::exp_nonpositive((l[i] - mx) * float(1.0 / c.temperature)));
-    }
-    std::vector<int32_t> order(l.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
-    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-      return l[size_t(a)] != l[size_t(b)] ? l[size_t(a)] > l[size_t(b)] : a < b;
-    });
-    size_t keep = c.top_k > 0 ? size_t(c.top_k) : order.size();
-    if (c.top_p < 1.0) {
-      double kept = 0, mass = 0;
-      for (size_t i = 0; i < keep; ++i) kept += e[size_t(order[i])];
-      size_t n = 0;
-      while (n < keep && mass < c.top_p * kept) mass += e[size_t(order[n++])];
-      keep = std::max<size_t>(1, n);
-    }
-    if (c.min_p > 0) {
-      size_t n = 1;
-      while (n < keep && e[size_t(order[n])] >= c.min_p * e[size_t(order[0])]) ++n;
-      keep = n;
-    }
-    double total = 0;
-    for (size_t i = 0; i < keep; ++i) total += e[size_t(order[i])];
-    std::vector<double> want(l.size(), 0.0);
-    for (size_t i = 0; i < keep; ++i) want[size_t(order[i])] = e[size_t(order[i])] / total;
-    int64_t support = 0;
-    double sum = 0;
-    for (size_t i = 0; i < l.size(); ++i) {
-      ASSERT_EQ(got[i] > 0, want[i] > 0) << "token " << i << " top_p " << c.top_p;
-      if (want[i] > 0) {
-        EXPECT_NEAR(got[i], want[i], 1e-9 * want[i]) << "token " << i;
+  for (int kind = 0; kind < 5; ++kind)
+    for (const Combo& c : combos) {
+      SCOPED_TRACE("logits kind " + std::to_string(kind));
+      const std::vector<float> l = make_logits(kind, ++seed);
+      SamplingParams p;
+      p.temperature = c.temperature;
+      p.top_p = c.top_p;
+      p.top_k = c.top_k;
+      p.min_p = c.min_p;
+      Sampler s(p, 1, kBigVocab, kEos, {});
+      std::vector<double> got;
+      s.distribution(l.data(), &got);
+      ASSERT_EQ(int64_t(got.size()), kBigVocab);
+      // Reference.
+      const float mx = *std::max_element(l.begin(), l.end());
+      std::vector<double> e(l.size());
+      for (size_t i = 0; i < l.size(); ++i) {
+        e[i] = double(ds::sched::exp_nonpositive((l[i] - mx) * float(1.0 / c.temperature)));
       }
-      support += got[i] > 0;
-      sum += got[i];
+      std::vector<int32_t> order(l.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
+      std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+        return l[size_t(a)] != l[size_t(b)] ? l[size_t(a)] > l[size_t(b)] : a < b;
+      });
+      size_t keep = c.top_k > 0 ? size_t(c.top_k) : order.size();
+      if (c.top_p < 1.0) {
+        double kept = 0, mass = 0;
+        for (size_t i = 0; i < keep; ++i) kept += e[size_t(order[i])];
+        size_t n = 0;
+        while (n < keep && mass < c.top_p * kept) mass += e[size_t(order[n++])];
+        keep = std::max<size_t>(1, n);
+      }
+      if (c.min_p > 0) {
+        size_t n = 1;
+        while (n < keep && e[size_t(order[n])] >= c.min_p * e[size_t(order[0])]) ++n;
+        keep = n;
+      }
+      double total = 0;
+      for (size_t i = 0; i < keep; ++i) total += e[size_t(order[i])];
+      std::vector<double> want(l.size(), 0.0);
+      for (size_t i = 0; i < keep; ++i) want[size_t(order[i])] = e[size_t(order[i])] / total;
+      int64_t support = 0;
+      double sum = 0;
+      for (size_t i = 0; i < l.size(); ++i) {
+        ASSERT_EQ(got[i] > 0, want[i] > 0) << "token " << i << " top_p " << c.top_p;
+        if (want[i] > 0) {
+          EXPECT_NEAR(got[i], want[i], 1e-9 * want[i]) << "token " << i;
+        }
+        support += got[i] > 0;
+        sum += got[i];
+      }
+      // Kept tokens whose exp underflows to 0 (widely spaced logits) have no mass either way.
+      EXPECT_EQ(support, std::count_if(want.begin(), want.end(), [](double v) { return v > 0; }));
+      EXPECT_NEAR(sum, 1.0, 1e-9);
     }
-    EXPECT_EQ(support, int64_t(keep));
-    EXPECT_NEAR(sum, 1.0, 1e-9);
-  }
 }
 
 TEST(Sampler, LogprobsAtFullVocabularyMatchTheDefinition) {
@@ -369,8 +386,8 @@ TEST(Sampler, SampleFiniteIsAllFiniteThenSample) {
   for (const SamplingParams& p : {greedy(), biased, hot}) {
     for (uint64_t seed = 1; seed <= 5; ++seed) {
       std::vector<float> l = big_logits(seed, int(seed % 3) * 4);
-      if (seed == 2) l.back() = 1000.0f;                      // the maximum in the tail
-      if (seed == 3) l[11] = l[kBigVocab - 5] = 999.0f;       // a tie: the lower id
+      if (seed == 2) l.back() = 1000.0f;                 // the maximum in the tail
+      if (seed == 3) l[11] = l[kBigVocab - 5] = 999.0f;  // a tie: the lower id
       if (seed == 4) l[12] = std::numeric_limits<float>::max();
       Sampler fused(p, seed, kBigVocab, kEos, {});
       Sampler twin(p, seed, kBigVocab, kEos, {});
@@ -424,13 +441,30 @@ TEST(FastExp, WithinItsBoundAndExactAtTheEnds) {
   std::vector<double> out(static_cast<size_t>(n), -1.0);
   ds::sched::exp_shifted(w.data(), n, mx, 0.5f, out.data());
   double sum = 0;
+  std::vector<double> e(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     const float x = (w[size_t(i)] - mx) * 0.5f;
     ASSERT_EQ(out[size_t(i)], double(ds::sched::exp_nonpositive(x))) << i;
-    sum += double(ds::sched::exp_nonpositive(w[size_t(i)] - mx));
+    e[size_t(i)] = double(ds::sched::exp_nonpositive(w[size_t(i)] - mx));
+    sum += e[size_t(i)];
   }
   EXPECT_EQ(out[17], 0.0);
-  EXPECT_EQ(ds::sched::sum_exp_shifted(w.data(), n, mx), sum);
+  // The lane sums add the same values in another fixed order: equal to the serial sum within
+  // double rounding (n terms: under n * 2^-53 relative), and sum_exp_shifted bit for bit to its
+  // documented order.
+  EXPECT_NEAR(ds::sched::sum_exp_shifted(w.data(), n, mx), sum, 1e-12 * sum);
+  EXPECT_NEAR(ds::sched::sum_lanes(e.data(), n), sum, 1e-12 * sum);
+  const int64_t blocks = n / 4 * 4;  // value i into lane i % 4, lanes pairwise, then the tail
+  double by_lane[4] = {0, 0, 0, 0};
+  for (int64_t i = 0; i < blocks; ++i) by_lane[i % 4] += e[size_t(i)];
+  double want = (by_lane[0] + by_lane[1]) + (by_lane[2] + by_lane[3]);
+  for (int64_t i = blocks; i < n; ++i) want += e[size_t(i)];
+  EXPECT_EQ(ds::sched::sum_exp_shifted(w.data(), n, mx), want);
+  for (int64_t m : {int64_t(0), int64_t(5), int64_t(8), int64_t(13)}) {
+    double serial = 0;
+    for (int64_t i = 0; i < m; ++i) serial += e[size_t(i)];
+    EXPECT_NEAR(ds::sched::sum_lanes(e.data(), m), serial, 1e-15 * serial) << m;
+  }
 }
 
 TEST(Sampler, Validation) {
