@@ -1250,8 +1250,8 @@ EngineImpl::RowDecisions EngineImpl::decide_rows(Request* r, const sched::Schedu
     RowDecision row;
     // The finite check first (a non-finite row ends the request); for the sampled row it shares
     // its pass over the logits with a greedy request's argmax (Sampler::sample_finite).
-    row.finite = j < nd ? sched::all_finite(logits, vocab_)
-                        : r->sampler->sample_finite(logits, &row.token);
+    row.finite =
+        j < nd ? sched::all_finite(logits, vocab_) : r->sampler->sample_finite(logits, &row.token);
     if (!row.finite) {
       d.rows.push_back(std::move(row));
       break;

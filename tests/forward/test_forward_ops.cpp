@@ -129,9 +129,9 @@ TEST_P(ForwardOps, FailedCallLeavesTheArenaEmptyAndTheStateUntouched) {
 }
 
 // A backend that rounds the outputs of rms_norm, rms_norm_heads, rope, mHC, attend and the indexer
-// weight scaling itself when it says so (Ops::rounds_elementwise_outputs; CudaOps does it in those kernels): here CpuOps
-// plus a round_bf16 of each such output, done on the inner backend (not counted). Counts the
-// forward's own round_bf16 calls and the calls of those ops.
+// weight scaling itself when it says so (Ops::rounds_elementwise_outputs; CudaOps does it in those
+// kernels): here CpuOps plus a round_bf16 of each such output, done on the inner backend (not
+// counted). Counts the forward's own round_bf16 calls and the calls of those ops.
 class SelfRoundingOps final : public ForwardingOps {
  public:
   // claims: what rounds_elementwise_outputs() says; rounds: whether the ops really round.
@@ -151,8 +151,7 @@ class SelfRoundingOps final : public ForwardingOps {
     ForwardingOps::rms_norm(x, w, rows, dim, eps, y);
     own_round(y, rows * dim);
   }
-  void rms_norm_heads(float* x, int64_t rows, int64_t heads, int64_t head_dim,
-                      float eps) override {
+  void rms_norm_heads(float* x, int64_t rows, int64_t heads, int64_t head_dim, float eps) override {
     ForwardingOps::rms_norm_heads(x, rows, heads, head_dim, eps);
     own_round(x, rows * heads * head_dim);
   }
@@ -171,8 +170,8 @@ class SelfRoundingOps final : public ForwardingOps {
     ForwardingOps::mhc_post(c, o, x, post, comb, rows, x_new);
     own_round(x_new, rows * c.hc_mult * c.dim);
   }
-  void mhc_head(const cpu::MhcConfig& c, const cpu::MhcHeadWeights& w, const float* x,
-                int64_t rows, float* y) override {
+  void mhc_head(const cpu::MhcConfig& c, const cpu::MhcHeadWeights& w, const float* x, int64_t rows,
+                float* y) override {
     ForwardingOps::mhc_head(c, w, x, rows, y);
     own_round(y, rows * c.dim);
   }
@@ -186,14 +185,14 @@ class SelfRoundingOps final : public ForwardingOps {
     own_round(w, tokens_ * heads);
   }
 
-  int forward_rounds_ = 0;    // round_bf16 calls made by the forward
+  int forward_rounds_ = 0;     // round_bf16 calls made by the forward
   int elementwise_calls_ = 0;  // calls of the eight ops above
 
  protected:
   void before_op(const char* name) override {
     if (std::strcmp(name, "round_bf16") == 0) ++forward_rounds_;
-    for (const char* op : {"rms_norm", "rms_norm_heads", "rope", "mhc_pre", "mhc_post",
-                           "mhc_head", "attend", "indexer_scale_weights"})
+    for (const char* op : {"rms_norm", "rms_norm_heads", "rope", "mhc_pre", "mhc_post", "mhc_head",
+                           "attend", "indexer_scale_weights"})
       if (std::strcmp(name, op) == 0) ++elementwise_calls_;
   }
 

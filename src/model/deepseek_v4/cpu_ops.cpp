@@ -51,8 +51,7 @@ void CpuOps::linear(const float* x, int64_t rows, const cpu::LinearWeight& w,
 }
 
 void CpuOps::grouped_output_projection(const float* o, int64_t groups,
-                                       const cpu::LinearWeight& wo_a, float* z,
-                                       bool round_output) {
+                                       const cpu::LinearWeight& wo_a, float* z, bool round_output) {
   // §2: wo_a never quantizes its input.
   cpu::grouped_output_projection(o, plan_->num_tokens, groups, wo_a, false, z);
   if (round_output) cpu::round_to_bf16(z, plan_->num_tokens * wo_a.out_features);

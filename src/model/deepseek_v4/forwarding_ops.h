@@ -75,9 +75,7 @@ class ForwardingOps : public Ops {
     before_op("round_bf16");
     inner_->round_bf16(x, n);
   }
-  bool rounds_elementwise_outputs() const override {
-    return inner_->rounds_elementwise_outputs();
-  }
+  bool rounds_elementwise_outputs() const override { return inner_->rounds_elementwise_outputs(); }
   void simulate_fp8_kv(float* kv, int64_t rows, int64_t head_dim, int64_t rope_dim) override {
     before_op("simulate_fp8_kv");
     inner_->simulate_fp8_kv(kv, rows, head_dim, rope_dim);

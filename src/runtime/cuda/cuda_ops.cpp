@@ -1627,9 +1627,8 @@ void CudaOps::compress(int64_t slot, const dsv4::CompressorWeights& cw, cpu::Com
   float* cscore = scratch<float>(N * width);
   if (skip()) return;
   // Both projections read the same bf16 copy of h (one conversion launch, not two).
-  const uint16_t* hb = cw.wgate.in_features == cw.wkv.in_features
-                           ? to_bf16(h, N, cw.wkv.in_features)
-                           : nullptr;
+  const uint16_t* hb =
+      cw.wgate.in_features == cw.wkv.in_features ? to_bf16(h, N, cw.wkv.in_features) : nullptr;
   if (skip()) return;
   if (!check(linear_impl(h, N, cw.wkv, false, 1, ckv, false, hb)).ok()) return;
   if (!check(linear_impl(h, N, cw.wgate, false, 1, cscore, false, hb)).ok()) return;

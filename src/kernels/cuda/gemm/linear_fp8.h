@@ -50,7 +50,9 @@ struct Fp8WeightView {
 // what an fp32 output followed by launch_round_bf16 holds, in one pass (the small-M kernels round
 // in their epilogue; the cuBLASLt paths write fp32 and round the rows after).
 enum class OutType : uint8_t { kBF16, kF32, kF32Bf16 };
-inline bool out_is_f32(OutType t) { return t != OutType::kBF16; }
+inline bool out_is_f32(OutType t) {
+  return t != OutType::kBF16;
+}
 
 // Activations for an FP8 linear: either bf16 (quantized on the fly in reference numerics, or used
 // as is in hf numerics) or already FP8-quantized (the output of launch_quantize_fp8_blocks; lets
