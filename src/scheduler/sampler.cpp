@@ -23,30 +23,10 @@ bool in_range(double v, double lo, double hi) {
   return std::isfinite(v) && v >= lo && v <= hi;
 }
 
-// Index of the largest value, ties to the lowest id (NaNs are never the largest; all NaN: 0).
-// Two passes that the compiler vectorizes: the maximum over independent lanes (max is exact in
-// any order), then its first occurrence (bench_sampler: greedy sample() of a 129280-logit row
-// 584 -> 168 us, with the copy of the row that it no longer makes).
-int32_t argmax_first(const float* w, int64_t n) {
-  constexpr int kLanes = 16;
-  const float ninf = -std::numeric_limits<float>::infinity();
-  float lane[kLanes];
-  std::fill(lane, lane + kLanes, ninf);
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) lane[l] = w[i + l] > lane[l] ? w[i + l] : lane[l];
-  }
-  float mx = ninf;
-  for (int l = 0; l < kLanes; ++l) mx = lane[l] > mx ? lane[l] : mx;
-  for (; i < n; ++i) mx = w[i] > mx ? w[i] : mx;
-  for (int64_t j = 0; j < n; ++j) {
-    if (w[j] == mx) return int32_t(j);
-  }
-  return 0;
-}
-
-// The largest value of w [n] and, in the same pass, whether every value is finite (all_finite's
-// exponent-carry test): one read of the row where all_finite + argmax_first read it twice.
+// The largest value of w [n] (NaNs are never the largest; -inf when all are NaN) and, in the same
+// pass, whether every value is finite: a float is NaN or infinite iff its exponent bits are all
+// ones, i.e. iff adding one to the exponent field carries into bit 31. One branch-free pass over
+// independent lanes that the compiler vectorizes (max is exact in any order).
 float finite_max(const float* w, int64_t n, bool* finite) {
   constexpr int kLanes = 16;
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -76,6 +56,26 @@ float finite_max(const float* w, int64_t n, bool* finite) {
   }
   *finite = (c & 0x80000000u) == 0;
   return mx;
+}
+
+float max_value(const float* w, int64_t n) {
+  bool finite = false;
+  return finite_max(w, n, &finite);
+}
+
+// The first index holding v (0 when none does).
+int32_t first_of(const float* w, int64_t n, float v) {
+  for (int64_t j = 0; j < n; ++j) {
+    if (w[j] == v) return int32_t(j);
+  }
+  return 0;
+}
+
+// Index of the largest value, ties to the lowest id (NaNs are never the largest; all NaN: 0): the
+// maximum, then its first occurrence (bench_sampler: greedy sample() of a 129280-logit row
+// 584 -> 168 us, with the copy of the row that it no longer makes).
+int32_t argmax_first(const float* w, int64_t n) {
+  return first_of(w, n, max_value(w, n));
 }
 
 // How many of w [n] are >= t, four lanes at a time (a compare yields -1 per lane that passes).
@@ -138,15 +138,9 @@ std::string validate_sampling(const deepserve::SamplingParams& p, int64_t vocab,
 }
 
 bool all_finite(const float* logits, int64_t vocab) {
-  // A float is NaN or infinite iff its exponent bits are all ones, i.e. iff adding one to the
-  // exponent field carries into bit 31. One branch-free integer pass (vectorized).
-  uint32_t carry = 0;
-  for (int64_t i = 0; i < vocab; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, logits + i, sizeof(bits));
-    carry |= (bits & 0x7f800000u) + 0x00800000u;
-  }
-  return (carry & 0x80000000u) == 0;
+  bool finite = false;
+  finite_max(logits, vocab, &finite);  // the maximum comes free: the pass is memory-bound
+  return finite;
 }
 
 float token_logprob(const float* logits, int64_t vocab, int32_t token, int64_t top,
@@ -351,9 +345,7 @@ bool Sampler::sample_finite(const float* logits, int32_t* token) {
     bool finite = false;
     const float mx = finite_max(logits, vocab_, &finite);
     if (!finite) return false;
-    int64_t j = 0;
-    while (j + 1 < vocab_ && logits[j] != mx) ++j;
-    *token = int32_t(j);
+    *token = first_of(logits, vocab_, mx);
     return true;
   }
   if (!greedy() && !adjusts()) {
@@ -373,8 +365,7 @@ int32_t Sampler::sample(const float* logits) {
   // 4. greedy.
   if (greedy()) return greedy_token(logits);
   const float* w = adjusted(logits);
-  bool finite = false;  // not needed here: the maximum is
-  return draw(candidates(w, finite_max(w, vocab_, &finite)));
+  return draw(candidates(w, max_value(w, vocab_)));
 }
 
 int32_t Sampler::draw(int64_t keep) {
@@ -411,8 +402,7 @@ void Sampler::distribution(const float* logits, std::vector<double>* out) {
   }
   // Exactly sample()'s values, candidate set and renormalization.
   const float* w = adjusted(logits);
-  bool finite = false;
-  const int64_t keep = candidates(w, finite_max(w, V, &finite));
+  const int64_t keep = candidates(w, max_value(w, V));
   const double* p = prob_.data();
   double total = 0;
   if (keep < 0) {
