@@ -340,20 +340,13 @@ int64_t Sampler::candidates(const float* w, float mx) {
 }
 
 bool Sampler::sample_finite(const float* logits, int32_t* token) {
-  if (greedy() && !adjusts()) {
-    // One pass for the check and the maximum, then the maximum's first occurrence.
+  if (!adjusts()) {
+    // One pass over the raw row for the check and the maximum, which is the greedy answer's value
+    // or the softmax's shift.
     bool finite = false;
     const float mx = finite_max(logits, vocab_, &finite);
     if (!finite) return false;
-    *token = first_of(logits, vocab_, mx);
-    return true;
-  }
-  if (!greedy() && !adjusts()) {
-    // The softmax's maximum and the check in one pass over the raw row.
-    bool finite = false;
-    const float mx = finite_max(logits, vocab_, &finite);
-    if (!finite) return false;
-    *token = draw(candidates(logits, mx));
+    *token = greedy() ? first_of(logits, vocab_, mx) : draw(candidates(logits, mx));
     return true;
   }
   if (!all_finite(logits, vocab_)) return false;
@@ -371,8 +364,7 @@ int32_t Sampler::sample(const float* logits) {
 int32_t Sampler::draw(int64_t keep) {
   const double* p = prob_.data();
   if (keep < 0) {  // every token, in id order
-    double total = 0;
-    total = sum_lanes(p, vocab_);
+    const double total = sum_lanes(p, vocab_);
     double u = rng_.uniform() * total;
     int32_t last = 0;
     for (int64_t i = 0; i < vocab_; ++i) {
@@ -421,8 +413,7 @@ namespace {
 
 // A draw from weights p (not necessarily normalized; the last positive one absorbs rounding).
 int32_t draw_from(const std::vector<double>& p, double u01) {
-  double total = 0;
-  total = sum_lanes(p.data(), int64_t(p.size()));
+  const double total = sum_lanes(p.data(), int64_t(p.size()));
   double u = u01 * total;
   int32_t last = 0;
   for (size_t i = 0; i < p.size(); ++i) {

@@ -50,7 +50,7 @@ class Sampler {
   // Picks the next token from raw logits [vocab] given `num_output` tokens generated so far.
   int32_t sample(const float* logits);
   // all_finite(logits) and then, when true, *token = sample(logits), with one read of the row
-  // fewer for greedy requests that nothing adjusts (the check and the maximum in one pass).
+  // fewer for requests that nothing adjusts (the check and the maximum in one pass).
   // Returns false, drawing nothing and leaving *token alone, when a value is NaN or infinite.
   bool sample_finite(const float* logits, int32_t* token);
   // Records a generated token (for the penalties and min_tokens).
