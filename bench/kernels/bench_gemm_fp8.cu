@@ -670,6 +670,20 @@ int main(int argc, char** argv) {
                    stream, 20, 3, true) /
                copies;
       };
+      // One eager launch before timing a layout: one the launch refuses is reported and skipped
+      // rather than ending the whole sweep (sessions 7-9: cudaErrorInvalidValue, not debugged).
+      const char* kname[] = {"auto", "mma", "stream", "bulk"};
+      auto accepted = [&](cuda::SmallMKernel kern, int rw, int ks, int stages) {
+        const ds::Status trial =
+            cuda::launch_fp8_linear_small_m(params(0, rw, ks, true, true, kern, stages), stream);
+        const cudaError_t sync = cudaStreamSynchronize(stream);
+        if (trial.ok() && sync == cudaSuccess) return true;
+        std::printf("  %s M=%lld %s rw=%d ks=%d stages=%d: %s / %s (skipped)\n", s.name,
+                    (long long)m, kname[int(kern)], rw, ks, stages, trial.to_string().c_str(),
+                    cudaGetErrorString(sync));
+        (void)cudaGetLastError();
+        return false;
+      };
       // Sweep both kernels' layouts (with programmatic dependent launch, as the engine runs them).
       struct Best {
         double us = 1e30;
@@ -681,20 +695,7 @@ int main(int argc, char** argv) {
         for (int ks : {1, 2, 4, 8}) {
           if (s.k / 128 < ks) continue;
           if (!(rw == mrw && ks == mks)) continue;  // kMma: its heuristic layout only (v5)
-          // One eager launch first: a layout the launch refuses is reported and skipped rather
-          // than ending the whole sweep (sessions 7-8: cudaErrorInvalidValue here, not debugged).
-          {
-            const ds::Status trial = cuda::launch_fp8_linear_small_m(
-                params(0, rw, ks, true, true, cuda::SmallMKernel::kMma), stream);
-            const cudaError_t sync = cudaStreamSynchronize(stream);
-            if (!trial.ok() || sync != cudaSuccess) {
-              std::printf("  %s M=%lld kMma rw=%d ks=%d pdl=1: %s / %s (skipped)\n", s.name,
-                          (long long)m, rw, ks, trial.to_string().c_str(),
-                          cudaGetErrorString(sync));
-              (void)cudaGetLastError();
-              continue;
-            }
-          }
+          if (!accepted(cuda::SmallMKernel::kMma, rw, ks, 0)) continue;
           const double us = time_cfg(cuda::SmallMKernel::kMma, rw, ks, true, true);
           if (us < best_mma.us) best_mma = {us, rw, ks};
         }
@@ -702,6 +703,7 @@ int main(int argc, char** argv) {
         for (int ks : {1, 2, 4, 8}) {
           if (s.k / 128 < ks) continue;
           if (quick && plan_stream && !(rw == plan.row_warps && ks == plan.k_split)) continue;
+          if (!accepted(cuda::SmallMKernel::kStream, rw, ks, 0)) continue;
           const double us = time_cfg(cuda::SmallMKernel::kStream, rw, ks, true, true);
           if (us < best_stream.us) best_stream = {us, rw, ks};
           if (m == 1 && wbytes > (size_t(16) << 20))
@@ -713,6 +715,7 @@ int main(int argc, char** argv) {
           for (int st : {2, 4, 8}) {
             if (s.k / 128 < ks) continue;
             if (quick && !(rw == plan.row_warps && ks == plan.k_split && st == 4)) continue;
+            if (!accepted(cuda::SmallMKernel::kBulk, rw, ks, st)) continue;
             const double us = time_cfg(cuda::SmallMKernel::kBulk, rw, ks, true, true, st);
             if (us < best_bulk.us) best_bulk = {us, rw, ks, st};
             if (m == 1 && wbytes > (size_t(16) << 20))
@@ -746,16 +749,20 @@ int main(int argc, char** argv) {
         recs.push_back(make("fp8_mma heur+pdl", cfg, best_mma.us,
                             check(cuda::SmallMKernel::kMma, best_mma.rw, best_mma.ks), 0));
       }
-      std::snprintf(cfg, sizeof cfg, "stream rw=%d ks=%d copies=%d", best_stream.rw, best_stream.ks,
-                    copies);
-      recs.push_back(make("fp8_stream best+pdl", cfg, best_stream.us,
-                          check(cuda::SmallMKernel::kStream, best_stream.rw, best_stream.ks), 0));
-      std::snprintf(cfg, sizeof cfg, "bulk rw=%d ks=%d stages=%d copies=%d", best_bulk.rw,
-                    best_bulk.ks, best_bulk.stages, copies);
-      recs.push_back(make("fp8_bulk best+pdl", cfg, best_bulk.us,
-                          check(cuda::SmallMKernel::kBulk, best_bulk.rw, best_bulk.ks,
-                                best_bulk.stages),
-                          0));
+      if (best_stream.us < 1e30) {
+        std::snprintf(cfg, sizeof cfg, "stream rw=%d ks=%d copies=%d", best_stream.rw,
+                      best_stream.ks, copies);
+        recs.push_back(make("fp8_stream best+pdl", cfg, best_stream.us,
+                            check(cuda::SmallMKernel::kStream, best_stream.rw, best_stream.ks), 0));
+      }
+      if (best_bulk.us < 1e30) {
+        std::snprintf(cfg, sizeof cfg, "bulk rw=%d ks=%d stages=%d copies=%d", best_bulk.rw,
+                      best_bulk.ks, best_bulk.stages, copies);
+        recs.push_back(make("fp8_bulk best+pdl", cfg, best_bulk.us,
+                            check(cuda::SmallMKernel::kBulk, best_bulk.rw, best_bulk.ks,
+                                  best_bulk.stages),
+                            0));
+      }
       if (m == 1) {
         // What a plain read of the same bytes costs in the same setting (graph of `copies`
         // launches on distinct weight copies, no PDL): the practical ceiling of this measurement.

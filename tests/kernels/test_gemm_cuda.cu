@@ -470,6 +470,24 @@ TEST_F(GemmCudaTest, BulkKernelConfigurations) {
       }
 }
 
+TEST_F(GemmCudaTest, BulkKernelRingsAroundTheDefaultSharedMemoryLimit) {
+  // kBulk at 4 row-warps with 4..6 ring slots: 48 KB of ring (4 slots) plus the kernel's static
+  // shared memory passes the 48 KB a kernel gets without opting in; the launcher refused exactly
+  // this layout with cudaErrorInvalidValue until session 10 (bench_gemm_fp8's wq_a sweep).
+  uint64_t seed = 1050;
+  for (int stages : {4, 5, 6}) {
+    SmallMConfig c;
+    c.kernel = cuda::SmallMKernel::kBulk;
+    c.row_warps = 4;
+    c.k_split = 1;
+    c.stages = stages;
+    c.pdl = stages % 2 == 0;
+    for (int64_t m : {1, 16})
+      run_fp8_case(kFlashShapes[0], m, true, cuda::OutType::kBF16, ++seed, true, Path::kSmallM,
+                   c);
+  }
+}
+
 TEST_F(GemmCudaTest, CublasLtAutotunedAttentionShapes) {
   // The opt-in cuBLASLt autotuning (timed candidates of both orientations and split-K variants);
   // the other cuBLASLt tests run the default, cuBLASLt's first heuristic answer.

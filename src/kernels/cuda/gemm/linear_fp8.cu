@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/func_attributes.h"
 #include "kernels/cuda/gemm/linear_fp8.h"
 #include "kernels/cuda/norm/device_util.cuh"
 #include "kernels/cuda/quant/quant_fp8.h"
@@ -805,13 +806,10 @@ template <int NT, int RW>
 cudaError_t launch_bulk(const SmallMArgs& a, dim3 grid, cudaStream_t stream) {
   auto kernel = fp8_bulk_kernel<NT, RW>;
   const size_t smem = size_t(a.stages) * bulk_stage_bytes(RW);
-  // Deep rings (explicit stages >= 5 or 6) exceed the default 48 KB of dynamic shared memory; set
-  // per call (per device, not stream-ordered, graph-safe) only then.
-  if (smem > size_t(48) << 10) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (e != cudaSuccess) return e;
-  }
+  // The ring plus the kernel's static shared memory may exceed the default 48 KB (rw 4 with 4
+  // slots is 48 KB of ring alone: refused with cudaErrorInvalidValue until session 10, when the
+  // attribute was set only for rings above 48 KB): opt in for every ring size, once per device.
+  if (const cudaError_t e = ensure_max_dynamic_smem(kernel, int(smem)); e != cudaSuccess) return e;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(unsigned(kBulkThreads));
