@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/mhc/mhc.h"
+#include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/norm/device_util.cuh"
 
 namespace ds::cuda {
@@ -34,8 +35,20 @@ __global__ void __launch_bounds__(kMixWarps * 32)
   const int64_t groups = (num_tokens + kTok - 1) / kTok;
   const int64_t num_chunks = hc_dim / chunk;
   const int64_t item = int64_t(blockIdx.x) * kMixWarps + (threadIdx.x >> 5);
-  if (item >= groups * num_chunks) return;
+  const bool has_item = item < groups * num_chunks;
   const int64_t c = item / groups, g = item % groups;
+  // The mix weights are no kernel's output: their first 512 bytes per row of this chunk go to L2
+  // while the previous kernel finishes (programmatic launch), then the wait.
+  if (has_item) {
+    for (int i = lane; i < kMixes * 4; i += 32) {
+      const int m = i / 4;
+      const int64_t col = c * chunk + (i % 4) * 32;
+      if (col < (c + 1) * chunk)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(fn + m * hc_dim + col));
+    }
+  }
+  pdl_begin();
+  if (!has_item) return;
   float acc[kTok][kMixes];
   float ss[kTok];
 #pragma unroll
@@ -84,8 +97,8 @@ void launch_mixes(const float* x, const float* fn, float* ws, int64_t num_tokens
   const int64_t chunk = chunk_for(num_tokens, hc_dim);
   const int64_t items = (num_tokens + kTok - 1) / kTok * (hc_dim / chunk);
   const int64_t grid = (items + kMixWarps - 1) / kMixWarps;
-  mhc_mixes_kernel<kMixes>
-      <<<unsigned(grid), kMixWarps * 32, 0, stream>>>(x, fn, ws, num_tokens, hc_dim, chunk);
+  (void)launch_pdl(mhc_mixes_kernel<kMixes>, dim3(unsigned(grid)), dim3(kMixWarps * 32), 0, stream,
+                   x, fn, ws, num_tokens, hc_dim, chunk);
 }
 
 // Sums the partials of token `tok` into mixes[0..kMixes] (the last is the sum of squares) and
@@ -137,6 +150,7 @@ __global__ void __launch_bounds__(kFinishThreads)
   constexpr int hc = kMhcHc;
   __shared__ float mixes[kPreMixes + 1];
   __shared__ float pre[hc];
+  pdl_begin();
   const int64_t tok = blockIdx.x;
   const int64_t hc_dim = hc * p.dim;
   gather_mixes<kPreMixes>(p.workspace, tok, num_chunks, hc_dim, p.norm_eps, mixes);
@@ -198,6 +212,7 @@ __global__ void __launch_bounds__(kFinishThreads)
   constexpr int hc = kMhcHc;
   __shared__ float mixes[hc + 1];
   __shared__ float pre[hc];
+  pdl_begin();
   const int64_t tok = blockIdx.x;
   const int64_t hc_dim = hc * p.dim;
   gather_mixes<hc>(p.workspace, tok, num_chunks, hc_dim, p.norm_eps, mixes);
@@ -212,6 +227,7 @@ __global__ void __launch_bounds__(kFinishThreads)
 
 __global__ void mhc_post_kernel(MhcPostParams p) {
   constexpr int hc = kMhcHc;
+  pdl_begin();
   const int64_t quads = p.dim / 4;
   const int64_t total = p.num_tokens * quads;
   for (int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; q < total;
@@ -267,7 +283,8 @@ void launch_mhc_pre(const MhcPreParams& p, cudaStream_t stream) {
   const int64_t hc_dim = kMhcHc * p.dim;
   launch_mixes<kPreMixes>(p.x, p.fn, p.workspace, p.num_tokens, hc_dim, stream);
   const int64_t num_chunks = hc_dim / chunk_for(p.num_tokens, hc_dim);
-  mhc_pre_finish_kernel<<<unsigned(p.num_tokens), kFinishThreads, 0, stream>>>(p, num_chunks);
+  (void)launch_pdl(mhc_pre_finish_kernel, dim3(unsigned(p.num_tokens)), dim3(kFinishThreads), 0,
+                   stream, p, num_chunks);
 }
 
 void launch_mhc_head(const MhcHeadParams& p, cudaStream_t stream) {
@@ -275,14 +292,15 @@ void launch_mhc_head(const MhcHeadParams& p, cudaStream_t stream) {
   const int64_t hc_dim = kMhcHc * p.dim;
   launch_mixes<kMhcHc>(p.x, p.fn, p.workspace, p.num_tokens, hc_dim, stream);
   const int64_t num_chunks = hc_dim / chunk_for(p.num_tokens, hc_dim);
-  mhc_head_finish_kernel<<<unsigned(p.num_tokens), kFinishThreads, 0, stream>>>(p, num_chunks);
+  (void)launch_pdl(mhc_head_finish_kernel, dim3(unsigned(p.num_tokens)), dim3(kFinishThreads), 0,
+                   stream, p, num_chunks);
 }
 
 void launch_mhc_post(const MhcPostParams& p, cudaStream_t stream) {
   if (p.num_tokens <= 0) return;
   const int64_t total = p.num_tokens * (p.dim / 4);
   const int64_t grid = std::min<int64_t>((total + 255) / 256, 132 * 16);
-  mhc_post_kernel<<<unsigned(grid), 256, 0, stream>>>(p);
+  (void)launch_pdl(mhc_post_kernel, dim3(unsigned(grid)), dim3(256), 0, stream, p);
 }
 
 }  // namespace ds::cuda

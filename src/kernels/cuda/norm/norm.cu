@@ -3,6 +3,7 @@
 // shared memory across warps), pass 2 re-reads the row (an L1 hit) and writes x * r * w. The
 // scaling multiplies in the reference's order (x * r, then * w) and never fuses the two into one
 // rounding, so given the same r the outputs are bit-identical to the CPU reference.
+#include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/norm/device_util.cuh"
 #include "kernels/cuda/norm/norm.h"
 
@@ -24,6 +25,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   constexpr int kRowsPerBlock = kBlockThreads / kThreads;
   constexpr int kWarpsPerRow = kThreads / 32 > 0 ? kThreads / 32 : 1;
   __shared__ float partial[kRowsPerBlock][kWarpsPerRow];
+  pdl_begin();
   const int group = threadIdx.x / kThreads, t = threadIdx.x % kThreads;
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + group;
   const bool active = row < p.num_rows;
@@ -83,7 +85,8 @@ template <int kThreads>
 void launch_with(const RmsNormParams& p, const RowLayout& layout, cudaStream_t stream) {
   constexpr int kRowsPerBlock = kBlockThreads / kThreads;
   const int64_t grid = (p.num_rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  rms_norm_kernel<kThreads><<<unsigned(grid), kBlockThreads, 0, stream>>>(p, layout);
+  (void)launch_pdl(rms_norm_kernel<kThreads>, dim3(unsigned(grid)), dim3(kBlockThreads), 0, stream,
+                   p, layout);
 }
 
 void launch_layout(const RmsNormParams& p, const RowLayout& layout, cudaStream_t stream) {

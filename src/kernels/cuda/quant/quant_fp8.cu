@@ -6,6 +6,7 @@
 // NOTES.md.
 #include <cuda_fp8.h>
 
+#include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/norm/device_util.cuh"
 #include "kernels/cuda/quant/quant_fp8.h"
 
@@ -27,6 +28,7 @@ __device__ __forceinline__ uint32_t e8m0_ceil_pow2_code(float v) {
 template <bool kF32In>
 __global__ void quantize_fp8_blocks_kernel(QuantFp8Params p) {
   // Each half-warp owns one 128-element block: 16 lanes x 8 bf16 (one 16-byte load each).
+  pdl_begin();
   const int lane = threadIdx.x & 31;
   const int sub = lane & 15;
   const int64_t blocks_per_row = p.row_len / kQuantFp8Block;
@@ -84,10 +86,9 @@ void launch_quantize_fp8_blocks(const QuantFp8Params& params, cudaStream_t strea
   constexpr int kWarpsPerCta = 8;
   const int64_t blocks_per_cta = 2 * kWarpsPerCta;  // two 128-element blocks per warp
   const int64_t grid = (num_blocks + blocks_per_cta - 1) / blocks_per_cta;
-  if (params.x_f32 != nullptr)
-    quantize_fp8_blocks_kernel<true><<<unsigned(grid), kWarpsPerCta * 32, 0, stream>>>(params);
-  else
-    quantize_fp8_blocks_kernel<false><<<unsigned(grid), kWarpsPerCta * 32, 0, stream>>>(params);
+  (void)launch_pdl(params.x_f32 != nullptr ? quantize_fp8_blocks_kernel<true>
+                                            : quantize_fp8_blocks_kernel<false>,
+                   dim3(unsigned(grid)), dim3(kWarpsPerCta * 32), 0, stream, params);
 }
 
 }  // namespace ds::cuda

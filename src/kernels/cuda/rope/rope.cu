@@ -2,6 +2,7 @@
 // angles (double sincos, rounded to fp32, the sine negated for the inverse rotation) into shared
 // memory; then each thread rotates (head, pair) items with float2 loads. The complex multiply
 // uses explicitly rounded products and sums (no FMA contraction) like the CPU reference.
+#include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/norm/device_util.cuh"
 #include "kernels/cuda/rope/rope.h"
 
@@ -13,6 +14,7 @@ constexpr int kMaxHalf = 512;  // rope_dim <= 1024
 
 __global__ void __launch_bounds__(kThreads) rope_kernel(RopeParams p) {
   __shared__ float cos_table[kMaxHalf], sin_table[kMaxHalf];
+  pdl_begin();
   const int64_t token = blockIdx.x;
   const int64_t half = p.rope_dim / 2;
   const float sign = p.inverse ? -1.0f : 1.0f;
@@ -46,7 +48,8 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeParams p) {
 
 void launch_rope(const RopeParams& params, cudaStream_t stream) {
   if (params.num_tokens <= 0 || params.num_heads <= 0 || params.rope_dim <= 0) return;
-  rope_kernel<<<unsigned(params.num_tokens), kThreads, 0, stream>>>(params);
+  (void)launch_pdl(rope_kernel, dim3(unsigned(params.num_tokens)), dim3(kThreads), 0, stream,
+                   params);
 }
 
 }  // namespace ds::cuda
