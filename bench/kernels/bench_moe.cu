@@ -441,20 +441,20 @@ int main(int argc, char** argv) {
                     "(%.0f TFLOP/s); weight bytes %.0f GB/s = %.0f%% of copy\n",
                     gemm_us, g.achieved_tflops, 100.0 * g.achieved_tflops / peak, mma_name, peak,
                     g.achieved_gbps, 100.0 * g.achieved_gbps / copy_gbps);
-        if (T == 1 && bc.tuning.tile_tokens == 0) {
+        if (T <= 64 && bc.tuning.tile_tokens == 0) {
           bench::Record lr;
           lr.kernel = "moe_router_logits";
-          lr.shape = "T=1 gate fp32 [256, 4096]";
+          lr.shape = "T=" + std::to_string(T) + " gate fp32 [256, 4096]";
           lr.mode = "graph node";
           lr.time_us = logits_us;
-          lr.bytes = double(kExperts * kDim * 4) + double(kDim * 4);
+          lr.bytes = double(kExperts * kDim * 4) + double(T * kDim * 4) + double(T * kExperts * 4);
           lr.floor_us = lr.bytes / (copy_gbps * 1e9) * 1e6;
           lr.ratio = logits_us / lr.floor_us;
           lr.achieved_gbps = lr.bytes / (logits_us * 1e-6) / 1e9;
           lr.error_metric = "none (routing checked by test_moe_cuda)";
           records.push_back(lr);
-          std::printf("  router logits %.2f us = %.0f GB/s = %.0f%% of copy\n", logits_us,
-                      lr.achieved_gbps, 100.0 * lr.achieved_gbps / copy_gbps);
+          std::printf("  router logits T=%lld %.2f us = %.0f GB/s = %.0f%% of copy\n",
+                      (long long)T, logits_us, lr.achieved_gbps, 100.0 * lr.achieved_gbps / copy_gbps);
         }
       }
     }

@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -296,6 +297,32 @@ void run_case(const Case& c) {
   std::vector<float> g_w;
   DS_CUDA_ASSERT(d_ex.download(g_ex));
   DS_CUDA_ASSERT(d_w.download(g_w));
+  if (T > 8 && T <= 64) {
+    // 8 < T <= 64 computes the router logits in tiles of 4 experts x 16 tokens, T <= 8 in tiles of
+    // one expert x 8 tokens, with the same arithmetic per logit: routing the tokens 8 at a time
+    // must give the same experts and weights, bit for bit.
+    DeviceBuffer<int32_t> d_ex8(size_t(T * K));
+    DeviceBuffer<float> d_w8(size_t(T * K));
+    DS_CUDA_ASSERT(d_ex8.poison());
+    DS_CUDA_ASSERT(d_w8.poison());
+    for (int64_t t0 = 0; t0 < T; t0 += 8) {
+      const Status s8 = cuda::MoeRunner::route(*layer, d_x.get() + t0 * D, d_tok.get() + t0,
+                                               std::min<int64_t>(8, T - t0), d_ex8.get() + t0 * K,
+                                               d_w8.get() + t0 * K, ws.get(), 0);
+      ASSERT_TRUE(s8.ok()) << s8.message();
+    }
+    DS_CUDA_ASSERT(cudaDeviceSynchronize());
+    std::vector<int32_t> g_ex8;
+    std::vector<float> g_w8;
+    DS_CUDA_ASSERT(d_ex8.download(g_ex8));
+    DS_CUDA_ASSERT(d_w8.download(g_w8));
+    for (int64_t i = 0; i < T * K; ++i) {
+      ASSERT_EQ(g_ex8[size_t(i)], g_ex[size_t(i)]) << c.name << " T=" << T << " slot " << i;
+      ASSERT_EQ(std::memcmp(&g_w8[size_t(i)], &g_w[size_t(i)], 4), 0)
+          << c.name << " T=" << T << " slot " << i << ": " << g_w8[size_t(i)] << " vs "
+          << g_w[size_t(i)];
+    }
+  }
 
   // Oracle tokens: all, or an even sample.
   std::vector<int64_t> tokens;
@@ -538,12 +565,12 @@ TEST_F(MoeCuda, Fp8PathVariants) {
 // (partial tiles: T = 100, tiny E = 8 < 64); fp32 and bf16 gates.
 TEST_F(MoeCuda, RouterGateFormats) {
   for (bool bf16 : {false, true}) {
-    for (int64_t T : {1, 3, 8, 9, 64, 100}) {
+    for (int64_t T : {1, 3, 8, 9, 17, 37, 64, 100}) {
       Case c{bf16 ? "tiny gate bf16" : "tiny gate f32", kTiny, WeightFormat::kMxfp4, T};
       c.gate_bf16 = bf16;
       run_case(c);
     }
-    for (int64_t T : {1, 8}) {
+    for (int64_t T : {1, 8, 16, 37, 64}) {
       Case c{bf16 ? "flash gate bf16" : "flash gate f32", kFlash, WeightFormat::kMxfp4, T};
       c.gate_bf16 = bf16;
       run_case(c);

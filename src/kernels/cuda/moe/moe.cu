@@ -164,60 +164,80 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // ---- 1. router logits --------------------------------------------------------------------------
 
-// Small T (decode): a CTA per (expert, 8 tokens) with the 8 warps splitting D, so that the
-// gate (E x D) streams with E x 8 warps in flight; partial sums reduced in warp order.
-template <bool kBf16>
+// Small T (decode): a CTA per (kEB experts, kTB tokens) with the 8 warps splitting D, so that the
+// gate (E x D) streams with many warps in flight; partial sums reduced in warp order. kEB = 1,
+// kTB = 8 for T <= 8 (256 CTAs stream the gate from HBM); kEB = 4, kTB = 16 above (each x element
+// loaded once per 4 experts instead of once per expert: at T = 64 the L2 traffic falls from
+// ~295 MB to ~82 MB). Every logit gets the same arithmetic whatever the tile (per lane the same
+// fmaf chain over k, the same shuffle tree, the warps added in order): bit-identical results.
+template <bool kBf16, int kEB, int kTB>
 __global__ void router_logits_small_kernel(const float* __restrict__ x,
                                            const void* __restrict__ gate, int64_t T, int64_t D,
                                            int64_t E, float* __restrict__ logits) {
-  __shared__ float part[8][8];
+  __shared__ float part[8][kEB][kTB];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t e = blockIdx.x;
-  const int64_t t0 = int64_t(blockIdx.y) * 8;
-  const int nt = T - t0 < 8 ? int(T - t0) : 8;
+  const int64_t e0 = int64_t(blockIdx.x) * kEB;
+  const int ne = E - e0 < kEB ? int(E - e0) : kEB;
+  const int64_t t0 = int64_t(blockIdx.y) * kTB;
+  const int nt = T - t0 < kTB ? int(T - t0) : kTB;
   const int64_t slice = D / 8;  // D % 128 == 0: slices of multiples of 16
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  float acc[kEB][kTB];
+#pragma unroll
+  for (int i = 0; i < kEB; ++i)
+#pragma unroll
+    for (int j = 0; j < kTB; ++j) acc[i][j] = 0.0f;
 #pragma unroll 4
   for (int64_t k = warp * slice + lane * 4; k < (warp + 1) * slice; k += 128) {
-    float w[4];
-    if constexpr (kBf16) {
-      const uint2 raw =
-          *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(gate) + e * D + k);
-      w[0] = __uint_as_float(raw.x << 16);
-      w[1] = __uint_as_float(raw.x & 0xFFFF0000u);
-      w[2] = __uint_as_float(raw.y << 16);
-      w[3] = __uint_as_float(raw.y & 0xFFFF0000u);
-    } else {
-      const float4 v =
-          *reinterpret_cast<const float4*>(static_cast<const float*>(gate) + e * D + k);
-      w[0] = v.x;
-      w[1] = v.y;
-      w[2] = v.z;
-      w[3] = v.w;
+    float w[kEB][4];
+#pragma unroll
+    for (int i = 0; i < kEB; ++i) {
+      const int64_t e = e0 + (i < ne ? i : 0);  // rows past E: a valid row, never stored
+      if constexpr (kBf16) {
+        const uint2 raw =
+            *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(gate) + e * D + k);
+        w[i][0] = __uint_as_float(raw.x << 16);
+        w[i][1] = __uint_as_float(raw.x & 0xFFFF0000u);
+        w[i][2] = __uint_as_float(raw.y << 16);
+        w[i][3] = __uint_as_float(raw.y & 0xFFFF0000u);
+      } else {
+        const float4 v =
+            *reinterpret_cast<const float4*>(static_cast<const float*>(gate) + e * D + k);
+        w[i][0] = v.x;
+        w[i][1] = v.y;
+        w[i][2] = v.z;
+        w[i][3] = v.w;
+      }
     }
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < kTB; ++j) {
       if (j < nt) {
         const float4 xv = *reinterpret_cast<const float4*>(x + (t0 + j) * D + k);
-        acc[j] = fmaf(xv.x, w[0], acc[j]);
-        acc[j] = fmaf(xv.y, w[1], acc[j]);
-        acc[j] = fmaf(xv.z, w[2], acc[j]);
-        acc[j] = fmaf(xv.w, w[3], acc[j]);
+#pragma unroll
+        for (int i = 0; i < kEB; ++i) {
+          acc[i][j] = fmaf(xv.x, w[i][0], acc[i][j]);
+          acc[i][j] = fmaf(xv.y, w[i][1], acc[i][j]);
+          acc[i][j] = fmaf(xv.z, w[i][2], acc[i][j]);
+          acc[i][j] = fmaf(xv.w, w[i][3], acc[i][j]);
+        }
       }
     }
   }
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    float v = acc[j];
+  for (int i = 0; i < kEB; ++i)
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-    if (lane == 0) part[warp][j] = v;
-  }
+    for (int j = 0; j < kTB; ++j) {
+      float v = acc[i][j];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+      if (lane == 0) part[warp][i][j] = v;
+    }
   __syncthreads();
-  if (threadIdx.x < nt) {
+  for (int idx = threadIdx.x; idx < kEB * kTB; idx += blockDim.x) {
+    const int i = idx / kTB, j = idx % kTB;
+    if (i >= ne || j >= nt) continue;
     float v = 0.0f;
-    for (int w = 0; w < 8; ++w) v += part[w][threadIdx.x];
-    logits[(t0 + threadIdx.x) * E + e] = v;
+    for (int w = 0; w < 8; ++w) v += part[w][i][j];
+    logits[(t0 + j) * E + e0 + i] = v;
   }
 }
 
@@ -1932,12 +1952,19 @@ Status MoeRunner::route(const MoeDeviceLayer& l, const float* x, const int32_t* 
   const dim3 lg(unsigned(ceil_div(l.num_experts, kLogitsTile)),
                 unsigned(ceil_div(T, kLogitsTile)));
   const dim3 lg_small(unsigned(l.num_experts), unsigned(ceil_div(T, 8)));
-  if (T <= 64 && l.gate_bf16) {
-    router_logits_small_kernel<true>
+  const dim3 lg_mid(unsigned(ceil_div(l.num_experts, 4)), unsigned(ceil_div(T, 16)));
+  if (T <= 8 && l.gate_bf16) {
+    router_logits_small_kernel<true, 1, 8>
         <<<lg_small, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits);
+  } else if (T <= 8) {
+    router_logits_small_kernel<false, 1, 8>
+        <<<lg_small, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits);
+  } else if (T <= 64 && l.gate_bf16) {
+    router_logits_small_kernel<true, 4, 16>
+        <<<lg_mid, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits);
   } else if (T <= 64) {
-    router_logits_small_kernel<false>
-        <<<lg_small, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits);
+    router_logits_small_kernel<false, 4, 16>
+        <<<lg_mid, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits);
   } else if (l.gate_bf16) {
     router_logits_tiled_kernel<true><<<lg, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts,
                                                              logits);
