@@ -454,7 +454,8 @@ int main(int argc, char** argv) {
           lr.error_metric = "none (routing checked by test_moe_cuda)";
           records.push_back(lr);
           std::printf("  router logits T=%lld %.2f us = %.0f GB/s = %.0f%% of copy\n",
-                      (long long)T, logits_us, lr.achieved_gbps, 100.0 * lr.achieved_gbps / copy_gbps);
+                      (long long)T, logits_us, lr.achieved_gbps,
+                      100.0 * lr.achieved_gbps / copy_gbps);
         }
       }
     }

@@ -37,14 +37,12 @@ __global__ void __launch_bounds__(kMixWarps * 32)
   const int64_t item = int64_t(blockIdx.x) * kMixWarps + (threadIdx.x >> 5);
   const bool has_item = item < groups * num_chunks;
   const int64_t c = item / groups, g = item % groups;
-  // The mix weights are no kernel's output: their first 512 bytes per row of this chunk go to L2
-  // while the previous kernel finishes (programmatic launch), then the wait.
+  // The mix weights are no kernel's output: the first 512 bytes (chunk >= 128 floats) of each row
+  // of this chunk go to L2 while the previous kernel finishes (programmatic launch), then the wait.
   if (has_item) {
     for (int i = lane; i < kMixes * 4; i += 32) {
-      const int m = i / 4;
-      const int64_t col = c * chunk + (i % 4) * 32;
-      if (col < (c + 1) * chunk)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(fn + m * hc_dim + col));
+      const float* line = fn + (i / 4) * hc_dim + c * chunk + (i % 4) * 32;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
     }
   }
   pdl_begin();
