@@ -17,7 +17,9 @@
 #
 #   scripts/gpu/run_serving_1gpu.sh OUT [LAYERS]
 # Env: SERVE_THREADS="0 1" serves (and benchmarks) once per --num-threads value (default 0 = all
-# cores; 1 = sampling on the engine thread alone); PARTS="tiny profile serve" picks the parts.
+# cores; 1 = sampling on the engine thread alone); SERVE_ARGMAX="1 0" once per value of
+# DEEPSERVE_BACKEND_ARGMAX (default 1: greedy rows take their argmax from the GPU; 0: the
+# logits, as before session 11); PARTS="tiny profile serve" picks the parts.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:?usage: run_serving_1gpu.sh OUT [LAYERS]}"
@@ -88,11 +90,13 @@ done
 done
 
 # 3. The server and the load generator.
+for am in ${SERVE_ARGMAX:-1}; do
 for nt in ${SERVE_THREADS:-0}; do
   has serve || break
   sfx=""; [ "$nt" != 0 ] && sfx="_nt$nt"
+  [ "$am" != 1 ] && sfx="${sfx}_argmax$am"
   port=18231
-  "$ds" serve --device cuda --model "$model" --served-model-name flash$layers --port $port \
+  DEEPSERVE_BACKEND_ARGMAX=$am "$ds" serve --device cuda --model "$model" --served-model-name flash$layers --port $port \
     --max-model-len 4096 --max-num-seqs 64 --num-threads "$nt" >"$work/serve$sfx.log" 2>&1 &
   pid=$!
   up=0
@@ -101,7 +105,7 @@ for nt in ${SERVE_THREADS:-0}; do
     kill -0 $pid 2>/dev/null || break
     sleep 1
   done
-  say "serve --num-threads $nt: health after ${i}s: $([ $up -eq 1 ] && echo ok || echo FAILED)"
+  say "serve --num-threads $nt (DEEPSERVE_BACKEND_ARGMAX=$am): health after ${i}s: $([ $up -eq 1 ] && echo ok || echo FAILED)"
   if [ $up -eq 1 ]; then
     for c in 16 64; do
       for mode in greedy t1; do
@@ -126,5 +130,6 @@ for nt in ${SERVE_THREADS:-0}; do
   kill -INT $pid 2>/dev/null
   wait $pid
   say "serve exit rc=$?"
+done
 done
 rm -rf "$model"

@@ -8,11 +8,13 @@
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -334,6 +336,13 @@ class EngineImpl final : public Engine {
   std::vector<dsv4::ChunkOutput> step_outputs_, mtp_outputs_;
   // Speculative decoding (engine thread only).
   bool spec_ = false;
+  // Greedy rows that nothing adjusts take only their argmax and finite flag from the backend
+  // (SequenceChunk::argmax_only; on a GPU 5 bytes per row instead of 517 KB of logits). The
+  // environment variable DEEPSERVE_BACKEND_ARGMAX=0 turns it off (A/B measurements).
+  const bool backend_argmax_ = [] {
+    const char* v = std::getenv("DEEPSERVE_BACKEND_ARGMAX");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
   std::unique_ptr<sched::SpecPolicy> spec_policy_;
   int64_t spec_k_ = 0;                  // the k the drafts of the running sequences were made for
   double spec_draft_seconds_ = 0;       // drafting time at the end of the last step
@@ -1053,6 +1062,7 @@ void EngineImpl::step() {
   std::vector<std::vector<int32_t>> verify_tokens(plan.chunks.size());  // [last token, drafts]
   int64_t prompt_tokens = 0;
   int64_t decode_rows = 0, prefill_rows = 0;  // engine_step_tokens_total
+  int64_t argmax_rows = 0;                    // engine_argmax_rows_total
   bool pure_decode = true;  // every chunk feeds one real token (plus drafts) and samples
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const sched::ScheduledChunk& sc = plan.chunks[i];
@@ -1076,6 +1086,11 @@ void EngineImpl::step() {
       chunks[i].tokens =
           std::span<const int32_t>(sc.seq->tokens.data() + sc.start, size_t(sc.count));
       if (sc.samples) chunks[i].logit_rows = {sc.count - 1};
+      // Only the argmax is needed: greedy, nothing adjusts the row, no logprobs (and not a
+      // request whose logits a fault hook poisons on the host).
+      chunks[i].argmax_only = backend_argmax_ && sc.samples && r->sampler->raw_argmax() &&
+                              r->req.sampling.logprobs < 0 && !r->nan_target;
+      argmax_rows += chunks[i].argmax_only ? 1 : 0;
     }
     // The MTP layer consumes every position the main model consumes (its own window ring).
     if (spec_) {
@@ -1111,6 +1126,7 @@ void EngineImpl::step() {
     metrics_.step_forward_seconds_total += seconds_between(forward_start, forward_end);
     metrics_.step_decode_tokens_total += decode_rows;
     metrics_.step_prefill_tokens_total += prefill_rows;
+    metrics_.step_argmax_rows_total += argmax_rows;
     if (prefill_rows > 0) ++metrics_.prefill_steps_total;
   }
   if (!st.ok()) {
@@ -1249,9 +1265,15 @@ EngineImpl::RowDecisions EngineImpl::decide_rows(Request* r, const sched::Schedu
 #endif
     RowDecision row;
     // The finite check first (a non-finite row ends the request); for the sampled row it shares
-    // its pass over the logits with a greedy request's argmax (Sampler::sample_finite).
-    row.finite =
-        j < nd ? sched::all_finite(logits, vocab_) : r->sampler->sample_finite(logits, &row.token);
+    // its pass over the logits with a greedy request's argmax (Sampler::sample_finite), or the
+    // backend made both (SequenceChunk::argmax_only: no logits here).
+    if (!out.argmax.empty()) {
+      row.finite = out.finite[size_t(j)] != 0;
+      if (row.finite) row.token = out.argmax[size_t(j)];
+    } else {
+      row.finite = j < nd ? sched::all_finite(logits, vocab_)
+                          : r->sampler->sample_finite(logits, &row.token);
+    }
     if (!row.finite) {
       d.rows.push_back(std::move(row));
       break;

@@ -63,6 +63,9 @@ class Sampler {
 
   int64_t num_output() const { return num_output_; }
   bool greedy() const { return params_.temperature <= 0; }
+  // The next sample() is the argmax of the raw row (greedy and nothing adjusts the logits now):
+  // the engine then asks the backend for the argmax alone (SequenceChunk::argmax_only).
+  bool raw_argmax() const { return greedy() && !adjusts(); }
 
   // ---- Speculative decoding (docs/speculative.md) ----
   // The distribution sample() draws from for raw logits [vocab] (steps 1-4, normalized; greedy:

@@ -163,6 +163,10 @@ std::string ServerMetrics::render(const deepserve::EngineMetrics* engine,
   counter("deepserve:engine_prefill_steps_total",
           "Engine steps that computed prefill rows (alone or next to decode rows).",
           double(m.prefill_steps_total));
+  counter("deepserve:engine_argmax_rows_total",
+          "Sampled rows whose token is the backend's argmax (greedy, nothing adjusts the logits, "
+          "no logprobs): their logits stay on the device.",
+          double(m.step_argmax_rows_total));
   metric_header(&out, "deepserve:engine_step_seconds_total", "counter",
                 "Engine-thread seconds per step phase (schedule, forward, sample, emit, "
                 "speculate).");

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -435,6 +436,63 @@ TEST(EngineConfigs, QueueBoundsAndDrain) {
 // The step's rows are sampled in parallel over the requests (each with its own sampler): the
 // tokens and logprobs of seeded sampled, penalized and greedy requests, with MTP drafts verified
 // and proposed in the same phase, are the same on one thread as on four.
+// Greedy rows that nothing adjusts take their argmax from the backend (SequenceChunk::argmax_only)
+// unless DEEPSERVE_BACKEND_ARGMAX=0: both engines give the same tokens for concurrent greedy
+// requests mixed with greedy requests that take logits (logprobs, a repetition penalty, min_tokens)
+// and sampled ones, so steps mix both kinds of head output.
+TEST(EngineConfigs, BackendArgmaxGivesTheHostArgmaxOutputs) {
+  ds::Rng rng(61);
+  std::vector<GenerateRequest> requests;
+  for (int i = 0; i < 10; ++i) {
+    GenerateRequest r = greedy_request(random_prompt(&rng, 4 + 5 * i), 8);
+    if (i % 5 == 1) r.sampling.logprobs = 2;
+    if (i % 5 == 2) r.sampling.repetition_penalty = 1.3;
+    if (i % 5 == 3) {
+      r.sampling.min_tokens = 4;
+      r.sampling.ignore_eos = false;
+    }
+    if (i % 5 == 4) {
+      r.sampling.temperature = 0.8;
+      r.sampling.seed = 7 + uint64_t(i);
+    }
+    requests.push_back(r);
+  }
+  int64_t argmax_rows[2] = {-1, -1};
+  auto run_all = [&](const char* backend_argmax) {
+    setenv("DEEPSERVE_BACKEND_ARGMAX", backend_argmax, 1);
+    auto e = make_engine();
+    unsetenv("DEEPSERVE_BACKEND_ARGMAX");
+    std::vector<Outcome> out;
+    if (!e) return out;
+    std::vector<std::unique_ptr<RequestStream>> streams;
+    for (const auto& r : requests) {
+      ApiError err;
+      streams.push_back(e->submit(r, &err));
+      EXPECT_NE(streams.back(), nullptr) << err.message;
+    }
+    for (auto& s : streams) out.push_back(s ? collect(s.get()) : Outcome{});
+    wait_idle(e.get());
+    argmax_rows[backend_argmax[0] - '0'] = e->metrics().step_argmax_rows_total;
+    return out;
+  };
+  const std::vector<Outcome> host = run_all("0"), backend = run_all("1");
+  // Greedy requests 0 and 5 (8 rows each), and 3 and 8 once min_tokens no longer masks EOS,
+  // take the argmax from the backend; the others (logprobs, a penalty, sampled) never.
+  EXPECT_EQ(argmax_rows[0], 0);
+  EXPECT_GE(argmax_rows[1], 16);
+  ASSERT_EQ(host.size(), requests.size());
+  ASSERT_EQ(backend.size(), requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(backend[i].ids, host[i].ids) << "request " << i;
+    EXPECT_EQ(backend[i].text, host[i].text) << "request " << i;
+    EXPECT_FALSE(host[i].ids.empty()) << "request " << i;
+    ASSERT_EQ(backend[i].tokens.size(), host[i].tokens.size());
+    for (size_t t = 0; t < host[i].tokens.size(); ++t) {
+      EXPECT_EQ(backend[i].tokens[t].logprob, host[i].tokens[t].logprob) << "request " << i;
+    }
+  }
+}
+
 TEST(EngineConfigs, ParallelSamplingGivesTheSingleThreadOutputs) {
   ds::Rng rng(57);
   std::vector<GenerateRequest> requests;

@@ -63,6 +63,64 @@ std::vector<int32_t> random_tokens(int64_t n, uint64_t seed, int64_t vocab) {
   return out;
 }
 
+void expect_argmax_only_like_logits(const Forward& fwd) {
+  const std::vector<int32_t> p0 = random_tokens(37, 81), p1 = random_tokens(50, 82);
+  const std::vector<int32_t> next = random_tokens(12, 83);
+  struct Row {
+    std::vector<float> logits;
+    std::vector<int32_t> argmax;
+    std::vector<uint8_t> finite;
+  };
+  constexpr int kSteps = 7;  // the prefills, then 6 decode steps
+  auto argmax_wanted = [](int step, int seq) { return seq == 0 || step % 2 == 1; };
+  auto run = [&](bool argmax_mode) {
+    std::vector<Row> rows;  // step-major, 2 per step
+    SequenceState s[2] = {fwd.new_sequence(), fwd.new_sequence()};
+    for (int step = 0; step < kSteps; ++step) {
+      std::vector<SequenceChunk> batch(2);
+      for (int q = 0; q < 2; ++q) {
+        const std::vector<int32_t>& prompt = q == 0 ? p0 : p1;
+        batch[size_t(q)].state = &s[q];
+        batch[size_t(q)].tokens =
+            step == 0 ? std::span<const int32_t>(prompt)
+                      : std::span<const int32_t>(next.data() + 2 * (step - 1) + q, 1);
+        batch[size_t(q)].logit_rows = {int64_t(batch[size_t(q)].tokens.size()) - 1};
+        batch[size_t(q)].argmax_only = argmax_mode && argmax_wanted(step, q);
+      }
+      std::vector<ChunkOutput> out;
+      const Status st = fwd.run(batch, &out);
+      EXPECT_TRUE(st.ok()) << st.to_string();
+      if (!st.ok() || out.size() != 2) break;
+      for (const ChunkOutput& o : out) {
+        rows.push_back({std::vector<float>(o.logits.begin(), o.logits.end()), o.argmax, o.finite});
+      }
+    }
+    for (SequenceState& st : s) fwd.ops()->release_sequence(&st);
+    return rows;
+  };
+  const std::vector<Row> full = run(false), am = run(true);
+  ASSERT_EQ(full.size(), size_t(2 * kSteps));
+  ASSERT_EQ(am.size(), full.size());
+  const int64_t vocab = fwd.config().vocab_size;
+  for (size_t k = 0; k < full.size(); ++k) {
+    SCOPED_TRACE("step " + std::to_string(k / 2) + " sequence " + std::to_string(k % 2));
+    ASSERT_EQ(full[k].logits.size(), size_t(vocab));
+    EXPECT_TRUE(full[k].argmax.empty());
+    if (!argmax_wanted(int(k / 2), int(k % 2))) {
+      EXPECT_TRUE(am[k].argmax.empty());
+      EXPECT_EQ(am[k].logits, full[k].logits);
+      continue;
+    }
+    EXPECT_TRUE(am[k].logits.empty());
+    ASSERT_EQ(am[k].argmax.size(), 1u);
+    ASSERT_EQ(am[k].finite.size(), 1u);
+    const std::vector<float>& l = full[k].logits;
+    const int32_t want = int32_t(std::max_element(l.begin(), l.end()) - l.begin());  // first max
+    EXPECT_EQ(am[k].argmax[0], want);
+    EXPECT_EQ(am[k].finite[0], 1);
+  }
+}
+
 std::vector<float> run_chunked(const Forward& fwd, const std::vector<int32_t>& tokens,
                                const std::vector<int64_t>& chunk_sizes) {
   const int64_t vocab = fwd.config().vocab_size;

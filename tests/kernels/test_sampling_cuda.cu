@@ -66,8 +66,10 @@ void check_sampling(int64_t rows, int64_t vocab, int top_k, bool with_tokens, ui
   Dev<float> d_lp(static_cast<size_t>(std::max<int64_t>(rows * top_k, 1))),
       d_tok(static_cast<size_t>(rows));
   Dev<float> d_ws(static_cast<size_t>(cuda::sampling_workspace_floats(rows, vocab)));
+  Dev<uint8_t> d_finite(static_cast<size_t>(rows));
   for (auto* b : {&d_lp.buf, &d_tok.buf, &d_ws.buf}) ASSERT_EQ(b->poison(), cudaSuccess);
   for (auto* b : {&d_arg.buf, &d_ids.buf}) ASSERT_EQ(b->poison(), cudaSuccess);
+  ASSERT_EQ(d_finite.buf.poison(), cudaSuccess);
   cuda::SampleParams p;
   p.logits = d_logits.get();
   p.rows = rows;
@@ -79,11 +81,13 @@ void check_sampling(int64_t rows, int64_t vocab, int top_k, bool with_tokens, ui
   p.top_ids = d_ids.get();
   p.token_ids = with_tokens ? d_tokens.get() : nullptr;
   p.token_logprobs = d_tok.get();
+  p.finite = d_finite.get();
   p.workspace = d_ws.get();
   cuda::launch_sample_greedy(p, nullptr);
   DS_CUDA_ASSERT(cudaGetLastError());
   DS_CUDA_ASSERT(cudaDeviceSynchronize());
   EXPECT_EQ(d_arg.host(), want_arg);
+  EXPECT_EQ(d_finite.host(), std::vector<uint8_t>(size_t(rows), 1));
   std::vector<float> tok = d_tok.host();
   int64_t bad_tok = 0;
   for (int64_t r = 0; r < rows; ++r)
@@ -103,6 +107,58 @@ void check_sampling(int64_t rows, int64_t vocab, int top_k, bool with_tokens, ui
     }
     EXPECT_EQ(bad, 0) << "max |err| " << worst;
   }
+}
+
+// The finite flag and the argmax next to non-finite values: row r % 4 = 0 finite, 1 a NaN, 2 a
+// +inf, 3 a -inf at a random position (the argmax of a row with a NaN is that of its other
+// values; NaN never wins). The argmax alone (top_k 0, no logprobs) is what the engine asks for.
+void check_finite_flags(int64_t rows, int64_t vocab, uint64_t seed) {
+  SCOPED_TRACE("finite flags: rows " + std::to_string(rows) + " vocab " + std::to_string(vocab));
+  Rng rng(seed);
+  std::vector<float> logits = test::random_bf16_valued(rng, size_t(rows * vocab), 3.0f);
+  std::vector<uint8_t> want_finite(static_cast<size_t>(rows));
+  std::vector<int32_t> want_arg(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = logits.data() + r * vocab;
+    const int64_t at = int64_t(rng.below(uint64_t(vocab)));
+    const int kind = int(r % 4);
+    if (kind == 1) x[at] = std::nanf("");
+    if (kind == 2) x[at] = INFINITY;
+    if (kind == 3) x[at] = -INFINITY;
+    want_finite[size_t(r)] = kind == 0 ? 1 : 0;
+    int64_t best = at == 0 ? 1 : 0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (!std::isnan(x[i]) && x[i] > x[best]) best = i;
+    }
+    want_arg[size_t(r)] = int32_t(best);
+  }
+  Dev<float> d_logits(logits);
+  Dev<int32_t> d_arg(static_cast<size_t>(rows));
+  Dev<uint8_t> d_finite(static_cast<size_t>(rows));
+  Dev<float> d_ws(static_cast<size_t>(cuda::sampling_workspace_floats(rows, vocab)));
+  ASSERT_EQ(d_arg.buf.poison(), cudaSuccess);
+  ASSERT_EQ(d_finite.buf.poison(), cudaSuccess);
+  ASSERT_EQ(d_ws.buf.poison(), cudaSuccess);
+  cuda::SampleParams p;
+  p.logits = d_logits.get();
+  p.rows = rows;
+  p.vocab = vocab;
+  p.stride = vocab;
+  p.argmax = d_arg.get();
+  p.finite = d_finite.get();
+  p.workspace = d_ws.get();
+  cuda::launch_sample_greedy(p, nullptr);
+  DS_CUDA_ASSERT(cudaGetLastError());
+  DS_CUDA_ASSERT(cudaDeviceSynchronize());
+  EXPECT_EQ(d_finite.host(), want_finite);
+  const std::vector<int32_t> arg = d_arg.host();
+  for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(arg[size_t(r)], want_arg[size_t(r)]) << "row " << r;
+}
+
+TEST(SamplingCuda, FiniteFlags) {
+  DS_REQUIRE_GPU();
+  check_finite_flags(8, 1024, 21);
+  check_finite_flags(64, 129280, 22);
 }
 
 TEST(SamplingCuda, TinyVocab) {

@@ -291,6 +291,16 @@ TEST_F(CudaOpsTest, GraphDecodeEqualsEagerDecode) {
   EXPECT_GE((*graph_ops)->graph_replays() - replays, 15);
 }
 
+// SequenceChunk::argmax_only on the GPU (CudaOps::argmax_rows: the greedy kernel after the decode
+// graph, 5 bytes per row to the host), alone and mixed with chunks that take logits, prefill and
+// graph-replayed decode steps, against the argmax of the same rows' logits.
+TEST_F(CudaOpsTest, ArgmaxOnlyChunksGetTheArgmaxOfTheirLogits) {
+  Forward gpu(&tiny_model(), options_, ops_.get());
+  const int64_t replays = ops_->graph_replays();
+  dsv4::test::expect_argmax_only_like_logits(gpu);
+  EXPECT_GE(ops_->graph_replays() - replays, 8);
+}
+
 // Component ranges timed with events (CudaOpsOptions::component_events, what `deepserve profile
 // --graphs --event-timing` uses): the events are captured into the decode graphs and replayed,
 // the logits stay bit-identical to the same graph path without events, every component the tiny

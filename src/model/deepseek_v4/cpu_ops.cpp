@@ -4,8 +4,10 @@
 #include "model/deepseek_v4/cpu_ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/indexer.h"
@@ -33,6 +35,33 @@ void CpuOps::copy_to_host(const float* src, int64_t n, float* dst) {
 
 void CpuOps::copy_from_host(const float* src, int64_t n, float* dst) {
   std::copy(src, src + n, dst);
+}
+
+void argmax_rows_host(const float* x, int64_t rows, int64_t n, int32_t* ids, uint8_t* finite) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * n;
+    int64_t best = 0;
+    bool all_finite = true;
+    for (int64_t i = 0; i < n; ++i) {
+      all_finite = all_finite && std::isfinite(row[i]);
+      if (row[i] > row[best] || std::isnan(row[best])) best = i;  // strict: the lowest index
+    }
+    ids[r] = int32_t(best);
+    finite[r] = all_finite ? 1 : 0;
+  }
+}
+
+void Ops::argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* ids, uint8_t* finite) {
+  std::vector<float> row(size_t(std::max<int64_t>(n, 0)));
+  for (int64_t r = 0; r < rows; ++r) {
+    copy_to_host(x + r * n, n, row.data());
+    argmax_rows_host(row.data(), 1, n, ids + r, finite + r);
+  }
+}
+
+void CpuOps::argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* ids,
+                         uint8_t* finite) {
+  argmax_rows_host(x, rows, n, ids, finite);
 }
 
 void CpuOps::embed(const cpu::LinearWeight& table, int64_t copies, float* x) {

@@ -14,6 +14,7 @@
 // after a linear it is the linear's own (its round_output argument).
 #include "model/deepseek_v4/forward.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -316,7 +317,7 @@ void Forward::block(const LayerWeights& L, int64_t slot, int64_t N, float* x) co
 
 void Forward::head(const float* x, const std::vector<int64_t>& rows,
                    const cpu::MhcHeadWeights& hc_head, const std::vector<float>& norm,
-                   std::span<const std::pair<float*, int64_t>> logits) const {
+                   std::span<const HeadDestination> destinations) const {
   const DeepSeekV4Config& c = config();
   const int64_t D = c.hidden_size, hc = c.hc_mult, R = int64_t(rows.size());
   Ops& ops = *ops_;
@@ -333,16 +334,35 @@ void Forward::head(const float* x, const std::vector<int64_t>& rows,
   float* out = alloc(R * c.vocab_size);  // [R, vocab]
   ops.linear(y, R, weights_->head, false, out, false);
   std::vector<Ops::HostCopy> copies;
+  bool any_argmax = false;
   int64_t done = 0;
-  for (const auto& [dst, n] : logits) {
-    copies.push_back({out + done * c.vocab_size, n * c.vocab_size, dst});
-    done += n;
+  for (const HeadDestination& d : destinations) {
+    if (d.logits != nullptr) {
+      copies.push_back({out + done * c.vocab_size, d.rows * c.vocab_size, d.logits});
+    }
+    any_argmax = any_argmax || d.argmax != nullptr;
+    done += d.rows;
   }
-  ops.copy_many_to_host(copies);
+  if (!copies.empty()) ops.copy_many_to_host(copies);
+  if (!any_argmax) return;
+  // One pass over every row (a few microseconds on a device), scattered to the argmax chunks.
+  std::vector<int32_t> ids(static_cast<size_t>(done));
+  std::vector<uint8_t> finite(static_cast<size_t>(done));
+  ops.argmax_rows(out, done, c.vocab_size, ids.data(), finite.data());
+  done = 0;
+  for (const HeadDestination& d : destinations) {
+    if (d.argmax != nullptr) {
+      std::copy_n(ids.begin() + done, d.rows, d.argmax);
+      std::copy_n(finite.begin() + done, d.rows, d.finite);
+    }
+    done += d.rows;
+  }
 }
 
-// Fills one ChunkOutput per chunk with the logits (and pre-head streams) of its requested rows.
-void Forward::outputs_for(std::span<const std::vector<int64_t>> logit_rows, const StepPlan& plan,
+// Fills one ChunkOutput per chunk with the logits (or, for argmax_only[i], their argmax and finite
+// flags) and the pre-head streams of its requested rows.
+void Forward::outputs_for(std::span<const std::vector<int64_t>> logit_rows,
+                          std::span<const uint8_t> argmax_only, const StepPlan& plan,
                           const float* x, const cpu::MhcHeadWeights& hc_head,
                           const std::vector<float>& norm, bool want_streams,
                           std::vector<ChunkOutput>* outputs) const {
@@ -352,7 +372,7 @@ void Forward::outputs_for(std::span<const std::vector<int64_t>> logit_rows, cons
   // this equals one call per chunk bit for bit, but reads the [vocab, hidden] head once per step
   // instead of once per sequence); its logits go straight into each chunk's output.
   std::vector<int64_t> all_rows;  // plan rows, chunk after chunk
-  std::vector<std::pair<float*, int64_t>> destinations;
+  std::vector<HeadDestination> destinations;
   {
     // The host buffers: a caller that passes the previous step's outputs again keeps their
     // capacity (no allocation, no page faults); every element is overwritten below.
@@ -366,10 +386,17 @@ void Forward::outputs_for(std::span<const std::vector<int64_t>> logit_rows, cons
       ChunkOutput& o = (*outputs)[i];
       o.streams.clear();
       o.row_streams.clear();
+      const int64_t n = int64_t(logit_rows[i].size());
+      const bool only_argmax = i < argmax_only.size() && argmax_only[i] != 0;
+      o.argmax.resize(only_argmax ? size_t(n) : 0);
+      o.finite.resize(only_argmax ? size_t(n) : 0);
       HostVector<float>& l = o.logits;
       if (l.get_allocator().source() != host) l = HostVector<float>(HostAllocator<float>(host));
-      l.resize(logit_rows[i].size() * size_t(c.vocab_size));
-      if (!l.empty()) destinations.emplace_back(l.data(), int64_t(logit_rows[i].size()));
+      l.resize(only_argmax ? 0 : size_t(n * c.vocab_size));
+      if (n == 0) continue;
+      destinations.push_back(only_argmax
+                                 ? HeadDestination{n, nullptr, o.argmax.data(), o.finite.data()}
+                                 : HeadDestination{n, l.data(), nullptr, nullptr});
     }
   }
   if (!all_rows.empty()) head(x, all_rows, hc_head, norm, destinations);
@@ -491,8 +518,13 @@ Status Forward::run(std::span<SequenceChunk> chunks, std::vector<ChunkOutput>* o
     block(weights_->layers[l], int64_t(l), N, x);
   }
   std::vector<std::vector<int64_t>> rows;
-  for (const SequenceChunk& ch : chunks) rows.push_back(ch.logit_rows);
-  outputs_for(rows, plan, x, weights_->hc_head, weights_->norm, want_streams, outputs);
+  std::vector<uint8_t> argmax_only;
+  for (const SequenceChunk& ch : chunks) {
+    rows.push_back(ch.logit_rows);
+    argmax_only.push_back(ch.argmax_only ? 1 : 0);
+  }
+  outputs_for(rows, argmax_only, plan, x, weights_->hc_head, weights_->norm, want_streams,
+              outputs);
   const int64_t width = hc * D;
   for (size_t i = 0; i < chunks.size(); ++i) {  // speculative decoding: streams for the MTP
     const std::vector<int64_t>& sr = chunks[i].stream_rows;
@@ -563,7 +595,7 @@ Status Forward::run_mtp(std::span<MtpChunk> chunks, std::vector<ChunkOutput>* ou
 
   std::vector<std::vector<int64_t>> rows;
   for (const MtpChunk& ch : chunks) rows.push_back(ch.logit_rows);
-  outputs_for(rows, plan, x, M.hc_head, M.norm, want_streams, outputs);
+  outputs_for(rows, {}, plan, x, M.hc_head, M.norm, want_streams, outputs);
   DS_RETURN_IF_ERROR(ops_->step_status());
   for (const StepPlan::Seq& s : plan.seqs) StateAccess::position(s.state, true) += s.count;
   return ok_status();

@@ -48,11 +48,19 @@ struct SequenceChunk {
   // Rows whose pre-head streams are wanted in ChunkOutput::row_streams, independently of
   // logit_rows and want_streams (speculative decoding feeds them to the MTP layer).
   std::vector<int64_t> stream_rows;
+  // Only the argmax of each logit row (ties to the lowest id) and whether the row is finite are
+  // wanted (a greedy request that nothing adjusts): ChunkOutput::argmax / finite get them and
+  // ChunkOutput::logits stays empty (Ops::argmax_rows: 5 bytes per row leave the device).
+  bool argmax_only = false;
 };
 
 struct ChunkOutput {
   // [logit_rows.size(), vocab_size] fp32, in the backend's host memory (Ops::host_memory)
   HostVector<float> logits;
+  // SequenceChunk::argmax_only: per logit row, its argmax and 1 when the row is finite (0: it
+  // holds a NaN or an infinity); empty otherwise.
+  std::vector<int32_t> argmax;
+  std::vector<uint8_t> finite;
   std::vector<float> streams;  // [logit_rows.size(), hc_mult, hidden] pre-head streams (if asked)
   std::vector<float> row_streams;  // [stream_rows.size(), hc_mult, hidden] (SequenceChunk)
 };
@@ -116,16 +124,22 @@ class Forward {
   // u [num_tokens, hidden] -> out [num_tokens, hidden]
   void attention(const LayerWeights& layer, int64_t layer_slot, int64_t num_tokens, const float* u,
                  float* out) const;
-  // Logits of the given plan rows into host memory.  logits [rows.size(), vocab]
-  // The logits of `rows`, copied to the host in order: destination i receives the next
-  // second-of-pair rows.
+  // Where head() puts the next `rows` rows of its logits: copied into `logits` [rows, vocab], or
+  // only their argmax and finite flags (SequenceChunk::argmax_only).
+  struct HeadDestination {
+    int64_t rows = 0;
+    float* logits = nullptr;
+    int32_t* argmax = nullptr;
+    uint8_t* finite = nullptr;
+  };
+  // The logits of the given plan rows, to the destinations in order.
   void head(const float* x, const std::vector<int64_t>& rows, const cpu::MhcHeadWeights& hc_head,
-            const std::vector<float>& norm,
-            std::span<const std::pair<float*, int64_t>> logits) const;
-  void outputs_for(std::span<const std::vector<int64_t>> logit_rows, const StepPlan& plan,
-                   const float* x, const cpu::MhcHeadWeights& hc_head,
-                   const std::vector<float>& norm, bool want_streams,
-                   std::vector<ChunkOutput>* outputs) const;
+            const std::vector<float>& norm, std::span<const HeadDestination> destinations) const;
+  // argmax_only: per chunk (empty: none).
+  void outputs_for(std::span<const std::vector<int64_t>> logit_rows,
+                   std::span<const uint8_t> argmax_only, const StepPlan& plan, const float* x,
+                   const cpu::MhcHeadWeights& hc_head, const std::vector<float>& norm,
+                   bool want_streams, std::vector<ChunkOutput>* outputs) const;
   void maybe_round(float* x, int64_t n) const;
   // maybe_round after rms_norm, rms_norm_heads, rope, mHC, attend and the indexer weight scaling,
   // unless the backend rounds those outputs itself (Ops::rounds_elementwise_outputs).

@@ -37,6 +37,11 @@ class ForwardingOps : public Ops {
     before_op("copy_to_host");
     inner_->copy_many_to_host(copies);
   }
+  void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* ids,
+                   uint8_t* finite) override {
+    before_op("argmax_rows");
+    inner_->argmax_rows(x, rows, n, ids, finite);
+  }
   std::shared_ptr<HostMemorySource> host_memory() const override { return inner_->host_memory(); }
   void copy_from_host(const float* src, int64_t n, float* dst) override {
     before_op("copy_from_host");

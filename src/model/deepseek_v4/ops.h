@@ -132,6 +132,12 @@ class Ops {
   virtual void copy_many_to_host(std::span<const HostCopy> copies) {
     for (const HostCopy& c : copies) copy_to_host(c.src, c.n, c.dst);
   }
+  // Per row of x [rows, n] (backend memory): ids[r] = the lowest index of the row's maximum (NaN
+  // values never win) and finite[r] = 1 when every value of the row is finite (else 0, and ids[r]
+  // means nothing); ids and finite are host arrays, complete on return. A device backend computes
+  // them where x is and copies back 5 bytes per row instead of the row (the engine's greedy rows).
+  // Default: each row through copy_to_host, then argmax_rows_host.
+  virtual void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* ids, uint8_t* finite);
   // Where host buffers that receive copy_to_host results should come from (page-locked memory
   // on a device backend); null: the heap. The forward allocates the step's logits from it.
   virtual std::shared_ptr<HostMemorySource> host_memory() const { return nullptr; }
@@ -255,5 +261,8 @@ class Ops {
     return unimplemented("this backend cannot roll sequence state back (speculative decoding)");
   }
 };
+
+// Ops::argmax_rows on rows in host memory (the CPU backend's, and the default's after its copy).
+void argmax_rows_host(const float* x, int64_t rows, int64_t n, int32_t* ids, uint8_t* finite);
 
 }  // namespace ds::dsv4

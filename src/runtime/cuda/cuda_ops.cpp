@@ -27,6 +27,7 @@
 #include "kernels/cuda/moe/moe.h"
 #include "kernels/cuda/norm/norm.h"
 #include "kernels/cuda/rope/rope.h"
+#include "kernels/cuda/sampling/sampling.h"
 #include "model/deepseek_v4/state_access.h"
 #include "runtime/cuda/nccl_communicator.h"
 #include "runtime/kv_cache.h"
@@ -521,6 +522,8 @@ Status CudaOps::init() {
   const int64_t arena =
       N * per_token + N * hca_cols * 4 + opt_.max_logit_rows * c.vocab_size * 4 +
       cuda::mhc_workspace_floats(std::max(N, opt_.max_logit_rows), c.hidden_size) * 4 + attn_ws +
+      cuda::sampling_workspace_floats(opt_.max_logit_rows, c.vocab_size) * 4 +
+      opt_.max_logit_rows * 8 +
       int64_t(moe_workspace_bytes_) +
       int64_t(cuda::indexer_workspace_bytes(cuda::plan_indexer_select(
           int32_t(N), int32_t(ceil_div(opt_.max_context, 4)), int32_t(c.index_topk), num_sms_))) +
@@ -1234,6 +1237,38 @@ void CudaOps::copy_many_to_host(std::span<const HostCopy> copies) {
     }
   }
   (void)check(cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(to host)"));
+}
+
+void CudaOps::argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* ids,
+                          uint8_t* finite) {
+  finish_graph_step();
+  if (failed() || rows <= 0) return;
+  const size_t mark = arena_.mark();
+  int32_t* d_ids = scratch<int32_t>(rows);
+  uint8_t* d_finite = scratch<uint8_t>(rows);
+  float* ws = scratch<float>(cuda::sampling_workspace_floats(rows, n));
+  if (!failed()) {
+    cuda::SampleParams p;
+    p.logits = x;
+    p.rows = rows;
+    p.vocab = n;
+    p.stride = n;
+    p.argmax = d_ids;
+    p.finite = d_finite;
+    p.workspace = ws;
+    cuda::launch_sample_greedy(p, stream_);
+    if (check(cuda_check(cudaGetLastError(), "launch_sample_greedy")).ok() &&
+        check(cuda_check(cudaMemcpyAsync(ids, d_ids, size_t(rows) * 4, cudaMemcpyDeviceToHost,
+                                         stream_),
+                         "cudaMemcpyAsync(argmax to host)"))
+            .ok()) {
+      (void)check(cuda_check(
+          cudaMemcpyAsync(finite, d_finite, size_t(rows), cudaMemcpyDeviceToHost, stream_),
+          "cudaMemcpyAsync(finite flags to host)"));
+    }
+    (void)check(cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(argmax)"));
+  }
+  arena_.release(mark);
 }
 
 void CudaOps::copy_from_host(const float* src, int64_t n, float* dst) {

@@ -142,6 +142,10 @@ class CudaOps final : public dsv4::Ops {
   bool take_component_times(std::span<double> seconds, std::span<int64_t> ranges) override;
   void copy_to_host(const float* src, int64_t n, float* dst) override;
   void copy_many_to_host(std::span<const HostCopy> copies) override;
+  // The greedy kernel (kernels/cuda/sampling) on the device rows, then 5 bytes per row to the
+  // host; like the logits copy it ends a decode step's graph and runs after it.
+  void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* ids,
+                   uint8_t* finite) override;
   // Page-locked memory (cudaHostAlloc, portable to every device), so the logits copy runs at the
   // link's speed.
   std::shared_ptr<HostMemorySource> host_memory() const override { return host_memory_; }

@@ -24,8 +24,9 @@ int64_t splits_for(int64_t rows, int64_t vocab) {
   return std::min<int64_t>(s, kMaxSplits);
 }
 
+// [max, sum, k values, k indices, non-finite flag]
 constexpr int64_t record_floats(int k) {
-  return 2 + 2 * int64_t(k);
+  return 3 + 2 * int64_t(k);
 }
 
 __device__ __forceinline__ bool better(float v1, int i1, float v2, int i2) {
@@ -99,6 +100,7 @@ __global__ void __launch_bounds__(kThreads) sample_split_kernel(SampleParams p, 
     ix[j] = INT_MAX;
   }
   float m = -INFINITY, s = 0.0f;
+  bool bad = false;  // a NaN or infinity seen
   // Batches of kLoadBatch strided elements: every load of a batch is issued before any use.
   constexpr int kLoadBatch = 8;
   for (int64_t base = lo + threadIdx.x; base < hi; base += int64_t(kThreads) * kLoadBatch) {
@@ -113,6 +115,7 @@ __global__ void __launch_bounds__(kThreads) sample_split_kernel(SampleParams p, 
       const int64_t i = base + int64_t(u) * kThreads;
       const float val = vals[u];
       if (i >= hi) break;
+      bad = bad || !isfinite(val);
       if (val > m) {
         s = s * expf(m - val) + 1.0f;  // m = -inf: 0 * 0 + 1
         m = val;
@@ -148,7 +151,7 @@ __global__ void __launch_bounds__(kThreads) sample_split_kernel(SampleParams p, 
     sm[warp] = m;
     ssum[warp] = s;
   }
-  __syncthreads();
+  const bool block_bad = __syncthreads_or(bad) != 0;
   if (warp != 0) return;
 #pragma unroll
   for (int j = 0; j < kK; ++j) {
@@ -163,6 +166,7 @@ __global__ void __launch_bounds__(kThreads) sample_split_kernel(SampleParams p, 
     for (int w = 0; w < kWarps; ++w) merge_ms(bm, bs, sm[w], ssum[w]);
     rec[0] = bm;
     rec[1] = bs;
+    rec[2 + 2 * kK] = block_bad ? 1.0f : 0.0f;
   }
   for (int j = lane; j < kK; j += 32) {
     rec[2 + j] = out_v[j];
@@ -191,7 +195,12 @@ __global__ void sample_merge_kernel(SampleParams p, int64_t splits) {
   for (int64_t k = 0; k < splits; ++k)
     merge_ms(m, s, recs[k * record_floats(kK)], recs[k * record_floats(kK) + 1]);
   const float lse = m + logf(s);
-  if (p.argmax) p.argmax[row] = out_i[0];
+  if (p.argmax) p.argmax[row] = out_i[0] == INT_MAX ? 0 : out_i[0];  // all NaN: 0
+  if (p.finite) {
+    bool bad = false;
+    for (int64_t k = 0; k < splits; ++k) bad = bad || recs[k * record_floats(kK) + 2 + 2 * kK] != 0;
+    p.finite[row] = bad ? 0 : 1;
+  }
   for (int j = 0; j < p.top_k && j < kK; ++j) {
     p.top_logprobs[row * p.top_k + j] = out_v[j] - lse;
     p.top_ids[row * p.top_k + j] = out_i[j];

@@ -1,9 +1,9 @@
 // Greedy sampling and logprobs on the GPU over fp32 logits rows: the argmax with the lowest-index
 // tie rule, log-softmax logprobs of the top-k tokens (k <= 20, the OpenAI API maximum; ordered by
-// logit, ties by lower index) and the logprob of a given token per row. There is no CPU kernel
-// for this; the tests compute the expected values on the host in double.
-// Not here yet: temperature / top-p / top-k random sampling (the engine's sampler does it on the
-// host from these logprobs until a kernel exists).
+// logit, ties by lower index), the logprob of a given token and whether the row is finite. There is
+// no CPU kernel for this; the tests compute the expected values on the host in double. Not here
+// yet: temperature / top-p / top-k random sampling (the engine's sampler does it on the host from
+// these logprobs until a kernel exists).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,6 +30,7 @@ struct SampleParams {
   const int32_t* token_ids = nullptr;  // [rows] nullable: tokens whose logprob to report; when
                                        // null, token_logprobs reports the argmax token's
   float* token_logprobs = nullptr;     // [rows] nullable
+  uint8_t* finite = nullptr;           // [rows] nullable: 1 when every logit of the row is finite
   float* workspace = nullptr;          // [sampling_workspace_floats(rows, vocab)]
 };
 
