@@ -190,8 +190,10 @@ struct Weights {
   uint8_t* data = nullptr;
   uint8_t* scale = nullptr;
   float* scale_f32 = nullptr;
+  uint8_t* tiled = nullptr;  // the copies in the small-M tile order (with_tiles)
   std::vector<uint8_t> h_data, h_scale;
-  Weights(const Shape& shape, int n_copies, uint64_t seed) : s(shape), copies(n_copies) {
+  Weights(const Shape& shape, int n_copies, uint64_t seed, bool with_tiles = false)
+      : s(shape), copies(n_copies) {
     const int64_t rows = s.n * s.groups;
     data_bytes = size_t(rows * s.k);
     scale_count = size_t((rows + 127) / 128 * (s.k / 128));
@@ -211,22 +213,106 @@ struct Weights {
       ST_CHECK(cuda::launch_e8m0_to_f32(scale + scale_count * c, scale_f32 + scale_count * c,
                                         int64_t(scale_count), nullptr));
     }
+    if (with_tiles) {
+      DS_BENCH_CHECK(cudaMalloc(&tiled, data_bytes * copies));
+      for (int c = 0; c < copies; ++c)
+        ST_CHECK(cuda::launch_fp8_weight_to_tiles(data + data_bytes * c, tiled + data_bytes * c,
+                                                  rows, s.k, nullptr));
+    }
     DS_BENCH_CHECK(cudaDeviceSynchronize());
   }
-  cuda::Fp8WeightView view(int c) const {
+  cuda::Fp8WeightView view(int c, bool use_tiles = false) const {
     return {data + data_bytes * c,
             scale + scale_count * c,
             scale_f32 + scale_count * c,
             s.n,
             s.k,
-            s.groups};
+            s.groups,
+            use_tiles ? tiled + data_bytes * c : nullptr};
   }
   ~Weights() {
+    cudaFree(tiled);
     cudaFree(data);
     cudaFree(scale);
     cudaFree(scale_f32);
   }
 };
+
+// The decode modes' input for one shape and M: random bf16 activations (magnitudes cycling over
+// 2^-3 .. 2^3 per 128 columns), their FP8 codes and e8m0 scales from the quantization kernel, and
+// a bf16 output buffer [M, G*N].
+struct DecodeInput {
+  std::vector<uint16_t> hx;
+  uint16_t* x = nullptr;
+  uint8_t* codes = nullptr;
+  uint8_t* xs = nullptr;
+  uint16_t* y = nullptr;
+  DecodeInput(const Shape& s, int64_t m, cudaStream_t stream) {
+    const int64_t gk = s.k * s.groups, gn = s.n * s.groups;
+    hx.resize(size_t(m * gk));
+    Rng rng(uint64_t(m * 977 + s.n));
+    for (size_t i = 0; i < hx.size(); ++i)
+      hx[i] = float_to_bf16(rng.normal() * std::ldexp(1.0f, int((i / 128) % 7) - 3));
+    DS_BENCH_CHECK(cudaMalloc(&x, hx.size() * 2));
+    DS_BENCH_CHECK(cudaMalloc(&codes, hx.size()));
+    DS_BENCH_CHECK(cudaMalloc(&xs, hx.size() / 128));
+    DS_BENCH_CHECK(cudaMalloc(&y, size_t(m * gn) * 2));
+    DS_BENCH_CHECK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+    cuda::QuantFp8Params qp{x, codes, xs, m, gk, gk};
+    cuda::launch_quantize_fp8_blocks(qp, stream);
+    DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+  }
+  DecodeInput(const DecodeInput&) = delete;
+  DecodeInput& operator=(const DecodeInput&) = delete;
+  ~DecodeInput() {
+    cudaFree(x);
+    cudaFree(codes);
+    cudaFree(xs);
+    cudaFree(y);
+  }
+};
+
+// The small-M launch of one weight copy on a DecodeInput (FP8 codes, bf16 output, PDL on).
+cuda::Fp8SmallMParams small_m_params(const Weights& w, int c, bool tiled, const DecodeInput& in,
+                                     int64_t m, cuda::SmallMKernel kern, int rw, int ks,
+                                     int stages, int max_ctas) {
+  cuda::Fp8SmallMParams p;
+  p.w = w.view(c, tiled);
+  p.num_tokens = m;
+  p.x_codes = in.codes;
+  p.x_scales = in.xs;
+  p.y = in.y;
+  p.y_type = cuda::OutType::kBF16;
+  p.y_row_stride = w.s.n * w.s.groups;
+  p.kernel = kern;
+  p.row_warps = rw;
+  p.k_split = ks;
+  p.stages = stages;
+  p.max_ctas = max_ctas;
+  p.pdl = true;
+  return p;
+}
+
+// A graph-mode record: floor = max(bytes / copy bandwidth, flops / the FP8 rate).
+Rec graph_rec(const std::string& shape, const std::string& kernel, const std::string& cfg,
+              double us, double err, double bytes, double flops, double copy_gbps,
+              double fp8_tflops) {
+  Rec r;
+  r.kernel = kernel;
+  r.shape = shape;
+  r.mode = "graph";
+  r.config = cfg;
+  r.time_us = us;
+  r.bytes = bytes;
+  r.flops = flops;
+  r.floor_us = std::max(bytes / (copy_gbps * 1e3), flops / (fp8_tflops * 1e6));
+  r.ratio = us / r.floor_us;
+  r.gbps = bytes / (us * 1e3);
+  r.tflops = flops / (us * 1e6);
+  r.hbm_fraction = r.gbps / copy_gbps;
+  r.err = err;
+  return r;
+}
 
 // max |y - ref| / S over the first `check` tokens (y bf16 on device, x bf16 host).
 double check_error(const Weights& w, const std::vector<uint16_t>& x, int64_t m, const void* d_y,
@@ -283,6 +369,8 @@ int main(int argc, char** argv) {
   const bool prefill_only = argc > 2 && std::string(argv[2]) == "prefill";
   // "batch": the session-7 decode comparison (engine path vs small-M kAuto vs cuBLASLt, M = 1..64).
   const bool batch_mode = argc > 2 && std::string(argv[2]) == "batch";
+  // "tiled": row-major vs tile-ordered weights for kStream / kBulk (session 12), M = 1..16.
+  const bool tiled_mode = argc > 2 && std::string(argv[2]) == "tiled";
   cudaStream_t stream;
   DS_BENCH_CHECK(cudaStreamCreate(&stream));
   bench::DeviceInfo dev = bench::device_info();
@@ -406,37 +494,13 @@ int main(int argc, char** argv) {
       double ceil_us = 0;
       for (int64_t m : {1, 2, 4, 8, 16, 32, 64}) {
         const int64_t gk = s.k * s.groups, gn = s.n * s.groups;
-        std::vector<uint16_t> hx(size_t(m * gk));
-        Rng rng(uint64_t(m * 977 + s.n));
-        for (size_t i = 0; i < hx.size(); ++i)
-          hx[i] = float_to_bf16(rng.normal() * std::ldexp(1.0f, int((i / 128) % 7) - 3));
-        uint16_t* x;
-        uint8_t *codes, *xs;
-        uint16_t* y;
-        DS_BENCH_CHECK(cudaMalloc(&x, hx.size() * 2));
-        DS_BENCH_CHECK(cudaMalloc(&codes, hx.size()));
-        DS_BENCH_CHECK(cudaMalloc(&xs, hx.size() / 128));
-        DS_BENCH_CHECK(cudaMalloc(&y, size_t(m * gn) * 2));
-        DS_BENCH_CHECK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
-        cuda::QuantFp8Params qp{x, codes, xs, m, gk, gk};
-        cuda::launch_quantize_fp8_blocks(qp, stream);
-        DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+        const DecodeInput in(s, m, stream);
+        const std::vector<uint16_t>& hx = in.hx;
+        uint8_t* const codes = in.codes;
+        uint8_t* const xs = in.xs;
+        uint16_t* const y = in.y;
         auto params = [&](int c, cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas) {
-          cuda::Fp8SmallMParams p;
-          p.w = w.view(c);
-          p.num_tokens = m;
-          p.x_codes = codes;
-          p.x_scales = xs;
-          p.y = y;
-          p.y_type = cuda::OutType::kBF16;
-          p.y_row_stride = gn;
-          p.kernel = kern;
-          p.row_warps = rw;
-          p.k_split = ks;
-          p.stages = st;
-          p.max_ctas = max_ctas;
-          p.pdl = true;
-          return p;
+          return small_m_params(w, c, false, in, m, kern, rw, ks, st, max_ctas);
         };
         auto time_p = [&](cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas) {
           return bench::time_us(
@@ -458,21 +522,8 @@ int main(int argc, char** argv) {
                              double(m * gk / 128) + double(m * gn) * 2;
         const double flops = 2.0 * double(m) * double(gn) * double(s.k);
         auto make = [&](const std::string& kernel, const std::string& cfg, double us, double err) {
-          Rec r;
-          r.kernel = kernel;
-          r.shape = shape_str(s, m);
-          r.mode = "graph";
-          r.config = cfg;
-          r.time_us = us;
-          r.bytes = bytes;
-          r.flops = flops;
-          r.floor_us = std::max(r.bytes / (copy_gbps * 1e3), flops / (fp8_tflops * 1e6));
-          r.ratio = us / r.floor_us;
-          r.gbps = r.bytes / (us * 1e3);
-          r.tflops = flops / (us * 1e6);
-          r.hbm_fraction = r.gbps / copy_gbps;
-          r.err = err;
-          return r;
+          return graph_rec(shape_str(s, m), kernel, cfg, us, err, bytes, flops, copy_gbps,
+                           fp8_tflops);
         };
         Row row;
         row.shape = shape_str(s, m);
@@ -562,10 +613,6 @@ int main(int argc, char** argv) {
         }
         row.ceil_us = ceil_us;
         rows.push_back(row);
-        DS_BENCH_CHECK(cudaFree(x));
-        DS_BENCH_CHECK(cudaFree(codes));
-        DS_BENCH_CHECK(cudaFree(xs));
-        DS_BENCH_CHECK(cudaFree(y));
       }
       write_json();
     }
@@ -589,6 +636,111 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  // ---------------- tiled (session 12): row-major vs tile-ordered weights, kStream and kBulk ------
+  // Per shape and M: the heuristic plan and the best kStream / kBulk layout on each weight layout,
+  // in CUDA graphs of `copies` launches on distinct weight copies (> 2x L2), PDL on, FP8 input
+  // pre-quantized; at M = 1 also the read ceiling of the weight bytes.
+  if (tiled_mode) {
+    std::printf("\ntiled summary (copy %.0f GB/s; %% = floor / time)\n", copy_gbps);
+    std::vector<Shape> shapes(std::begin(attn), std::end(attn));
+    shapes.insert(shapes.end(), std::begin(extra), std::end(extra));
+    for (const Shape& s : shapes) {
+      const size_t wbytes = size_t(s.n * s.groups * s.k);
+      const int copies = int(std::max<size_t>(20, (rotate_bytes + wbytes - 1) / wbytes));
+      Weights w(s, copies, 11 + s.n + s.k, true);
+      for (int64_t m : {1, 2, 8, 16}) {
+        const int64_t gk = s.k * s.groups, gn = s.n * s.groups;
+        const DecodeInput in(s, m, stream);
+        const std::vector<uint16_t>& hx = in.hx;
+        uint16_t* const y = in.y;
+        auto params = [&](int c, bool tl, cuda::SmallMKernel kern, int rw, int ks, int st) {
+          return small_m_params(w, c, tl, in, m, kern, rw, ks, st, 0);
+        };
+        auto try_time = [&](bool tl, cuda::SmallMKernel kern, int rw, int ks, int st) {
+          const ds::Status trial = cuda::launch_fp8_linear_small_m(params(0, tl, kern, rw, ks, st),
+                                                                   stream);
+          const cudaError_t sync = cudaStreamSynchronize(stream);
+          if (!trial.ok() || sync != cudaSuccess) {
+            (void)cudaGetLastError();
+            return 1e30;
+          }
+          return bench::time_us(
+                     [&](cudaStream_t sm) {
+                       for (int c = 0; c < copies; ++c)
+                         ST_CHECK(cuda::launch_fp8_linear_small_m(params(c, tl, kern, rw, ks, st),
+                                                                  sm));
+                     },
+                     stream, 20, 3, true) /
+                 copies;
+        };
+        auto check = [&](bool tl, cuda::SmallMKernel kern, int rw, int ks, int st) {
+          DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
+          ST_CHECK(cuda::launch_fp8_linear_small_m(params(0, tl, kern, rw, ks, st), stream));
+          DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+          return check_error(w, hx, m, y, true, 3);
+        };
+        const double bytes = double(wbytes) + double(w.scale_count) + double(m * gk) +
+                             double(m * gk / 128) + double(m * gn) * 2;
+        const double flops = 2.0 * double(m) * double(gn) * double(s.k);
+        const double floor_us = bytes / (copy_gbps * 1e3);
+        auto make = [&](const std::string& kernel, const std::string& cfg, double us, double err) {
+          return graph_rec(shape_str(s, m), kernel, cfg, us, err, bytes, flops, copy_gbps,
+                           fp8_tflops);
+        };
+        std::printf("%-30s floor %.2f us", shape_str(s, m).c_str(), floor_us);
+        for (bool tl : {false, true}) {
+          const char* lay = tl ? "tiled" : "rowmajor";
+          const cuda::Fp8SmallMPlan plan = cuda::fp8_small_m_plan(
+              params(0, tl, cuda::SmallMKernel::kAuto, 0, 0, 0), dev.sm_count);
+          const double heur = try_time(tl, cuda::SmallMKernel::kAuto, 0, 0, 0);
+          char cfg[128];
+          std::snprintf(cfg, sizeof cfg, "%s %s rw=%d ks=%d stages=%d copies=%d", lay,
+                        plan.kernel == cuda::SmallMKernel::kBulk ? "bulk" : "stream",
+                        plan.row_warps, plan.k_split, plan.stages, copies);
+          recs.push_back(make("fp8_small_m heur+pdl", cfg,
+                              heur, check(tl, cuda::SmallMKernel::kAuto, 0, 0, 0)));
+          std::printf(" | %s heur %.2f (%.0f%%)", lay, heur, 100 * floor_us / heur);
+          for (cuda::SmallMKernel kern : {cuda::SmallMKernel::kStream, cuda::SmallMKernel::kBulk}) {
+            const bool bulk = kern == cuda::SmallMKernel::kBulk;
+            double best = 1e30;
+            int brw = 0, bks = 0, bst = 0;
+            for (int rw : {1, 2, 4})
+              for (int ks : {1, 2, 4, 8})
+                for (int st : {2, 4}) {
+                  if (s.k / 128 < ks || (!bulk && st != 2)) continue;
+                  const double us = try_time(tl, kern, rw, ks, bulk ? st : 0);
+                  if (us < best) best = us, brw = rw, bks = ks, bst = bulk ? st : 0;
+                }
+            if (best >= 1e30) continue;
+            std::snprintf(cfg, sizeof cfg, "%s %s rw=%d ks=%d stages=%d copies=%d", lay,
+                          bulk ? "bulk" : "stream", brw, bks, bst, copies);
+            recs.push_back(make(bulk ? "fp8_bulk best+pdl" : "fp8_stream best+pdl", cfg, best,
+                                check(tl, kern, brw, bks, bst)));
+            std::printf(" | %s %s %d/%d/%d %.2f (%.0f%%)", lay, bulk ? "bulk" : "stream", brw,
+                        bks, bst, best, 100 * floor_us / best);
+          }
+        }
+        if (m == 1) {
+          const double us = bench::time_us(
+                                [&](cudaStream_t sm) {
+                                  for (int c = 0; c < copies; ++c)
+                                    launch_read(w.data + w.data_bytes * c, w.data_bytes,
+                                                dev.sm_count, sink, sm);
+                                },
+                                stream, 20, 3, true) /
+                            copies;
+          recs.push_back(make("read ceiling (weight bytes)", "sms*4 x 512", us, -1));
+          std::printf(" | read %.2f (%.0f%%)", us, 100 * floor_us / us);
+        }
+        std::printf("\n");
+        std::fflush(stdout);
+      }
+      write_json();
+    }
+    std::printf("results written to %s\n", out.c_str());
+    return 0;
+  }
+
   // ---------------- decode ----------------
   for (const Shape& s : decode_shapes) {
     const size_t wbytes = size_t(s.n * s.groups * s.k);
@@ -597,21 +749,12 @@ int main(int argc, char** argv) {
     Weights w(s, copies, 11 + s.n + s.k);
     for (int64_t m : {1, 2, 4, 8, 16, 64}) {
       const int64_t gk = s.k * s.groups, gn = s.n * s.groups;
-      std::vector<uint16_t> hx(size_t(m * gk));
-      Rng rng(uint64_t(m * 977 + s.n));
-      for (size_t i = 0; i < hx.size(); ++i)
-        hx[i] = float_to_bf16(rng.normal() * std::ldexp(1.0f, int((i / 128) % 7) - 3));
-      uint16_t* x;
-      uint8_t *codes, *xs;
-      uint16_t* y;
-      DS_BENCH_CHECK(cudaMalloc(&x, hx.size() * 2));
-      DS_BENCH_CHECK(cudaMalloc(&codes, hx.size()));
-      DS_BENCH_CHECK(cudaMalloc(&xs, hx.size() / 128));
-      DS_BENCH_CHECK(cudaMalloc(&y, size_t(m * gn) * 2));
-      DS_BENCH_CHECK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
-      cuda::QuantFp8Params qp{x, codes, xs, m, gk, gk};
-      cuda::launch_quantize_fp8_blocks(qp, stream);
-      DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+      const DecodeInput in(s, m, stream);
+      const std::vector<uint16_t>& hx = in.hx;
+      uint16_t* const x = in.x;
+      uint8_t* const codes = in.codes;
+      uint8_t* const xs = in.xs;
+      uint16_t* const y = in.y;
       auto params = [&](int c, int rw, int ks, bool fp8, bool pdl = true,
                         cuda::SmallMKernel kern = cuda::SmallMKernel::kAuto, int stages = 0) {
         cuda::Fp8SmallMParams p;
@@ -835,10 +978,6 @@ int main(int argc, char** argv) {
           100 * floor_us / best_stream.us, best_bulk.rw, best_bulk.ks, best_bulk.stages,
           best_bulk.us, 100 * floor_us / best_bulk.us, pk, plan.row_warps, plan.k_split, heur,
           100 * floor_us / heur, heur_nopdl);
-      DS_BENCH_CHECK(cudaFree(x));
-      DS_BENCH_CHECK(cudaFree(codes));
-      DS_BENCH_CHECK(cudaFree(xs));
-      DS_BENCH_CHECK(cudaFree(y));
     }
     write_json();
   }

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -159,6 +160,7 @@ struct SmallMConfig {
   int row_warps = 0, k_split = 0, max_ctas = 0, stages = 0;
   int pdl = -1;  // -1: on for odd M
   cuda::SmallMKernel kernel = cuda::SmallMKernel::kAuto;
+  bool tiled = false;  // also hand the kernel the tile-ordered copy (launch_fp8_weight_to_tiles)
 };
 
 class GemmCudaTest : public ::testing::Test {
@@ -186,6 +188,11 @@ class GemmCudaTest : public ::testing::Test {
                       uint64_t seed, bool direct_small_m = false, Path path = Path::kAuto,
                       SmallMConfig cfg = {}) {
     if (direct_small_m) path = Path::kSmallM;
+    const char* kn[] = {"auto", "mma", "stream", "bulk"};
+    SCOPED_TRACE(std::string(direct_small_m ? kn[int(cfg.kernel)] : "") +
+                 (cfg.tiled ? " tiled" : "") + " rw " + std::to_string(cfg.row_warps) + " ks " +
+                 std::to_string(cfg.k_split) + " stages " + std::to_string(cfg.stages) + " pdl " +
+                 std::to_string(cfg.pdl));
     SCOPED_TRACE(std::string(s.name) + " M=" + std::to_string(m) +
                  (quantize ? " quantized" : " bf16-act") +
                  (out == cuda::OutType::kF32      ? " f32-out"
@@ -227,8 +234,17 @@ class GemmCudaTest : public ::testing::Test {
     } else if (direct_small_m) {
       // The small-M kernel on bf16 input (hf numerics) or on codes from the quant kernel.
       test::DeviceBuffer<uint8_t> codes(size_t(m * gk)), scales(size_t(m * gk / 128));
+      test::DeviceBuffer<uint8_t> tiles(cfg.tiled ? hw.data.size() : 16);
+      EXPECT_TRUE(tiles.ok());
       cuda::Fp8SmallMParams p;
       p.w = wv;
+      if (cfg.tiled) {
+        EXPECT_EQ(tiles.poison(), cudaSuccess);
+        const Status ts =
+            cuda::launch_fp8_weight_to_tiles(dw.data.get(), tiles.get(), gn, s.k, nullptr);
+        EXPECT_TRUE(ts.ok()) << ts.to_string();
+        p.w.tiled = tiles.get();
+      }
       p.num_tokens = m;
       if (quantize) {
         cuda::QuantFp8Params q{dx.get(), codes.get(), scales.get(), m, gk, x_stride};
@@ -470,6 +486,174 @@ TEST_F(GemmCudaTest, BulkKernelConfigurations) {
       }
 }
 
+TEST_F(GemmCudaTest, TileOrderMatchesItsDefinition) {
+  // launch_fp8_weight_to_tiles against fp8_tile_offset, byte for byte, on random codes (tiny,
+  // wq_b and wo_a's stacked groups: K = 128 .. 8192, up to 8192 rows), poisoned output.
+  const struct {
+    int64_t rows, k;
+  } cases[] = {{16, 128}, {48, 384}, {512, 128}, {32768, 1024}, {8192, 4096}, {64, 8192}};
+  Rng rng(4242);
+  for (const auto& c : cases) {
+    SCOPED_TRACE("rows " + std::to_string(c.rows) + " K " + std::to_string(c.k));
+    std::vector<uint8_t> w(size_t(c.rows * c.k));
+    for (auto& b : w) b = uint8_t(rng.below(256));
+    test::DeviceBuffer<uint8_t> dw(w.size()), dt(w.size());
+    ASSERT_TRUE(dw.ok() && dt.ok());
+    ASSERT_EQ(dw.upload(w), cudaSuccess);
+    ASSERT_EQ(dt.poison(), cudaSuccess);
+    const Status st = cuda::launch_fp8_weight_to_tiles(dw.get(), dt.get(), c.rows, c.k, nullptr);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    std::vector<uint8_t> t;
+    ASSERT_EQ(dt.download(t), cudaSuccess);
+    int64_t bad = 0;
+    std::vector<uint8_t> seen(w.size(), 0);
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t col = 0; col < c.k; ++col) {
+        const int64_t off = cuda::fp8_tile_offset(r, col, c.k);
+        ASSERT_GE(off, 0);
+        ASSERT_LT(off, int64_t(w.size()));
+        seen[size_t(off)]++;
+        bad += t[size_t(off)] != w[size_t(r * c.k + col)];
+      }
+    EXPECT_EQ(bad, 0);
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), uint8_t(1)), int64_t(seen.size()))
+        << "fp8_tile_offset is not a permutation";
+  }
+}
+
+TEST_F(GemmCudaTest, StreamAndBulkKernelsOnTiledWeights) {
+  // kStream and kBulk reading the tile-ordered copy instead of the row-major weight: every Flash
+  // and tiny shape at the decode batch sizes (fp32 output, kTol), and every layout of both kernels
+  // (with and without PDL, bf16 and fp32 output) on three shapes. The copy is read at <= 8 tokens
+  // per chunk only; M = 16 and 37 check that larger M is still right with a copy given.
+  uint64_t seed = 1300;
+  for (cuda::SmallMKernel kern : {cuda::SmallMKernel::kStream, cuda::SmallMKernel::kBulk}) {
+    SmallMConfig c;
+    c.kernel = kern;
+    c.tiled = true;
+    for (const LinearShape& s : kFlashShapes)
+      for (int64_t m : {1, 3, 8, 16}) {
+        const double worst =
+            run_fp8_case(s, m, true, cuda::OutType::kF32, ++seed, true, Path::kSmallM, c);
+        std::printf("tiled %s %-12s M=%-3lld worst |err|/S = %.3g\n",
+                    kern == cuda::SmallMKernel::kBulk ? "bulk" : "stream", s.name, (long long)m,
+                    worst);
+      }
+    for (const LinearShape& s : kTinyShapes)
+      for (int64_t m : {1, 5, 16})
+        run_fp8_case(s, m, true, cuda::OutType::kF32, ++seed, true, Path::kSmallM, c);
+    const LinearShape shapes[] = {kFlashShapes[1], kFlashShapes[3], kTinyShapes[5]};
+    for (const LinearShape& s : shapes)
+      for (int rw : {1, 2, 4})
+        for (int ks : {1, 2, 4, 8}) {
+          if (s.k / 128 < ks) continue;
+          c.row_warps = rw;
+          c.k_split = ks;
+          c.stages = kern == cuda::SmallMKernel::kBulk ? 2 + (rw + ks) % 3 : 0;
+          c.pdl = (rw + ks) % 2;
+          const int64_t m = (rw * 3 + ks) % 4 == 0 ? 37 : (rw * 3 + ks) % 4 == 1 ? 1 : rw + ks;
+          run_fp8_case(s, m, true, ks % 2 ? cuda::OutType::kBF16 : cuda::OutType::kF32, ++seed,
+                       true, Path::kSmallM, c);
+        }
+  }
+}
+
+// The same small-M launch on the row-major weight and on its tile-ordered copy: the outputs are
+// identical bit for bit (the kernels' arithmetic and its order do not depend on the layout).
+TEST_F(GemmCudaTest, TiledWeightsGiveTheRowMajorOutputsBitForBit) {
+  struct Case {
+    LinearShape s;
+    int64_t m;
+    cuda::SmallMKernel kern;
+    int rw, ks, stages;
+  };
+  const Case cases[] = {
+      {kFlashShapes[1], 1, cuda::SmallMKernel::kBulk, 4, 1, 2},
+      {kFlashShapes[3], 1, cuda::SmallMKernel::kBulk, 1, 1, 2},
+      {kFlashShapes[4], 2, cuda::SmallMKernel::kBulk, 1, 2, 2},
+      {kFlashShapes[3], 8, cuda::SmallMKernel::kBulk, 2, 2, 3},
+      {kFlashShapes[3], 5, cuda::SmallMKernel::kBulk, 4, 4, 4},
+      {kFlashShapes[3], 7, cuda::SmallMKernel::kBulk, 4, 8, 8},
+      {kFlashShapes[1], 8, cuda::SmallMKernel::kStream, 4, 1, 0},
+      {kFlashShapes[4], 3, cuda::SmallMKernel::kStream, 1, 2, 0},
+      {kTinyShapes[3], 5, cuda::SmallMKernel::kBulk, 2, 2, 3},
+      {kFlashShapes[1], 8, cuda::SmallMKernel::kAuto, 0, 0, 0},
+      {kFlashShapes[4], 1, cuda::SmallMKernel::kAuto, 0, 0, 0},
+      {kTinyShapes[1], 1, cuda::SmallMKernel::kAuto, 0, 0, 0},
+  };
+  Rng rng(777);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.s.name) + " M=" + std::to_string(c.m) + " kernel " +
+                 std::to_string(int(c.kern)) + " rw " + std::to_string(c.rw) + " ks " +
+                 std::to_string(c.ks) + " stages " + std::to_string(c.stages));
+    HostWeight hw = random_weight(rng, c.s);
+    const int64_t gk = c.s.k * c.s.groups, gn = c.s.n * c.s.groups;
+    std::vector<uint16_t> x = random_activations(rng, c.m, gk);
+    DeviceWeight dw(hw);
+    test::DeviceBuffer<uint8_t> tiles(hw.data.size()), codes(size_t(c.m * gk)),
+        scales(size_t(c.m * gk / 128));
+    test::DeviceBuffer<uint16_t> dx(x.size());
+    test::DeviceBuffer<float> y0(size_t(c.m * gn)), y1(size_t(c.m * gn));
+    ASSERT_TRUE(dw.data.ok() && dw.scale.ok() && tiles.ok() && codes.ok() && scales.ok() &&
+                dx.ok() && y0.ok() && y1.ok());
+    ASSERT_EQ(dw.data.upload(hw.data), cudaSuccess);
+    ASSERT_EQ(dw.scale.upload(hw.scale), cudaSuccess);
+    ASSERT_EQ(dx.upload(x), cudaSuccess);
+    ASSERT_EQ(y0.poison(), cudaSuccess);
+    ASSERT_EQ(y1.poison(), cudaSuccess);
+    ASSERT_TRUE(
+        cuda::launch_fp8_weight_to_tiles(dw.data.get(), tiles.get(), gn, c.s.k, nullptr).ok());
+    cuda::QuantFp8Params q{dx.get(), codes.get(), scales.get(), c.m, gk, gk};
+    cuda::launch_quantize_fp8_blocks(q, nullptr);
+    cuda::Fp8SmallMParams p;
+    p.w = {dw.data.get(), dw.scale.get(), nullptr, c.s.n, c.s.k, c.s.groups};
+    p.num_tokens = c.m;
+    p.x_codes = codes.get();
+    p.x_scales = scales.get();
+    p.y_type = cuda::OutType::kF32;
+    p.y_row_stride = gn;
+    p.kernel = c.kern;
+    p.row_warps = c.rw;
+    p.k_split = c.ks;
+    p.stages = c.stages;
+    p.y = y0.get();
+    if (c.kern == cuda::SmallMKernel::kAuto) {
+      // kAuto picks its plan from the weight (a tiled copy may change it): force the plan the
+      // tiled weight gets onto the row-major run.
+      cuda::Fp8SmallMParams pt = p;
+      pt.w.tiled = tiles.get();
+      int sms = 0;
+      ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+      const cuda::Fp8SmallMPlan plan = cuda::fp8_small_m_plan(pt, sms);
+      int major = 0;
+      ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+      if (major >= 9) {  // the tiled kBulk plan (fp8_small_m_plan, session 12)
+        EXPECT_TRUE(plan.tiled);
+        EXPECT_EQ(plan.kernel, cuda::SmallMKernel::kBulk);
+      }
+      p.kernel = plan.kernel;
+      p.row_warps = plan.row_warps;
+      p.k_split = plan.k_split;
+      p.stages = plan.stages;
+    }
+    ASSERT_TRUE(cuda::launch_fp8_linear_small_m(p, nullptr).ok());
+    p.w.tiled = tiles.get();
+    p.y = y1.get();
+    ASSERT_TRUE(cuda::launch_fp8_linear_small_m(p, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> a, b;
+    ASSERT_EQ(y0.download(a), cudaSuccess);
+    ASSERT_EQ(y1.download(b), cudaSuccess);
+    int64_t diff = 0, nan = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      diff += std::memcmp(&a[i], &b[i], 4) != 0;
+      nan += std::isnan(a[i]);
+    }
+    EXPECT_EQ(nan, 0) << "poison left in the row-major output";
+    EXPECT_EQ(diff, 0) << "of " << a.size() << " outputs";
+  }
+}
+
 TEST_F(GemmCudaTest, BulkKernelRingsAroundTheDefaultSharedMemoryLimit) {
   // kBulk at 4 row-warps with 4..6 ring slots: 48 KB of ring (4 slots) plus the kernel's static
   // shared memory passes the 48 KB a kernel gets without opting in; the launcher refused exactly
@@ -701,6 +885,19 @@ TEST_F(GemmCudaTest, RejectsBadShapes) {
   sp.x_scales = s.get();
   sp.stages = 9;  // ring depth out of range
   (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  sp.stages = 0;
+  sp.w.tiled = w.get() + 8;  // a misaligned tile-ordered copy
+  (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  // The tile reorder: rows not a multiple of 16, K not a multiple of 128, misaligned, null.
+  (void)(st = cuda::launch_fp8_weight_to_tiles(w.get(), y.get(), 8, 128, nullptr));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  (void)(st = cuda::launch_fp8_weight_to_tiles(w.get(), y.get(), 16, 64, nullptr));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  (void)(st = cuda::launch_fp8_weight_to_tiles(w.get() + 8, y.get(), 16, 128, nullptr));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  (void)(st = cuda::launch_fp8_weight_to_tiles(nullptr, y.get(), 16, 128, nullptr));
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
 }
 

@@ -44,6 +44,11 @@ struct Fp8WeightView {
   int64_t out_features = 0;          // N per group; a multiple of 16 (of 128 when G > 1)
   int64_t in_features = 0;           // K per group; a multiple of 128
   int num_groups = 1;                // G
+  // Optional: the same codes in the small-M tile order (fp8_tile_offset; launch_fp8_weight_to_tiles
+  // once at load), 16-byte aligned, nullable. kStream and kBulk then read each 128-K block of 16
+  // rows as 2 KB of contiguous memory instead of 16 row pieces of 128 bytes (NOTES.md, session 12);
+  // at M <= 8 only (fp8_small_m_plan decides; larger M reads `data`).
+  const uint8_t* tiled = nullptr;
 };
 
 // kF32Bf16: fp32 elements holding the output rounded to bf16 (round to nearest even, NaN kept):
@@ -68,6 +73,22 @@ struct Fp8Activations {
 };
 
 // ---- small M: our own kernels ------------------------------------------------------------------
+
+// The small-M tile order of an FP8 weight [R, K] (R = G*N rows, a multiple of 16; K a multiple of
+// 128): byte (r, c) of the row-major weight lives at this offset. Tile t = r / 16 and block
+// b = c / 128 own the 2 KB at (t * K/128 + b) * 2048; inside it, 16-byte piece i * 32 + l is what
+// lane l of a warp loads as its i-th fragment word quad: rows t*16 + l/4 + 8*(i/2), columns
+// b*128 + (i%2)*64 + (l%4)*16 .. +15.
+inline int64_t fp8_tile_offset(int64_t r, int64_t c, int64_t k) {
+  const int64_t t = r / 16, rr = r % 16, b = c / 128, cc = c % 128;
+  const int64_t i = (rr / 8) * 2 + cc / 64, lane = (rr % 8) * 4 + (cc % 64) / 16;
+  return (t * (k / 128) + b) * 2048 + (i * 32 + lane) * 16 + cc % 16;
+}
+
+// tiled[fp8_tile_offset(r, c, k)] = w[r * k + c] for a [rows, k] weight (rows % 16 == 0,
+// k % 128 == 0, both pointers 16-byte aligned, distinct). Graph-capturable; meant for load time.
+Status launch_fp8_weight_to_tiles(const uint8_t* w, uint8_t* tiled, int64_t rows, int64_t k,
+                                  cudaStream_t stream);
 
 // Which small-M kernel runs (NOTES.md):
 //  - kMma: 8-warp CTAs, one work item per CTA (or a capped grid looping over items), any M (in
@@ -120,6 +141,7 @@ struct Fp8SmallMPlan {
   int row_warps = 1;
   int k_split = 1;
   int stages = 0;  // kBulk only
+  bool tiled = false;  // kStream / kBulk read p.w.tiled (the tile-ordered copy; M <= 8 only)
 };
 Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms);
 
