@@ -73,19 +73,24 @@ step make_flash timeout 150 "$ds" make-checkpoint --preset flash --layers "$laye
   --no-verify || exit 1
 # PROFILE_CONTEXTS (default 512), and with PROFILE_EVENTS=1 (default) a second, event-timed run
 # of each (--event-timing: per-component device times of the replayed graphs).
+# PROFILE_TILED="1 0": each profile once per value of DEEPSERVE_TILED_FP8 (default 1: the large
+# FP8 weights also in the small-M tile order, session 12; 0: row-major only).
+for tl in ${PROFILE_TILED:-1}; do
 for ctx in ${PROFILE_CONTEXTS:-512}; do
 for b in 1 16 64; do
   has profile || break
   for ev in "" ${PROFILE_EVENTS:-1}; do
     [ "$ev" = 0 ] && continue
     name="profile_flash${layers}_b${b}_c${ctx}_graphs${ev:+_events}"
-    step "$name" timeout 200 "$ds" profile --device cuda --model "$model" --batch "$b" \
+    [ "$tl" != 1 ] && name="${name}_tiled$tl"
+    step "$name" env DEEPSERVE_TILED_FP8=$tl timeout 200 "$ds" profile --device cuda --model "$model" --batch "$b" \
       --context "$ctx" --steps 8 --warmup 2 --graphs ${ev:+--event-timing} \
       --output "$work/json/$name.json"
     grep -E "^step" "$work/$name.log" | tee -a "$log"
     [ -n "$ev" ] && grep -E "^(mhc|norm|attention|compressor|indexer|sparse|moe|head|embedding)" \
       "$work/$name.log" | tee -a "$log"
   done
+done
 done
 done
 

@@ -291,6 +291,46 @@ TEST_F(CudaOpsTest, GraphDecodeEqualsEagerDecode) {
   EXPECT_GE((*graph_ops)->graph_replays() - replays, 15);
 }
 
+// CudaOpsOptions::tiled_fp8_min_bytes: with every FP8 weight also held in the small-M tile order
+// (threshold 0; the tiny model's weights are all below the default), decode steps run the tiled
+// kBulk plan (fp8_small_m_plan; kStream on the row-major weights) and the whole model still
+// agrees with the CPU like the row-major path, prefill and graph-replayed decode alike; the
+// copies show in weight_bytes() and tiled_fp8_weights(). (Bit-identity of the two layouts under
+// one plan, and the plan's choice, are tested in test_gemm_cuda.)
+TEST_F(CudaOpsTest, TiledFp8WeightsGiveTheRowMajorLogits) {
+  CudaOpsOptions o = ops_->options();
+  o.tiled_fp8_min_bytes = 0;
+  auto tiled_ops = CudaOps::create(tiny_model(), options_, o);
+  o.tiled_fp8_min_bytes = -1;
+  auto plain_ops = CudaOps::create(tiny_model(), options_, o);
+  ASSERT_TRUE(tiled_ops.ok() && plain_ops.ok());
+  EXPECT_GT((*tiled_ops)->tiled_fp8_weights(), 0);
+  EXPECT_EQ((*plain_ops)->tiled_fp8_weights(), 0);
+  const dsv4::ModelWeights& m = tiny_model();
+  int64_t fp8_bytes = 0;
+  auto add = [&](const cpu::LinearWeight& w) {
+    if (w.format == cpu::WeightFormat::kFp8Block && w.data) fp8_bytes += w.out_features * w.in_features;
+  };
+  for (const dsv4::LayerWeights& L : m.layers)
+    for (const cpu::LinearWeight* w : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.indexer_wq_b,
+                                       &L.shared.w1, &L.shared.w2, &L.shared.w3})
+      add(*w);
+  for (const dsv4::MtpWeights& M : m.mtp) {
+    for (const cpu::LinearWeight* w :
+         {&M.block.wq_a, &M.block.wq_b, &M.block.wkv, &M.block.wo_a, &M.block.wo_b,
+          &M.block.indexer_wq_b, &M.block.shared.w1, &M.block.shared.w2, &M.block.shared.w3,
+          &M.e_proj, &M.h_proj})
+      add(*w);
+  }
+  ASSERT_GT(fp8_bytes, 0);
+  EXPECT_GE((*tiled_ops)->weight_bytes(), (*plain_ops)->weight_bytes() + size_t(fp8_bytes));
+  const auto tokens = random_tokens(150, 81);
+  const auto schedule = prefill_then_decode(110, 40);
+  expect_like_cpu(options_, tiled_ops->get(), "tiled fp8 weights, prefill 110 + decode 40",
+                  [&](const Forward& f) { return run_chunked(f, tokens, schedule); });
+  EXPECT_GE((*tiled_ops)->graph_replays(), 30);
+}
+
 // SequenceChunk::argmax_only on the GPU (CudaOps::argmax_rows: the greedy kernel after the decode
 // graph, 5 bytes per row to the host), alone and mixed with chunks that take logits, prefill and
 // graph-replayed decode steps, against the argmax of the same rows' logits.

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -392,6 +393,18 @@ Status CudaOps::register_weights() {
     DS_RETURN_IF_ERROR(
         cuda::launch_e8m0_to_f32(weights_.get(w->scale), static_cast<float*>(f32), n, stream_));
     e8m0_f32_[w->scale] = static_cast<const float*>(f32);
+  }
+  // The large FP8 weights once more in the small-M tile order, for the decode kernels.
+  const char* tiled_env = std::getenv("DEEPSERVE_TILED_FP8");
+  const bool tiled = opt_.tiled_fp8_min_bytes >= 0 && !(tiled_env && std::string(tiled_env) == "0");
+  for (const cpu::LinearWeight* w : fp8) {
+    const int64_t bytes = w->out_features * w->in_features;
+    if (!tiled || bytes < opt_.tiled_fp8_min_bytes || fp8_tiled_.count(w->data) != 0) continue;
+    DS_ASSIGN_OR_RETURN(void* dev, weights_.allocate_derived(size_t(bytes)));
+    DS_RETURN_IF_ERROR(cuda::launch_fp8_weight_to_tiles(
+        weights_.get(static_cast<const uint8_t*>(w->data)), static_cast<uint8_t*>(dev),
+        w->out_features, w->in_features, stream_));
+    fp8_tiled_[w->data] = static_cast<const uint8_t*>(dev);
   }
   DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return ok_status();
@@ -1337,6 +1350,8 @@ Status CudaOps::linear_impl(const float* x, int64_t rows, const cpu::LinearWeigh
     p.w.out_features = w.out_features / groups;
     p.w.in_features = w.in_features;
     p.w.num_groups = groups;
+    auto tiled = fp8_tiled_.find(w.data);
+    p.w.tiled = tiled == fp8_tiled_.end() ? nullptr : tiled->second;
     p.num_tokens = rows;
     p.x.bf16 = xb;
     p.x.f32 = fp8_from_f32 ? x : nullptr;

@@ -92,6 +92,12 @@ struct CudaOpsOptions {
   int64_t kv_pages = 0;
   uint64_t kv_cache_bytes = 0;
   double gpu_memory_utilization = 0;
+  // FP8 weights of at least this many bytes (default: Flash's wq_b, wo_a, wo_b) are also held in
+  // the small-M tile order (cuda::launch_fp8_weight_to_tiles), which the decode kernels read as
+  // 2 KB contiguous pieces (kernels/cuda/gemm/NOTES.md, session 12); prefill's cuBLASLt GEMMs
+  // keep the row-major copy. Costs those weights' bytes once more (Flash: 100 MB per layer).
+  // < 0: none; DEEPSERVE_TILED_FP8=0 in the environment also turns it off (an A/B switch).
+  int64_t tiled_fp8_min_bytes = int64_t(16) << 20;
 };
 
 class CudaOps final : public dsv4::Ops {
@@ -107,6 +113,8 @@ class CudaOps final : public dsv4::Ops {
   size_t state_bytes() const { return state_bytes_; }
   size_t arena_bytes() const { return arena_.capacity(); }
   size_t arena_high_water() const { return arena_.high_water(); }
+  // FP8 weights also held in the small-M tile order (CudaOpsOptions::tiled_fp8_min_bytes).
+  int64_t tiled_fp8_weights() const { return int64_t(fp8_tiled_.size()); }
   const CudaOpsOptions& options() const { return opt_; }
   cudaStream_t stream() const { return stream_; }
   // KV pages: 256 token positions each (kPageTokens); total, free, held by `state` (0 when it has
@@ -247,6 +255,8 @@ class CudaOps final : public dsv4::Ops {
 
   WeightStore weights_;
   std::unordered_map<const void*, const float*> e8m0_f32_;  // FP8 weight scale grids as fp32
+  // FP8 weights' tile-ordered copies (CudaOpsOptions::tiled_fp8_weights): host data -> device.
+  std::unordered_map<const void*, const uint8_t*> fp8_tiled_;
   // bf16 weights padded to a multiple of 8 rows: host data -> (device copy, padded rows).
   std::unordered_map<const void*, std::pair<const uint16_t*, int64_t>> padded_bf16_;
   // Per-layer MoE state, keyed by the layer's host expert array (MoeSite::experts).
