@@ -79,6 +79,20 @@ Outcome run_one(Engine* e, GenerateRequest r) {
   return collect(s.get());
 }
 
+// Submits every request before collecting any (so that they share steps) and returns their
+// outcomes in request order; a refused request fails the test and gives an empty outcome.
+std::vector<Outcome> submit_all(Engine* e, const std::vector<GenerateRequest>& requests) {
+  std::vector<std::unique_ptr<RequestStream>> streams;
+  for (const auto& r : requests) {
+    ApiError err;
+    streams.push_back(e->submit(r, &err));
+    EXPECT_NE(streams.back(), nullptr) << err.message;
+  }
+  std::vector<Outcome> out;
+  for (auto& s : streams) out.push_back(s ? collect(s.get()) : Outcome{});
+  return out;
+}
+
 void wait_idle(Engine* e) {
   for (int i = 0; i < 2000 && !e->idle(); ++i) std::this_thread::sleep_for(5ms);
   // One more step boundary for the metrics snapshot.
@@ -462,15 +476,8 @@ TEST(EngineConfigs, BackendArgmaxGivesTheHostArgmaxOutputs) {
     setenv("DEEPSERVE_BACKEND_ARGMAX", backend_argmax, 1);
     auto e = make_engine();
     unsetenv("DEEPSERVE_BACKEND_ARGMAX");
-    std::vector<Outcome> out;
-    if (!e) return out;
-    std::vector<std::unique_ptr<RequestStream>> streams;
-    for (const auto& r : requests) {
-      ApiError err;
-      streams.push_back(e->submit(r, &err));
-      EXPECT_NE(streams.back(), nullptr) << err.message;
-    }
-    for (auto& s : streams) out.push_back(s ? collect(s.get()) : Outcome{});
+    if (!e) return std::vector<Outcome>{};
+    std::vector<Outcome> out = submit_all(e.get(), requests);
     wait_idle(e.get());
     argmax_rows[backend_argmax[0] - '0'] = e->metrics().step_argmax_rows_total;
     return out;
@@ -519,16 +526,8 @@ TEST(EngineConfigs, ParallelSamplingGivesTheSingleThreadOutputs) {
     c.speculative.num_speculative_tokens = 2;
     c.speculative.adaptive = false;
     auto e = make_engine(c);
-    std::vector<Outcome> out;
-    if (!e) return out;
-    std::vector<std::unique_ptr<RequestStream>> streams;
-    for (const auto& r : requests) {
-      ApiError err;
-      streams.push_back(e->submit(r, &err));
-      EXPECT_NE(streams.back(), nullptr) << err.message;
-      if (!streams.back()) return out;
-    }
-    for (auto& s : streams) out.push_back(collect(s.get()));
+    if (!e) return std::vector<Outcome>{};
+    std::vector<Outcome> out = submit_all(e.get(), requests);
     const EngineMetrics m = e->metrics();
     EXPECT_GT(m.spec_draft_tokens_total, 0);
     expect_kv_baseline(e.get());
