@@ -297,7 +297,7 @@ TEST_F(CudaOpsTest, GraphDecodeEqualsEagerDecode) {
 // agrees with the CPU like the row-major path, prefill and graph-replayed decode alike; the
 // copies show in weight_bytes() and tiled_fp8_weights(). (Bit-identity of the two layouts under
 // one plan, and the plan's choice, are tested in test_gemm_cuda.)
-TEST_F(CudaOpsTest, TiledFp8WeightsGiveTheRowMajorLogits) {
+TEST_F(CudaOpsTest, TiledFp8WeightsMatchCpu) {
   CudaOpsOptions o = ops_->options();
   o.tiled_fp8_min_bytes = 0;
   auto tiled_ops = CudaOps::create(tiny_model(), options_, o);
@@ -309,7 +309,8 @@ TEST_F(CudaOpsTest, TiledFp8WeightsGiveTheRowMajorLogits) {
   const dsv4::ModelWeights& m = tiny_model();
   int64_t fp8_bytes = 0;
   auto add = [&](const cpu::LinearWeight& w) {
-    if (w.format == cpu::WeightFormat::kFp8Block && w.data) fp8_bytes += w.out_features * w.in_features;
+    if (w.format == cpu::WeightFormat::kFp8Block && w.data)
+      fp8_bytes += w.out_features * w.in_features;
   };
   for (const dsv4::LayerWeights& L : m.layers)
     for (const cpu::LinearWeight* w : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.indexer_wq_b,

@@ -92,10 +92,11 @@ struct CudaOpsOptions {
   int64_t kv_pages = 0;
   uint64_t kv_cache_bytes = 0;
   double gpu_memory_utilization = 0;
-  // FP8 weights of at least this many bytes (default: Flash's wq_b, wo_a, wo_b) are also held in
-  // the small-M tile order (cuda::launch_fp8_weight_to_tiles), which the decode kernels read as
-  // 2 KB contiguous pieces (kernels/cuda/gemm/NOTES.md, session 12); prefill's cuBLASLt GEMMs
-  // keep the row-major copy. Costs those weights' bytes once more (Flash: 100 MB per layer).
+  // FP8 weights of at least this many bytes (default: Flash's wq_b, wo_a, wo_b and the MTP
+  // projections) are also held in the small-M tile order (cuda::launch_fp8_weight_to_tiles),
+  // which the decode kernels read as 2 KB contiguous pieces at <= 8 tokens
+  // (kernels/cuda/gemm/NOTES.md, session 12); prefill's cuBLASLt GEMMs keep the row-major copy.
+  // Costs those weights' bytes once more (Flash: 100 MB per layer).
   // < 0: none; DEEPSERVE_TILED_FP8=0 in the environment also turns it off (an A/B switch).
   int64_t tiled_fp8_min_bytes = int64_t(16) << 20;
 };
@@ -255,7 +256,7 @@ class CudaOps final : public dsv4::Ops {
 
   WeightStore weights_;
   std::unordered_map<const void*, const float*> e8m0_f32_;  // FP8 weight scale grids as fp32
-  // FP8 weights' tile-ordered copies (CudaOpsOptions::tiled_fp8_weights): host data -> device.
+  // FP8 weights' tile-ordered copies (CudaOpsOptions::tiled_fp8_min_bytes): host data -> device.
   std::unordered_map<const void*, const uint8_t*> fp8_tiled_;
   // bf16 weights padded to a multiple of 8 rows: host data -> (device copy, padded rows).
   std::unordered_map<const void*, std::pair<const uint16_t*, int64_t>> padded_bf16_;

@@ -102,6 +102,8 @@ Status launch_fp8_weight_to_tiles(const uint8_t* w, uint8_t* tiled, int64_t rows
 //  - kAuto: for FP8 activations with M <= kSmallMMaxTokens and no max_ctas, kBulk at M <= 8 on
 //    sm_90+ when each CTA streams >= 32 K blocks of its rows (wo_a, wo_b), else kStream; kMma
 //    otherwise (kStream in 16-token chunks still beats kMma's single pass at M = 64: NOTES.md).
+//    With a tile-ordered copy (Fp8WeightView::tiled) on sm_90+: kBulk on the copy at M <= 2, and
+//    at M <= 8 where the row-major rule would not pick kBulk (wq_b; NOTES.md, session 12).
 enum class SmallMKernel : uint8_t { kAuto, kMma, kStream, kBulk };
 inline constexpr int64_t kStreamMaxTokens = 16;  // kStream: tokens per work item (chunk)
 
