@@ -566,6 +566,7 @@ TEST_F(GemmCudaTest, TiledWeightsGiveTheRowMajorOutputsBitForBit) {
     int64_t m;
     cuda::SmallMKernel kern;
     int rw, ks, stages;
+    bool auto_tiled = false;  // kAuto: the plan should take the tiled copy
   };
   const Case cases[] = {
       {kFlashShapes[1], 1, cuda::SmallMKernel::kBulk, 4, 1, 2},
@@ -577,9 +578,11 @@ TEST_F(GemmCudaTest, TiledWeightsGiveTheRowMajorOutputsBitForBit) {
       {kFlashShapes[1], 8, cuda::SmallMKernel::kStream, 4, 1, 0},
       {kFlashShapes[4], 3, cuda::SmallMKernel::kStream, 1, 2, 0},
       {kTinyShapes[3], 5, cuda::SmallMKernel::kBulk, 2, 2, 3},
-      {kFlashShapes[1], 8, cuda::SmallMKernel::kAuto, 0, 0, 0},
-      {kFlashShapes[4], 1, cuda::SmallMKernel::kAuto, 0, 0, 0},
-      {kTinyShapes[1], 1, cuda::SmallMKernel::kAuto, 0, 0, 0},
+      {kFlashShapes[1], 8, cuda::SmallMKernel::kAuto, 0, 0, 0, true},
+      {kFlashShapes[4], 1, cuda::SmallMKernel::kAuto, 0, 0, 0, true},
+      {kFlashShapes[4], 8, cuda::SmallMKernel::kAuto, 0, 0, 0, false},
+      {kTinyShapes[1], 1, cuda::SmallMKernel::kAuto, 0, 0, 0, false},
+      {kFlashShapes[0], 1, cuda::SmallMKernel::kAuto, 0, 0, 0, false},
   };
   Rng rng(777);
   for (const Case& c : cases) {
@@ -627,10 +630,10 @@ TEST_F(GemmCudaTest, TiledWeightsGiveTheRowMajorOutputsBitForBit) {
       const cuda::Fp8SmallMPlan plan = cuda::fp8_small_m_plan(pt, sms);
       int major = 0;
       ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-      if (major >= 9) {  // the tiled kBulk plan (fp8_small_m_plan, session 12)
-        EXPECT_TRUE(plan.tiled);
-        EXPECT_EQ(plan.kernel, cuda::SmallMKernel::kBulk);
-      }
+      // The tiled kBulk plan (fp8_small_m_plan, session 12): wq_b at M <= 8, wo_b at M <= 2; not
+      // for short rings (tiny, wq_a) nor wo_b at M = 8 (row-major kBulk measured faster).
+      EXPECT_EQ(plan.tiled, major >= 9 && c.auto_tiled);
+      if (plan.tiled) EXPECT_EQ(plan.kernel, cuda::SmallMKernel::kBulk);
       p.kernel = plan.kernel;
       p.row_warps = plan.row_warps;
       p.k_split = plan.k_split;

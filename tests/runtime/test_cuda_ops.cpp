@@ -292,11 +292,12 @@ TEST_F(CudaOpsTest, GraphDecodeEqualsEagerDecode) {
 }
 
 // CudaOpsOptions::tiled_fp8_min_bytes: with every FP8 weight also held in the small-M tile order
-// (threshold 0; the tiny model's weights are all below the default), decode steps run the tiled
-// kBulk plan (fp8_small_m_plan; kStream on the row-major weights) and the whole model still
-// agrees with the CPU like the row-major path, prefill and graph-replayed decode alike; the
-// copies show in weight_bytes() and tiled_fp8_weights(). (Bit-identity of the two layouts under
-// one plan, and the plan's choice, are tested in test_gemm_cuda.)
+// (threshold 0; the tiny model's weights are all below the default) the copies show in
+// weight_bytes() and tiled_fp8_weights(), every linear gets its copy, and the whole model still
+// agrees with the CPU, prefill and graph-replayed decode alike. The tiny weights' rings are too
+// short for the tiled kBulk plan (fp8_small_m_plan), so kAuto keeps the row-major plans here;
+// the tiled reads, their bit-identity with the row-major ones and the plan's choice at Flash
+// shapes are tested in test_gemm_cuda.
 TEST_F(CudaOpsTest, TiledFp8WeightsMatchCpu) {
   CudaOpsOptions o = ops_->options();
   o.tiled_fp8_min_bytes = 0;

@@ -1081,7 +1081,11 @@ Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms) {
       while (bks < 8 && tiles16 * bks * 2 < 7 * int64_t(num_sms)) bks *= 2;
       row_major_bulk = tiles16 * bks * 2 >= 7 * int64_t(num_sms) && kblocks / bks >= 32;
     }
-    if (p.num_tokens <= 2 || !row_major_bulk) {
+    // Only where each CTA keeps its ring busy for >= 8 stages (wq_b, wo_a, wo_b): with fewer
+    // (wq_a, wkv, the shared experts, idx_wq_b: 1-2 stages) the tiled kBulk measured 5-140% slower
+    // than the row-major plan (run h-gemm12-4).
+    const int64_t tstages = kblocks / tks / (kBulkConsumerWarps / trw);
+    if (tstages >= 8 && (p.num_tokens <= 2 || !row_major_bulk)) {
       plan.kernel = SmallMKernel::kBulk;
       plan.row_warps = trw;
       plan.k_split = tks;
