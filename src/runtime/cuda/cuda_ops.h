@@ -92,13 +92,13 @@ struct CudaOpsOptions {
   int64_t kv_pages = 0;
   uint64_t kv_cache_bytes = 0;
   double gpu_memory_utilization = 0;
-  // FP8 weights of at least this many bytes (default: Flash's wq_b, wo_a, wo_b and the MTP
-  // projections) are also held in the small-M tile order (cuda::launch_fp8_weight_to_tiles),
-  // which the decode kernels read as 2 KB contiguous pieces at <= 8 tokens
-  // (kernels/cuda/gemm/NOTES.md, session 12); prefill's cuBLASLt GEMMs keep the row-major copy.
-  // Costs those weights' bytes once more (Flash: 100 MB per layer).
+  // FP8 weights of at least this many bytes (default 32 MiB: Flash's wq_b, wo_a, wo_b, the shapes
+  // whose tiled plan measured faster) are also held in the small-M tile order
+  // (cuda::launch_fp8_weight_to_tiles), which the decode kernels read as 2 KB contiguous pieces
+  // at <= 8 tokens (kernels/cuda/gemm/NOTES.md, session 12); prefill's cuBLASLt GEMMs keep the
+  // row-major copy. Costs those weights' bytes once more (Flash: 100 MB per layer).
   // < 0: none; DEEPSERVE_TILED_FP8=0 in the environment also turns it off (an A/B switch).
-  int64_t tiled_fp8_min_bytes = int64_t(16) << 20;
+  int64_t tiled_fp8_min_bytes = int64_t(32) << 20;
 };
 
 class CudaOps final : public dsv4::Ops {
