@@ -1058,6 +1058,13 @@ Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms) {
   // 16-row tile in 2 of the configurations tested at M = 37 (3 chunks, clusters of 2-8), not
   // understood (NOTES.md, session 12); there the row-major weight is read.
   plan.tiled = p.w.tiled != nullptr && nt1 && !auto_layout;
+  // kBulk from the H200 sweep of session 5 (NOTES.md, v5): it beats kStream by 0.5-0.7 us at
+  // M <= 8 when each CTA streams >= 32 K blocks (4 KB) of its 16 rows with >= 3.5 CTAs per SM
+  // (wo_a, wo_b: 512 CTAs, 2 ring slots); with shorter row pieces (K <= 2048 per CTA: wq_b,
+  // wq_a, wkv, shared experts) it is slower or equal. bks: its clusters along K.
+  int bks = 1;
+  while (bks < 8 && tiles16 * bks * 2 < 7 * int64_t(num_sms)) bks *= 2;
+  const bool row_major_bulk = tiles16 * bks * 2 >= 7 * int64_t(num_sms) && kblocks / bks >= 32;
   if (auto_layout && nt1 && device_cc_major() >= 9 && p.w.tiled != nullptr) {
     // Tile-ordered weights (session 12, NOTES.md): kBulk copies one contiguous piece per 16-row
     // tile and stage, so short rows no longer cost it (wq_b M = 1: 11.25 us vs kStream's 12.1)
@@ -1075,12 +1082,6 @@ Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms) {
     while (tks < 8 && tctas * tks * 2 < 7 * int64_t(num_sms) &&
            kblocks >= int64_t(2 * tks) * (kBulkConsumerWarps / trw))
       tks *= 2;
-    bool row_major_bulk = false;  // would the row-major rule below pick kBulk?
-    {
-      int bks = 1;
-      while (bks < 8 && tiles16 * bks * 2 < 7 * int64_t(num_sms)) bks *= 2;
-      row_major_bulk = tiles16 * bks * 2 >= 7 * int64_t(num_sms) && kblocks / bks >= 32;
-    }
     // Only where each CTA keeps its ring busy for >= 8 stages (wq_b, wo_a, wo_b): with fewer
     // (wq_a, wkv, the shared experts, idx_wq_b: 1-2 stages) the tiled kBulk measured 5-140% slower
     // than the row-major plan (run h-gemm12-4).
@@ -1094,20 +1095,12 @@ Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms) {
       return plan;
     }
   }
-  if (auto_layout && nt1 && device_cc_major() >= 9) {
-    // kBulk from the H200 sweep of session 5 (NOTES.md, v5): it beats kStream by 0.5-0.7 us at
-    // M <= 8 when each CTA streams >= 32 K blocks (4 KB) of its 16 rows with >= 3.5 CTAs per SM
-    // (wo_a, wo_b: 512 CTAs, 2 ring slots); with shorter row pieces (K <= 2048 per CTA: wq_b,
-    // wq_a, wkv, shared experts) it is slower or equal.
-    int bks = 1;
-    while (bks < 8 && tiles16 * bks * 2 < 7 * int64_t(num_sms)) bks *= 2;
-    if (tiles16 * bks * 2 >= 7 * int64_t(num_sms) && kblocks / bks >= 32) {
-      plan.kernel = SmallMKernel::kBulk;
-      plan.row_warps = 1;
-      plan.k_split = bks;
-      plan.stages = p.stages ? p.stages : 2;
-      return plan;
-    }
+  if (auto_layout && nt1 && device_cc_major() >= 9 && row_major_bulk) {
+    plan.kernel = SmallMKernel::kBulk;
+    plan.row_warps = 1;
+    plan.k_split = bks;
+    plan.stages = p.stages ? p.stages : 2;
+    return plan;
   }
   const int64_t target = nt1 ? 3 * int64_t(num_sms) : int64_t(num_sms) * 19 / 10;
   int rw = p.row_warps;
