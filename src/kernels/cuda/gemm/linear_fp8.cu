@@ -34,6 +34,7 @@ namespace cg = cooperative_groups;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
+constexpr int kSplitPartialsPerCta = 64 * kStreamMaxTokens;  // KW * rows x tokens (NT <= 2)
 
 struct SmallMArgs {
   const uint8_t* w;
@@ -55,6 +56,9 @@ struct SmallMArgs {
   int pdl;                       // launched with programmatic stream serialization
   int stages;                    // kBulk: shared-memory ring slots
   int64_t tiles, groups, items;  // row tiles per group; work items = tiles * groups * chunks
+  // kStream / kBulk K split through global memory (KSplitVia::kGlobal), else null (clusters).
+  float* split_partials;
+  uint32_t* split_counters;
 };
 
 __device__ __forceinline__ uint4 load_stream(const void* p) {
@@ -292,7 +296,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1) fp8_small_m_kernel(
 }
 
 // One launch of kernel(a) with the attributes the arguments ask for: a cluster of k_split CTAs
-// along K (k_split > 1) and programmatic dependent launch (pdl).
+// along K (k_split > 1, unless the split goes through a.split_partials) and programmatic
+// dependent launch (pdl).
 template <typename Kernel>
 cudaError_t launch_small_m_kernel(Kernel kernel, const SmallMArgs& a, dim3 grid, int threads,
                                   cudaStream_t stream) {
@@ -303,7 +308,7 @@ cudaError_t launch_small_m_kernel(Kernel kernel, const SmallMArgs& a, dim3 grid,
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   unsigned n = 0;
-  if (a.k_split > 1) {
+  if (a.k_split > 1 && !a.split_partials) {
     attr[n].id = cudaLaunchAttributeClusterDimension;
     attr[n].val.clusterDim.x = unsigned(a.k_split);
     attr[n].val.clusterDim.y = 1;
@@ -351,6 +356,78 @@ cudaError_t dispatch_nt(int nt, int rw, const SmallMArgs& a, dim3 grid, cudaStre
     default:
       return dispatch_rw<kFp8Act, 8>(rw, a, grid, stream);
   }
+}
+
+// The end of a kStream / kBulk work item (one item per CTA, CTA = item * k_split + rank): sum the
+// K warps' partials in `red` (all of them written, not yet synchronized) over the k_split CTAs
+// of the item in a fixed order (rank, then K warp: deterministic whatever the schedule) and write
+// the tile; consecutive threads write consecutive output features. All threads of the CTA call it.
+// Cluster split: each CTA sums a slice of the tile, reading the other ranks' `red` through
+// distributed shared memory. Global split (a.split_partials): each CTA stores its partials, the
+// last to arrive (per-item counter) sums them all, reading its own from `red`, and resets the
+// counter for the next launch.
+template <int KW, int kRows, int kCols, int kNumThreads>
+__device__ __forceinline__ void reduce_k_partials(const SmallMArgs& a,
+                                                  float (&red)[KW][kRows][kCols + 1], int srank,
+                                                  int64_t item, int64_t tile, int64_t group,
+                                                  int64_t tok0) {
+  constexpr int kPad = kCols + 1;
+  constexpr int kElems = kRows * kCols;
+  constexpr int kCtaPartials = KW * kElems;  // = 64 * kCols (KW * kRows = 64)
+  static_assert(kCtaPartials <= kSplitPartialsPerCta, "a CTA's partials fit its scratch slot");
+  const int ks = a.k_split;
+  const bool global_split = ks > 1 && a.split_partials != nullptr;
+  cg::cluster_group cluster = cg::this_cluster();
+  int e_begin = 0, e_end = kElems;
+  if (global_split) {
+    __shared__ int last;
+    __syncthreads();
+    float* mine = a.split_partials + int64_t(blockIdx.x) * kCtaPartials;
+    for (int i = int(threadIdx.x); i < kCtaPartials; i += kNumThreads)
+      __stcg(mine + i, red[i / kElems][(i % kElems) / kCols][i % kCols]);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const uint32_t before = atomicAdd(a.split_counters + item, 1u);
+      last = before == uint32_t(ks - 1);
+      if (last) a.split_counters[item] = 0;  // every rank has arrived: ready for the next launch
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // the other ranks' partials (fenced before their arrival) are visible
+  } else if (ks > 1) {
+    cluster.sync();
+    e_begin = kElems * srank / ks;
+    e_end = kElems * (srank + 1) / ks;
+  } else {
+    __syncthreads();
+  }
+  for (int e = e_begin + int(threadIdx.x); e < e_end; e += kNumThreads) {
+    const int col = e / kRows, row = e % kRows;
+    float sum = 0.f;
+    for (int s = 0; s < ks; ++s) {
+      if (global_split && s != srank) {
+        const float* p = a.split_partials + (item * ks + s) * kCtaPartials + row * kCols + col;
+#pragma unroll
+        for (int w = 0; w < KW; ++w) sum += __ldcg(p + w * kElems);
+      } else {
+        const float* base = ks > 1 && !global_split ? cluster.map_shared_rank(&red[0][0][0], s)
+                                                    : &red[0][0][0];
+#pragma unroll
+        for (int w = 0; w < KW; ++w) sum += base[(w * kRows + row) * kPad + col];
+      }
+    }
+    const int64_t tok = tok0 + col, r = tile * kRows + row;
+    if (tok < a.m && r < a.n) {
+      const int64_t idx = tok * a.y_stride + group * a.n + r;
+      if (a.y_f32)
+        static_cast<float*>(a.y)[idx] = a.y_round ? ops::round_bf16_exact(sum) : sum;
+      else
+        static_cast<__nv_bfloat16*>(a.y)[idx] = __float2bfloat16_rn(sum);
+    }
+  }
+  // The CTAs of a cluster read each other's shared memory: none may exit before all have read.
+  if (ks > 1 && !global_split) cluster.sync();
 }
 
 // ---- kStream: 4-warp CTAs, everything a block needs prefetched in one register ring ----------
@@ -515,34 +592,7 @@ __global__ void __launch_bounds__(kStreamThreads, StreamTraits<NT>::kMinBlocks)
     red[kw][rw * 16 + g + 8][j * 8 + t4 * 2] = acc[j][2];
     red[kw][rw * 16 + g + 8][j * 8 + t4 * 2 + 1] = acc[j][3];
   }
-  cg::cluster_group cluster = cg::this_cluster();
-  if (ks > 1)
-    cluster.sync();
-  else
-    __syncthreads();
-  // Each CTA of the cluster sums a slice of the tile's outputs over all K partials in a fixed
-  // order (deterministic) and writes it; consecutive threads write consecutive output features.
-  constexpr int kElems = kRows * kCols;
-  const int e_begin = kElems * srank / ks, e_end = kElems * (srank + 1) / ks;
-  for (int e = e_begin + int(threadIdx.x); e < e_end; e += kStreamThreads) {
-    const int col = e / kRows, row = e % kRows;
-    float sum = 0.f;
-    for (int s = 0; s < ks; ++s) {
-      const float* base = ks > 1 ? cluster.map_shared_rank(&red[0][0][0], s) : &red[0][0][0];
-#pragma unroll
-      for (int w = 0; w < KW; ++w) sum += base[(w * kRows + row) * kPad + col];
-    }
-    const int64_t tok = tok0 + col, r = tile * kRows + row;
-    if (tok < a.m && r < a.n) {
-      const int64_t idx = tok * a.y_stride + group * a.n + r;
-      if (a.y_f32)
-        static_cast<float*>(a.y)[idx] = a.y_round ? ops::round_bf16_exact(sum) : sum;
-      else
-        static_cast<__nv_bfloat16*>(a.y)[idx] = __float2bfloat16_rn(sum);
-    }
-  }
-  // The CTAs of a cluster read each other's shared memory: none may exit before all have read.
-  if (ks > 1) cluster.sync();
+  reduce_k_partials<KW, kRows, kCols, kStreamThreads>(a, red, srank, item, tile, group, tok0);
 }
 
 template <int NT, int RW>
@@ -797,32 +847,7 @@ __global__ void __launch_bounds__(kBulkThreads, NT == 1 ? 4 : 3) fp8_bulk_kernel
     }
   }
 
-  cg::cluster_group cluster = cg::this_cluster();
-  if (ks > 1)
-    cluster.sync();
-  else
-    __syncthreads();
-  // Same fixed-order reduction as fp8_stream_kernel (all 5 warps take part).
-  constexpr int kElems = kRows * kCols;
-  const int e_begin = kElems * srank / ks, e_end = kElems * (srank + 1) / ks;
-  for (int e = e_begin + int(threadIdx.x); e < e_end; e += kBulkThreads) {
-    const int col = e / kRows, row = e % kRows;
-    float sum = 0.f;
-    for (int s = 0; s < ks; ++s) {
-      const float* base = ks > 1 ? cluster.map_shared_rank(&red[0][0][0], s) : &red[0][0][0];
-#pragma unroll
-      for (int w = 0; w < KW; ++w) sum += base[(w * kRows + row) * kPad + col];
-    }
-    const int64_t tok = tok0 + col, r = tile * kRows + row;
-    if (tok < a.m && r < a.n) {
-      const int64_t idx = tok * a.y_stride + group * a.n + r;
-      if (a.y_f32)
-        static_cast<float*>(a.y)[idx] = a.y_round ? ops::round_bf16_exact(sum) : sum;
-      else
-        static_cast<__nv_bfloat16*>(a.y)[idx] = __float2bfloat16_rn(sum);
-    }
-  }
-  if (ks > 1) cluster.sync();
+  reduce_k_partials<KW, kRows, kCols, kBulkThreads>(a, red, srank, item, tile, group, tok0);
 #else
   __trap();
 #endif
@@ -843,7 +868,7 @@ cudaError_t launch_bulk(const SmallMArgs& a, dim3 grid, cudaStream_t stream) {
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   unsigned n = 0;
-  if (a.k_split > 1) {
+  if (a.k_split > 1 && !a.split_partials) {
     attr[n].id = cudaLaunchAttributeClusterDimension;
     attr[n].val.clusterDim.x = unsigned(a.k_split);
     attr[n].val.clusterDim.y = 1;
@@ -1028,7 +1053,9 @@ Status launch_fp8_weight_to_tiles(const uint8_t* w, uint8_t* tiled, int64_t rows
   return ok_status();
 }
 
-Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms) {
+namespace {
+// The kernel and layout of fp8_small_m_plan, before the choice of the K-split reduction.
+Fp8SmallMPlan small_m_layout(const Fp8SmallMParams& p, int num_sms) {
   Fp8SmallMPlan plan;
   const bool fp8_act = p.x_codes != nullptr;
   plan.kernel = p.kernel;
@@ -1130,6 +1157,48 @@ Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms) {
   return plan;
 }
 
+// CTAs of a kStream / kBulk launch of the plan (one per work item and K rank).
+int64_t stream_grid_ctas(const Fp8SmallMParams& p, const Fp8SmallMPlan& plan) {
+  const int64_t chunk = p.num_tokens <= 8 ? 8 : kStreamMaxTokens;
+  const int64_t tiles = (p.w.out_features + 16 * plan.row_warps - 1) / (16 * plan.row_warps);
+  return tiles * p.w.num_groups * ((p.num_tokens + chunk - 1) / chunk) * plan.k_split;
+}
+}  // namespace
+
+Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms) {
+  Fp8SmallMPlan plan = small_m_layout(p, num_sms);
+  const bool stream_kernel =
+      plan.kernel == SmallMKernel::kStream || plan.kernel == SmallMKernel::kBulk;
+  if (!stream_kernel || plan.k_split == 1 || p.k_split_via == KSplitVia::kCluster) return plan;
+  // kGlobal as asked (launch_fp8_linear_small_m checks the scratch), kAuto where it fits.
+  const Fp8SplitScratch& sc = p.split_scratch;
+  plan.global_split = p.k_split_via == KSplitVia::kGlobal ||
+                      (sc.partials && sc.counters && stream_grid_ctas(p, plan) <= sc.max_ctas);
+  return plan;
+}
+
+size_t fp8_split_scratch_bytes(int64_t max_ctas) {
+  const size_t n = size_t(std::max<int64_t>(max_ctas, 0));
+  return (n * sizeof(uint32_t) + 255) / 256 * 256 + n * kSplitPartialsPerCta * sizeof(float);
+}
+
+Fp8SplitScratch fp8_split_scratch(void* mem, int64_t max_ctas) {
+  Fp8SplitScratch s;
+  if (!mem || max_ctas <= 0) return s;
+  s.counters = static_cast<uint32_t*>(mem);
+  s.partials = reinterpret_cast<float*>(static_cast<uint8_t*>(mem) +
+                                        (size_t(max_ctas) * sizeof(uint32_t) + 255) / 256 * 256);
+  s.max_ctas = max_ctas;
+  return s;
+}
+
+Status fp8_split_scratch_init(const Fp8SplitScratch& s, cudaStream_t stream) {
+  if (!s.counters || s.max_ctas <= 0) return ok_status();
+  DS_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(s.counters, 0, size_t(s.max_ctas) * sizeof(uint32_t), stream));
+  return ok_status();
+}
+
 Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) {
   if (Status s = check_weight(p.w); !s.ok()) return s;
   if (p.num_tokens < 0) return invalid_argument("fp8 linear: negative token count");
@@ -1151,6 +1220,12 @@ Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) 
     return invalid_argument("fp8 linear: the stream kernel needs FP8-quantized activations");
   if (plan.kernel == SmallMKernel::kBulk && (plan.stages < 2 || plan.stages > kBulkMaxStages))
     return invalid_argument("fp8 linear: kBulk stages must be 2..8");
+  if (p.k_split_via == KSplitVia::kGlobal && !stream_kernel)
+    return invalid_argument("fp8 linear: a global K split needs kStream or kBulk");
+  if (plan.global_split &&
+      (!p.split_scratch.partials || !p.split_scratch.counters ||
+       stream_grid_ctas(p, plan) > p.split_scratch.max_ctas))
+    return invalid_argument("fp8 linear: the global K-split scratch is missing or too small");
   const int rw = plan.row_warps, ks = plan.k_split;
   if ((rw != 1 && rw != 2 && rw != 4 && (rw != 8 || stream_kernel)) ||
       (ks != 1 && ks != 2 && ks != 4 && ks != 8))
@@ -1178,6 +1253,10 @@ Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) 
   a.y_round = p.y_type == OutType::kF32Bf16 ? 1 : 0;
   a.pdl = p.pdl ? 1 : 0;
   a.stages = plan.stages;
+  if (plan.global_split) {
+    a.split_partials = p.split_scratch.partials;
+    a.split_counters = p.split_scratch.counters;
+  }
   const int64_t tiles = (p.w.out_features + 16 * rw - 1) / (16 * rw);
   const int64_t mchunks = (p.num_tokens + 8 * nt - 1) / (8 * nt);
   a.tiles = tiles;
@@ -1238,6 +1317,9 @@ Status launch_e8m0_to_f32(const uint8_t* in, float* out, int64_t n, cudaStream_t
 
 namespace {
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
+// CTAs of a small-M launch whose K split the runner's scratch can take through global memory
+// (Flash wo_b at M <= 8: 512; larger grids use clusters): 8 MB.
+constexpr int64_t kRunnerSplitCtas = 2048;
 size_t align_up(size_t v, size_t a) {
   return (v + a - 1) / a * a;
 }
@@ -1259,7 +1341,8 @@ struct GemmRunner::Plan {
 size_t GemmRunner::workspace_bytes(int64_t max_tokens, int64_t max_in_columns) {
   const size_t mk = size_t(max_tokens) * size_t(max_in_columns);
   return align_up(mk, 256) + align_up(mk / kFp8GemmBlock, 256) +
-         align_up(mk / kFp8GemmBlock * sizeof(float), 256) + kLtWorkspaceBytes;
+         align_up(mk / kFp8GemmBlock * sizeof(float), 256) + kLtWorkspaceBytes +
+         fp8_split_scratch_bytes(kRunnerSplitCtas);
 }
 
 Result<std::unique_ptr<GemmRunner>> GemmRunner::create(void* workspace, size_t bytes,
@@ -1282,6 +1365,11 @@ Result<std::unique_ptr<GemmRunner>> GemmRunner::create(void* workspace, size_t b
   p += align_up(mk / kFp8GemmBlock * sizeof(float), 256);
   r->lt_workspace_ = p;
   r->lt_workspace_bytes_ = kLtWorkspaceBytes;
+  p += kLtWorkspaceBytes;
+  r->split_ = fp8_split_scratch(p, kRunnerSplitCtas);
+  // The counters start at zero (every launch leaves them so); done here, before any launch.
+  DS_RETURN_IF_ERROR(fp8_split_scratch_init(r->split_, nullptr));
+  DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(nullptr));
   r->max_tokens_ = max_tokens;
   r->max_in_columns_ = max_in_columns;
   return Result<std::unique_ptr<GemmRunner>>(std::move(r));
@@ -1610,6 +1698,7 @@ Status GemmRunner::linear_fp8(const Fp8LinearParams& p, cudaStream_t stream) {
   sp.y_type = p.y_type;
   sp.y_row_stride = p.y_row_stride;
   sp.pdl = p.pdl;
+  sp.split_scratch = split_;
   return launch_fp8_linear_small_m(sp, stream);
 }
 
