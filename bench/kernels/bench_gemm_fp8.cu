@@ -276,12 +276,8 @@ struct DecodeInput {
 // The small-M launch of one weight copy on a DecodeInput (FP8 codes, bf16 output, PDL on).
 cuda::Fp8SmallMParams small_m_params(const Weights& w, int c, bool tiled, const DecodeInput& in,
                                      int64_t m, cuda::SmallMKernel kern, int rw, int ks,
-                                     int stages, int max_ctas,
-                                     cuda::KSplitVia via = cuda::KSplitVia::kAuto,
-                                     const cuda::Fp8SplitScratch* split = nullptr) {
+                                     int stages, int max_ctas) {
   cuda::Fp8SmallMParams p;
-  p.k_split_via = via;
-  if (split) p.split_scratch = *split;
   p.w = w.view(c, tiled);
   p.num_tokens = m;
   p.x_codes = in.codes;
@@ -376,8 +372,6 @@ int main(int argc, char** argv) {
   const bool batch_mode = argc > 2 && std::string(argv[2]) == "batch";
   // "tiled": row-major vs tile-ordered weights for kStream / kBulk (session 12), M = 1..16.
   const bool tiled_mode = argc > 2 && std::string(argv[2]) == "tiled";
-  // "ksplit": K split through clusters vs through the global scratch (session 13), M = 1..16.
-  const bool ksplit_mode = argc > 2 && std::string(argv[2]) == "ksplit";
   cudaStream_t stream;
   DS_BENCH_CHECK(cudaStreamCreate(&stream));
   bench::DeviceInfo dev = bench::device_info();
@@ -651,6 +645,9 @@ int main(int argc, char** argv) {
     std::printf("\ntiled summary (copy %.0f GB/s; %% = floor / time)\n", copy_gbps);
     std::vector<Shape> shapes(std::begin(attn), std::end(attn));
     shapes.insert(shapes.end(), std::begin(extra), std::end(extra));
+    // DS_KPARTS: only the three 33 MB projections (CudaOps tiles them), with the k_parts sweep.
+    auto tl_only_big = [](const Shape& s) { return s.n * s.groups * s.k >= (int64_t(32) << 20); };
+    if (std::getenv("DS_KPARTS")) std::erase_if(shapes, [&](const Shape& s) { return !tl_only_big(s); });
     for (const Shape& s : shapes) {
       const size_t wbytes = size_t(s.n * s.groups * s.k);
       const int copies = int(std::max<size_t>(20, (rotate_bytes + wbytes - 1) / wbytes));
@@ -727,6 +724,43 @@ int main(int argc, char** argv) {
                         bks, bst, best, 100 * floor_us / best);
           }
         }
+        if (std::getenv("DS_KPARTS") && tl_only_big(s) && m <= 8) {
+          // kBulk on the tiled copy with 2 K partitions per CTA (session 13) vs 1.
+          for (int rw : {1, 2, 4})
+            for (int ks : {1, 2})
+              for (int kp : {1, 2}) {
+                if (kp == 1 && ks == 1) continue;
+                auto pp = [&](int c) {
+                  cuda::Fp8SmallMParams p =
+                      small_m_params(w, c, true, in, m, cuda::SmallMKernel::kBulk, rw, ks, 2, 0);
+                  p.k_parts = kp;
+                  return p;
+                };
+                if (!cuda::launch_fp8_linear_small_m(pp(0), stream).ok() ||
+                    cudaStreamSynchronize(stream) != cudaSuccess) {
+                  (void)cudaGetLastError();
+                  continue;
+                }
+                const double us = bench::time_us(
+                                      [&](cudaStream_t sm) {
+                                        for (int c = 0; c < copies; ++c)
+                                          ST_CHECK(cuda::launch_fp8_linear_small_m(pp(c), sm));
+                                      },
+                                      stream, 20, 3, true) /
+                                  copies;
+                DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
+                ST_CHECK(cuda::launch_fp8_linear_small_m(pp(0), stream));
+                DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+                const double err = check_error(w, hx, m, y, true, 3);
+                char cfg[128];
+                std::snprintf(cfg, sizeof cfg, "tiled bulk rw=%d ks=%d k_parts=%d stages=2 copies=%d",
+                              rw, ks, kp, copies);
+                recs.push_back(make("fp8_bulk k_parts+pdl", cfg, us, err));
+                std::printf("\n  kparts %s M=%lld rw%d ks%d kp%d %.2f us (%.0f%%) err %.2g", s.name,
+                            (long long)m, rw, ks, kp, us, 100 * floor_us / us, err);
+              }
+          std::printf("\n");
+        }
         if (m == 1) {
           const double us = bench::time_us(
                                 [&](cudaStream_t sm) {
@@ -744,141 +778,6 @@ int main(int argc, char** argv) {
       }
       write_json();
     }
-    std::printf("results written to %s\n", out.c_str());
-    return 0;
-  }
-
-  // ---------------- ksplit (session 13): cluster vs global K-split reduction --------------------
-  // Per shape and M: the engine's plan (the tile-ordered copy for weights >= 32 MiB, as CudaOps
-  // holds them) with its K split through clusters and through the global scratch, and the best
-  // kStream / kBulk layout with k_split > 1 each way; graphs of `copies` launches on distinct
-  // weight copies (> 2x L2), PDL on, FP8 input pre-quantized, bf16 output.
-  if (ksplit_mode) {
-    const int64_t split_ctas = 4096;
-    void* split_mem = nullptr;
-    DS_BENCH_CHECK(cudaMalloc(&split_mem, cuda::fp8_split_scratch_bytes(split_ctas)));
-    const cuda::Fp8SplitScratch split = cuda::fp8_split_scratch(split_mem, split_ctas);
-    ST_CHECK(cuda::fp8_split_scratch_init(split, stream));
-    std::printf("\nksplit summary (copy %.0f GB/s; %% = floor / time)\n", copy_gbps);
-    std::vector<Shape> shapes(std::begin(attn), std::end(attn));
-    shapes.insert(shapes.end(), std::begin(extra), std::end(extra));
-    const char* via_name[] = {"auto", "cluster", "global"};
-    for (const Shape& s : shapes) {
-      const size_t wbytes = size_t(s.n * s.groups * s.k);
-      const int copies = int(std::max<size_t>(20, (rotate_bytes + wbytes - 1) / wbytes));
-      const bool tl = wbytes >= (size_t(32) << 20);
-      Weights w(s, copies, 11 + s.n + s.k, tl);
-      for (int64_t m : {1, 2, 8, 16}) {
-        const int64_t gk = s.k * s.groups, gn = s.n * s.groups;
-        const DecodeInput in(s, m, stream);
-        auto params = [&](int c, cuda::SmallMKernel kern, int rw, int ks, cuda::KSplitVia via) {
-          return small_m_params(w, c, tl, in, m, kern, rw, ks, kern == cuda::SmallMKernel::kBulk ? 2 : 0,
-                                0, via, &split);
-        };
-        auto try_time = [&](cuda::SmallMKernel kern, int rw, int ks, cuda::KSplitVia via) {
-          const ds::Status trial =
-              cuda::launch_fp8_linear_small_m(params(0, kern, rw, ks, via), stream);
-          const cudaError_t sync = cudaStreamSynchronize(stream);
-          if (!trial.ok() || sync != cudaSuccess) {
-            (void)cudaGetLastError();
-            return 1e30;
-          }
-          return bench::time_us(
-                     [&](cudaStream_t sm) {
-                       for (int c = 0; c < copies; ++c)
-                         ST_CHECK(cuda::launch_fp8_linear_small_m(params(c, kern, rw, ks, via), sm));
-                     },
-                     stream, 20, 3, true) /
-                 copies;
-        };
-        auto check = [&](cuda::SmallMKernel kern, int rw, int ks, cuda::KSplitVia via) {
-          DS_BENCH_CHECK(cudaMemsetAsync(in.y, 0xFF, size_t(m * gn) * 2, stream));
-          ST_CHECK(cuda::launch_fp8_linear_small_m(params(0, kern, rw, ks, via), stream));
-          DS_BENCH_CHECK(cudaStreamSynchronize(stream));
-          return check_error(w, in.hx, m, in.y, true, 3);
-        };
-        const double bytes = double(wbytes) + double(w.scale_count) + double(m * gk) +
-                             double(m * gk / 128) + double(m * gn) * 2;
-        const double flops = 2.0 * double(m) * double(gn) * double(s.k);
-        const double floor_us = bytes / (copy_gbps * 1e3);
-        auto make = [&](const std::string& kernel, const std::string& cfg, double us, double err) {
-          return graph_rec(shape_str(s, m), kernel, cfg, us, err, bytes, flops, copy_gbps,
-                           fp8_tflops);
-        };
-        const cuda::Fp8SmallMPlan plan = cuda::fp8_small_m_plan(
-            params(0, cuda::SmallMKernel::kAuto, 0, 0, cuda::KSplitVia::kAuto), dev.sm_count);
-        const char* pk = plan.kernel == cuda::SmallMKernel::kBulk     ? "bulk"
-                         : plan.kernel == cuda::SmallMKernel::kStream ? "stream"
-                                                                      : "mma";
-        std::printf("%-30s floor %.2f us | plan %s%s rw%d ks%d", shape_str(s, m).c_str(), floor_us,
-                    pk, plan.tiled ? " tiled" : "", plan.row_warps, plan.k_split);
-        for (cuda::KSplitVia via : {cuda::KSplitVia::kCluster, cuda::KSplitVia::kAuto}) {
-          const double us = try_time(plan.kernel, plan.row_warps, plan.k_split, via);
-          const bool global = via == cuda::KSplitVia::kAuto && plan.global_split;
-          char cfg[160];
-          std::snprintf(cfg, sizeof cfg, "%s%s rw=%d ks=%d stages=%d split=%s copies=%d", pk,
-                        plan.tiled ? " tiled" : "", plan.row_warps, plan.k_split, plan.stages,
-                        global ? "global" : "cluster", copies);
-          recs.push_back(make(via == cuda::KSplitVia::kAuto ? "fp8_small_m heur+pdl"
-                                                            : "fp8_small_m heur cluster-split+pdl",
-                              cfg, us,
-                              check(plan.kernel, plan.row_warps, plan.k_split, via)));
-          std::printf(" | %s %.2f (%.0f%%)", via == cuda::KSplitVia::kAuto ? "auto" : "cluster",
-                      us, 100 * floor_us / us);
-        }
-        if (std::getenv("DS_KSPLIT_STAGES") && tl && m <= 2) {
-          // kBulk on the tiled copy: every (row_warps, k_split, ring depth), cluster split.
-          for (int rw : {1, 2, 4})
-            for (int ks : {1, 2, 4})
-              for (int st : {2, 3, 4, 6, 8}) {
-                auto pp = [&](int c) {
-                  return small_m_params(w, c, tl, in, m, cuda::SmallMKernel::kBulk, rw, ks, st, 0,
-                                        cuda::KSplitVia::kCluster, &split);
-                };
-                const ds::Status trial = cuda::launch_fp8_linear_small_m(pp(0), stream);
-                if (!trial.ok() || cudaStreamSynchronize(stream) != cudaSuccess) {
-                  (void)cudaGetLastError();
-                  continue;
-                }
-                const double us = bench::time_us(
-                                      [&](cudaStream_t sm) {
-                                        for (int c = 0; c < copies; ++c)
-                                          ST_CHECK(cuda::launch_fp8_linear_small_m(pp(c), sm));
-                                      },
-                                      stream, 20, 3, true) /
-                                  copies;
-                std::printf("\n  stages-sweep %s M=%lld bulk tiled rw%d ks%d st%d %.2f us (%.0f%%)",
-                            s.name, (long long)m, rw, ks, st, us, 100 * floor_us / us);
-              }
-          std::printf("\n");
-        }
-        for (cuda::KSplitVia via : {cuda::KSplitVia::kCluster, cuda::KSplitVia::kGlobal})
-          for (cuda::SmallMKernel kern : {cuda::SmallMKernel::kStream, cuda::SmallMKernel::kBulk}) {
-            const bool bulk = kern == cuda::SmallMKernel::kBulk;
-            double best = 1e30;
-            int brw = 0, bks = 0;
-            for (int rw : {1, 2, 4})
-              for (int ks : {2, 4, 8}) {
-                if (s.k / 128 < ks) continue;
-                const double us = try_time(kern, rw, ks, via);
-                if (us < best) best = us, brw = rw, bks = ks;
-              }
-            if (best >= 1e30) continue;
-            char cfg[160];
-            std::snprintf(cfg, sizeof cfg, "%s%s rw=%d ks=%d stages=%d split=%s copies=%d",
-                          bulk ? "bulk" : "stream", tl && m <= 8 ? " tiled" : "", brw, bks,
-                          bulk ? 2 : 0, via_name[int(via)], copies);
-            recs.push_back(make(bulk ? "fp8_bulk best ks>1+pdl" : "fp8_stream best ks>1+pdl", cfg,
-                                best, check(kern, brw, bks, via)));
-            std::printf(" | %s %s %d/%d %.2f (%.0f%%)", via_name[int(via)],
-                        bulk ? "bulk" : "stream", brw, bks, best, 100 * floor_us / best);
-          }
-        std::printf("\n");
-        std::fflush(stdout);
-      }
-      write_json();
-    }
-    DS_BENCH_CHECK(cudaFree(split_mem));
     std::printf("results written to %s\n", out.c_str());
     return 0;
   }

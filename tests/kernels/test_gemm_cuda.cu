@@ -161,9 +161,7 @@ struct SmallMConfig {
   int pdl = -1;  // -1: on for odd M
   cuda::SmallMKernel kernel = cuda::SmallMKernel::kAuto;
   bool tiled = false;  // also hand the kernel the tile-ordered copy (launch_fp8_weight_to_tiles)
-  // K-split reduction (kStream / kBulk) and whether the launch gets the fixture's split scratch.
-  cuda::KSplitVia split = cuda::KSplitVia::kAuto;
-  bool scratch = false;
+  int k_parts = 0;     // kBulk: K partitions per CTA
 };
 
 class GemmCudaTest : public ::testing::Test {
@@ -180,16 +178,7 @@ class GemmCudaTest : public ::testing::Test {
     auto r = cuda::GemmRunner::create(ws_->get(), ws_bytes_, kMaxTokens, kMaxCols);
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     runner_ = std::move(r).value();
-    split_mem_ = std::make_unique<test::DeviceBuffer<uint8_t>>(
-        cuda::fp8_split_scratch_bytes(kSplitCtas));
-    ASSERT_TRUE(split_mem_->ok());
-    // Poisoned partials: a CTA that sums a slot nobody wrote gives NaN.
-    ASSERT_EQ(split_mem_->poison(), cudaSuccess);
-    split_ = cuda::fp8_split_scratch(split_mem_->get(), kSplitCtas);
-    ASSERT_TRUE(cuda::fp8_split_scratch_init(split_, nullptr).ok());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
-  static constexpr int64_t kSplitCtas = 4096;
   static constexpr int64_t kMaxTokens = 4096, kMaxCols = 32768;
   bool f32_input_ = false;  // run_fp8_case through the runner: quantized cases read fp32 input
 
@@ -201,10 +190,8 @@ class GemmCudaTest : public ::testing::Test {
                       SmallMConfig cfg = {}) {
     if (direct_small_m) path = Path::kSmallM;
     const char* kn[] = {"auto", "mma", "stream", "bulk"};
-    const char* sv[] = {"", " cluster-split", " global-split"};
     SCOPED_TRACE(std::string(direct_small_m ? kn[int(cfg.kernel)] : "") +
-                 (cfg.tiled ? " tiled" : "") + sv[int(cfg.split)] +
-                 (cfg.scratch ? " scratch" : "") + " rw " + std::to_string(cfg.row_warps) + " ks " +
+                 (cfg.tiled ? " tiled" : "") + " rw " + std::to_string(cfg.row_warps) + " ks " +
                  std::to_string(cfg.k_split) + " stages " + std::to_string(cfg.stages) + " pdl " +
                  std::to_string(cfg.pdl));
     SCOPED_TRACE(std::string(s.name) + " M=" + std::to_string(m) +
@@ -277,8 +264,7 @@ class GemmCudaTest : public ::testing::Test {
       p.k_split = cfg.k_split;
       p.max_ctas = cfg.max_ctas;
       p.stages = cfg.stages;
-      p.k_split_via = cfg.split;
-      if (cfg.scratch) p.split_scratch = split_;
+      p.k_parts = cfg.k_parts;
       p.pdl = cfg.pdl < 0 ? m % 2 == 1 : cfg.pdl != 0;
       (void)(st = cuda::launch_fp8_linear_small_m(p, nullptr));
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -383,8 +369,6 @@ class GemmCudaTest : public ::testing::Test {
   size_t ws_bytes_ = 0;
   std::unique_ptr<test::DeviceBuffer<uint8_t>> ws_;
   std::unique_ptr<cuda::GemmRunner> runner_;
-  std::unique_ptr<test::DeviceBuffer<uint8_t>> split_mem_;
-  cuda::Fp8SplitScratch split_;
 };
 
 TEST_F(GemmCudaTest, TinyShapesBothNumerics) {
@@ -598,7 +582,7 @@ TEST_F(GemmCudaTest, TiledWeightsGiveTheRowMajorOutputsBitForBit) {
       {kTinyShapes[3], 5, cuda::SmallMKernel::kBulk, 2, 2, 3},
       {kFlashShapes[1], 8, cuda::SmallMKernel::kAuto, 0, 0, 0, true},
       {kFlashShapes[4], 1, cuda::SmallMKernel::kAuto, 0, 0, 0, true},
-      {kFlashShapes[4], 8, cuda::SmallMKernel::kAuto, 0, 0, 0, false},
+      {kFlashShapes[4], 8, cuda::SmallMKernel::kAuto, 0, 0, 0, true},
       {kTinyShapes[1], 1, cuda::SmallMKernel::kAuto, 0, 0, 0, false},
       {kFlashShapes[0], 1, cuda::SmallMKernel::kAuto, 0, 0, 0, false},
   };
@@ -648,14 +632,16 @@ TEST_F(GemmCudaTest, TiledWeightsGiveTheRowMajorOutputsBitForBit) {
       const cuda::Fp8SmallMPlan plan = cuda::fp8_small_m_plan(pt, sms);
       int major = 0;
       ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-      // The tiled kBulk plan (fp8_small_m_plan, session 12): wq_b at M <= 8, wo_b at M <= 2; not
-      // for short rings (tiny, wq_a) nor wo_b at M = 8 (row-major kBulk measured faster).
+      // The tiled kBulk plan (fp8_small_m_plan, sessions 12-13): wq_b and wo_b (2 K partitions
+      // per CTA) at M <= 8; not for short rings (tiny, wq_a).
       EXPECT_EQ(plan.tiled, major >= 9 && c.auto_tiled);
       if (plan.tiled) EXPECT_EQ(plan.kernel, cuda::SmallMKernel::kBulk);
+      if (plan.tiled && c.s.n == 4096) EXPECT_EQ(plan.k_parts, 2);
       p.kernel = plan.kernel;
       p.row_warps = plan.row_warps;
       p.k_split = plan.k_split;
       p.stages = plan.stages;
+      p.k_parts = plan.k_parts;
     }
     ASSERT_TRUE(cuda::launch_fp8_linear_small_m(p, nullptr).ok());
     p.w.tiled = tiles.get();
@@ -675,179 +661,29 @@ TEST_F(GemmCudaTest, TiledWeightsGiveTheRowMajorOutputsBitForBit) {
   }
 }
 
-TEST_F(GemmCudaTest, GlobalKSplitConfigurations) {
-  // kStream and kBulk with their K split summed through the global scratch (KSplitVia::kGlobal)
-  // instead of a cluster, against the CPU oracle: every (row_warps, k_split > 1) layout, row-major
-  // and tile-ordered weights, with and without PDL, bf16 and fp32 output, M = 1 .. 37 (16-token
-  // chunks: several work items per row tile, each with its own counter).
-  uint64_t seed = 1500;
-  const LinearShape shapes[] = {kFlashShapes[0], kFlashShapes[3], kFlashShapes[4], kTinyShapes[1],
+TEST_F(GemmCudaTest, BulkKernelTwoKPartitionsPerCta) {
+  // kBulk with 2 K partitions per CTA (two producer warps and rings, 8 consumer warps) against
+  // the CPU oracle: every row_warps and k_split, row-major and tiled weights, ring depths 2-4,
+  // with and without PDL, M = 1 .. 8, bf16 and fp32 output.
+  uint64_t seed = 1700;
+  const LinearShape shapes[] = {kFlashShapes[4], kFlashShapes[3], kFlashShapes[0], kTinyShapes[1],
                                 kTinyShapes[5]};
-  for (cuda::SmallMKernel kern : {cuda::SmallMKernel::kStream, cuda::SmallMKernel::kBulk})
-    for (const LinearShape& s : shapes)
-      for (int rw : {1, 2, 4})
-        for (int ks : {2, 4, 8}) {
-          if (s.k / 128 < ks) continue;
-          SmallMConfig c;
-          c.kernel = kern;
-          c.row_warps = rw;
-          c.k_split = ks;
-          c.split = cuda::KSplitVia::kGlobal;
-          c.scratch = true;
-          c.stages = kern == cuda::SmallMKernel::kBulk ? 2 + (rw + ks) % 3 : 0;
-          c.pdl = (rw + ks) % 2;
-          const int64_t m = (rw * 3 + ks) % 4 == 0 ? 37 : (rw * 3 + ks) % 4 == 1 ? 1 : 6 + rw;
-          c.tiled = m <= 8 && (rw + ks) % 3 != 1;
-          run_fp8_case(s, m, true, ks % 4 ? cuda::OutType::kBF16 : cuda::OutType::kF32, ++seed,
-                       true, Path::kSmallM, c);
-        }
-}
-
-TEST_F(GemmCudaTest, GlobalKSplitMatchesTheClusterSplitBitForBitAndReplays) {
-  // The global K split sums the same partials in the same order as the cluster split: the outputs
-  // are identical bits. Each launch must leave the arrival counters at zero, so repeated launches
-  // and CUDA-graph replays give the same bits again (a counter left at 1 would let the first rank
-  // of the next launch finish the tile alone). Poisoned outputs before every run.
-  struct Case {
-    LinearShape s;
-    int64_t m;
-    cuda::SmallMKernel kern;
-    int rw, ks;
-    bool tiled;
-  };
-  const Case cases[] = {
-      {kFlashShapes[4], 1, cuda::SmallMKernel::kBulk, 1, 2, true},
-      {kFlashShapes[4], 8, cuda::SmallMKernel::kBulk, 1, 2, false},
-      {kFlashShapes[0], 1, cuda::SmallMKernel::kStream, 1, 4, false},
-      {kFlashShapes[2], 3, cuda::SmallMKernel::kStream, 1, 8, true},
-      {kFlashShapes[3], 16, cuda::SmallMKernel::kBulk, 2, 4, false},
-      {kFlashShapes[0], 37, cuda::SmallMKernel::kStream, 2, 2, false},
-      {kTinyShapes[3], 5, cuda::SmallMKernel::kBulk, 4, 2, true},
-  };
-  Rng rng(4711);
-  for (const Case& c : cases) {
-    SCOPED_TRACE(std::string(c.s.name) + " M=" + std::to_string(c.m) + " kernel " +
-                 std::to_string(int(c.kern)) + " rw " + std::to_string(c.rw) + " ks " +
-                 std::to_string(c.ks) + (c.tiled ? " tiled" : ""));
-    HostWeight hw = random_weight(rng, c.s);
-    const int64_t gk = c.s.k * c.s.groups, gn = c.s.n * c.s.groups;
-    std::vector<uint16_t> x = random_activations(rng, c.m, gk);
-    DeviceWeight dw(hw);
-    test::DeviceBuffer<uint8_t> tiles(hw.data.size()), codes(size_t(c.m * gk)),
-        scales(size_t(c.m * gk / 128));
-    test::DeviceBuffer<uint16_t> dx(x.size());
-    test::DeviceBuffer<float> y0(size_t(c.m * gn)), y1(size_t(c.m * gn));
-    ASSERT_TRUE(dw.data.ok() && dw.scale.ok() && tiles.ok() && codes.ok() && scales.ok() &&
-                dx.ok() && y0.ok() && y1.ok());
-    ASSERT_EQ(dw.data.upload(hw.data), cudaSuccess);
-    ASSERT_EQ(dw.scale.upload(hw.scale), cudaSuccess);
-    ASSERT_EQ(dx.upload(x), cudaSuccess);
-    ASSERT_TRUE(
-        cuda::launch_fp8_weight_to_tiles(dw.data.get(), tiles.get(), gn, c.s.k, nullptr).ok());
-    cuda::QuantFp8Params q{dx.get(), codes.get(), scales.get(), c.m, gk, gk};
-    cuda::launch_quantize_fp8_blocks(q, nullptr);
-    cuda::Fp8SmallMParams p;
-    p.w = {dw.data.get(), dw.scale.get(), nullptr, c.s.n, c.s.k, c.s.groups};
-    if (c.tiled) p.w.tiled = tiles.get();
-    p.num_tokens = c.m;
-    p.x_codes = codes.get();
-    p.x_scales = scales.get();
-    p.y_type = cuda::OutType::kF32;
-    p.y_row_stride = gn;
-    p.kernel = c.kern;
-    p.row_warps = c.rw;
-    p.k_split = c.ks;
-    p.pdl = true;
-    p.y = y0.get();
-    p.k_split_via = cuda::KSplitVia::kCluster;
-    p.split_scratch = split_;  // given, but not used by the cluster split
-    ASSERT_EQ(y0.poison(), cudaSuccess);
-    ASSERT_TRUE(cuda::launch_fp8_linear_small_m(p, nullptr).ok());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<float> want;
-    ASSERT_EQ(y0.download(want), cudaSuccess);
-    EXPECT_EQ(std::count_if(want.begin(), want.end(), [](float v) { return std::isnan(v); }), 0)
-        << "poison left in the cluster-split output";
-    p.k_split_via = cuda::KSplitVia::kAuto;  // the scratch fits: the global split
-    int sms = 0;
-    ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-    EXPECT_TRUE(cuda::fp8_small_m_plan(p, sms).global_split);
-    p.y = y1.get();
-    auto same_bits = [&](const char* what) {
-      std::vector<float> got;
-      ASSERT_EQ(y1.download(got), cudaSuccess);
-      int64_t diff = 0;
-      for (size_t i = 0; i < got.size(); ++i) diff += std::memcmp(&got[i], &want[i], 4) != 0;
-      EXPECT_EQ(diff, 0) << what << ": of " << got.size() << " outputs";
-    };
-    for (int rep = 0; rep < 3; ++rep) {
-      ASSERT_EQ(y1.poison(), cudaSuccess);
-      ASSERT_TRUE(cuda::launch_fp8_linear_small_m(p, nullptr).ok());
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      same_bits(rep == 0 ? "first launch" : "repeated launch");
-    }
-    // Three launches in one captured graph, replayed twice.
-    cudaStream_t st = nullptr;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
-    cudaGraph_t graph = nullptr;
-    ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    for (int i = 0; i < 3; ++i) EXPECT_TRUE(cuda::launch_fp8_linear_small_m(p, st).ok());
-    ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    for (int rep = 0; rep < 2; ++rep) {
-      ASSERT_EQ(y1.poison(), cudaSuccess);
-      ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
-      ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-      same_bits("graph replay");
-    }
-    EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
-    EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
-    EXPECT_EQ(cudaStreamDestroy(st), cudaSuccess);
-  }
-  // Every counter is back at zero.
-  std::vector<uint32_t> counters(static_cast<size_t>(kSplitCtas));
-  ASSERT_EQ(cudaMemcpy(counters.data(), split_.counters, counters.size() * 4,
-                       cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  EXPECT_EQ(std::count(counters.begin(), counters.end(), 0u), kSplitCtas);
-}
-
-TEST_F(GemmCudaTest, SplitScratchPlanRule) {
-  // kAuto takes the global split for a kStream / kBulk plan with k_split > 1 when the scratch
-  // holds its grid; not without a scratch, with one too small, when asked for clusters, nor for
-  // kMma (whose K split stays in clusters).
-  int sms = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  cuda::Fp8SmallMParams p;
-  p.w = {reinterpret_cast<const uint8_t*>(16), reinterpret_cast<const uint8_t*>(16), nullptr,
-         1024, 4096, 1};  // wq_a: kStream rw 1 ks 4 (64 x 4 CTAs at M = 1)
-  p.num_tokens = 1;
-  p.x_codes = reinterpret_cast<const uint8_t*>(16);
-  p.x_scales = reinterpret_cast<const uint8_t*>(16);
-  const cuda::Fp8SmallMPlan base = cuda::fp8_small_m_plan(p, sms);
-  ASSERT_GT(base.k_split, 1);
-  EXPECT_FALSE(base.global_split);
-  p.split_scratch = split_;
-  cuda::Fp8SmallMPlan plan = cuda::fp8_small_m_plan(p, sms);
-  EXPECT_TRUE(plan.global_split);
-  EXPECT_EQ(plan.kernel, base.kernel);
-  EXPECT_EQ(plan.row_warps, base.row_warps);
-  EXPECT_EQ(plan.k_split, base.k_split);
-  cuda::Fp8SplitScratch small = split_;
-  small.max_ctas = 64 / base.row_warps * base.k_split - 1;
-  p.split_scratch = small;
-  EXPECT_FALSE(cuda::fp8_small_m_plan(p, sms).global_split);
-  p.split_scratch = split_;
-  p.k_split_via = cuda::KSplitVia::kCluster;
-  EXPECT_FALSE(cuda::fp8_small_m_plan(p, sms).global_split);
-  p.k_split_via = cuda::KSplitVia::kAuto;
-  p.kernel = cuda::SmallMKernel::kMma;
-  p.k_split = 4;
-  EXPECT_FALSE(cuda::fp8_small_m_plan(p, sms).global_split);
-  p.kernel = cuda::SmallMKernel::kStream;
-  p.k_split = 1;
-  EXPECT_FALSE(cuda::fp8_small_m_plan(p, sms).global_split);
+  for (const LinearShape& s : shapes)
+    for (int rw : {1, 2, 4})
+      for (int ks : {1, 2, 4}) {
+        if (s.k / 128 < 2 * ks) continue;
+        SmallMConfig c;
+        c.kernel = cuda::SmallMKernel::kBulk;
+        c.k_parts = 2;
+        c.row_warps = rw;
+        c.k_split = ks;
+        c.stages = 2 + (rw + ks) % 3;
+        c.pdl = (rw + ks) % 2;
+        c.tiled = (rw + ks) % 2 == 0;
+        const int64_t m = (rw * 3 + ks) % 3 == 0 ? 1 : (rw * 3 + ks) % 3 == 1 ? 8 : 3;
+        run_fp8_case(s, m, true, ks % 2 ? cuda::OutType::kF32 : cuda::OutType::kBF16, ++seed,
+                     true, Path::kSmallM, c);
+      }
 }
 
 TEST_F(GemmCudaTest, BulkKernelRingsAroundTheDefaultSharedMemoryLimit) {
@@ -1083,25 +919,13 @@ TEST_F(GemmCudaTest, RejectsBadShapes) {
   (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
   sp.stages = 0;
+  sp.k_parts = 3;  // K partitions per CTA: 1 or 2
+  (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  sp.k_parts = 0;
   sp.w.tiled = w.get() + 8;  // a misaligned tile-ordered copy
   (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
-  sp.w.tiled = nullptr;
-  sp.k_split = 2;
-  sp.k_split_via = cuda::KSplitVia::kGlobal;  // a global K split without a scratch
-  (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
-  cuda::Fp8SplitScratch small = split_;
-  small.max_ctas = 15;  // 8 row tiles x 2: 16 CTAs
-  sp.split_scratch = small;
-  (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
-  sp.split_scratch = split_;
-  sp.kernel = cuda::SmallMKernel::kMma;  // kMma splits K in clusters only
-  (void)(st = cuda::launch_fp8_linear_small_m(sp, nullptr));
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
-  sp.kernel = cuda::SmallMKernel::kBulk;
-  sp.k_split_via = cuda::KSplitVia::kAuto;
   // The tile reorder: rows not a multiple of 16, K not a multiple of 128, misaligned, null.
   (void)(st = cuda::launch_fp8_weight_to_tiles(w.get(), y.get(), 8, 128, nullptr));
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # h-gemm13 (issue 5, session 13): one device call. Prebuilt kernels-only binaries in build/g13
-# (test_gemm_cuda, bench_gemm_fp8 from build/k): the whole GEMM test binary (the global K-split
-# and tile-order tests among it), then bench_gemm_fp8 "ksplit" (the K split through clusters vs
-# through the global scratch, M = 1..16).
-#   OUT=... DS_COMMIT=... bash scripts/gpu/h_gemm13/run.sh [tests|ksplit|tiled|prefill ...]
+# (test_gemm_cuda, bench_gemm_fp8 from build/k): the whole GEMM test binary, then bench_gemm_fp8
+# "tiled" (with DS_KPARTS=1: the three 33 MB projections and the k_parts sweep; run 3). Runs 1-2
+# ran the "ksplit" mode of commit 444fa24 (cluster vs global K split; DS_KSPLIT_STAGES=1 added
+# the ring-depth sweep), removed with the global split.
+#   OUT=... DS_COMMIT=... [DS_KPARTS=1] bash scripts/gpu/h_gemm13/run.sh [tests|tiled|prefill ...]
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 b=build/g13
@@ -16,7 +17,7 @@ S="$out/summary.txt"
 say() { echo "$*" | tee -a "$S"; }
 say "$(nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw --format=csv,noheader | head -1)"
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(tests ksplit)
+[ ${#steps[@]} -gt 0 ] || steps=(tests tiled)
 rc=0
 for st in "${steps[@]}"; do
   case $st in

@@ -34,7 +34,6 @@ namespace cg = cooperative_groups;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kSplitPartialsPerCta = 64 * kStreamMaxTokens;  // KW * rows x tokens (NT <= 2)
 
 struct SmallMArgs {
   const uint8_t* w;
@@ -56,9 +55,6 @@ struct SmallMArgs {
   int pdl;                       // launched with programmatic stream serialization
   int stages;                    // kBulk: shared-memory ring slots
   int64_t tiles, groups, items;  // row tiles per group; work items = tiles * groups * chunks
-  // kStream / kBulk K split through global memory (KSplitVia::kGlobal), else null (clusters).
-  float* split_partials;
-  uint32_t* split_counters;
 };
 
 __device__ __forceinline__ uint4 load_stream(const void* p) {
@@ -296,8 +292,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1) fp8_small_m_kernel(
 }
 
 // One launch of kernel(a) with the attributes the arguments ask for: a cluster of k_split CTAs
-// along K (k_split > 1, unless the split goes through a.split_partials) and programmatic
-// dependent launch (pdl).
+// along K (k_split > 1) and programmatic dependent launch (pdl).
 template <typename Kernel>
 cudaError_t launch_small_m_kernel(Kernel kernel, const SmallMArgs& a, dim3 grid, int threads,
                                   cudaStream_t stream) {
@@ -308,7 +303,7 @@ cudaError_t launch_small_m_kernel(Kernel kernel, const SmallMArgs& a, dim3 grid,
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   unsigned n = 0;
-  if (a.k_split > 1 && !a.split_partials) {
+  if (a.k_split > 1) {
     attr[n].id = cudaLaunchAttributeClusterDimension;
     attr[n].val.clusterDim.x = unsigned(a.k_split);
     attr[n].val.clusterDim.y = 1;
@@ -359,63 +354,30 @@ cudaError_t dispatch_nt(int nt, int rw, const SmallMArgs& a, dim3 grid, cudaStre
 }
 
 // The end of a kStream / kBulk work item (one item per CTA, CTA = item * k_split + rank): sum the
-// K warps' partials in `red` (all of them written, not yet synchronized) over the k_split CTAs
-// of the item in a fixed order (rank, then K warp: deterministic whatever the schedule) and write
-// the tile; consecutive threads write consecutive output features. All threads of the CTA call it.
-// Cluster split: each CTA sums a slice of the tile, reading the other ranks' `red` through
-// distributed shared memory. Global split (a.split_partials): each CTA stores its partials, the
-// last to arrive (per-item counter) sums them all, reading its own from `red`, and resets the
-// counter for the next launch.
+// K warps' partials in `red` (all written, not yet synchronized) over the k_split CTAs of the
+// item's cluster in a fixed order (rank, then K warp: deterministic), each CTA a slice of the
+// tile read through distributed shared memory, and write it; consecutive threads write
+// consecutive output features. All threads of the CTA call it.
 template <int KW, int kRows, int kCols, int kNumThreads>
 __device__ __forceinline__ void reduce_k_partials(const SmallMArgs& a,
                                                   float (&red)[KW][kRows][kCols + 1], int srank,
-                                                  int64_t item, int64_t tile, int64_t group,
-                                                  int64_t tok0) {
+                                                  int64_t tile, int64_t group, int64_t tok0) {
   constexpr int kPad = kCols + 1;
   constexpr int kElems = kRows * kCols;
-  constexpr int kCtaPartials = KW * kElems;  // = 64 * kCols (KW * kRows = 64)
-  static_assert(kCtaPartials <= kSplitPartialsPerCta, "a CTA's partials fit its scratch slot");
   const int ks = a.k_split;
-  const bool global_split = ks > 1 && a.split_partials != nullptr;
   cg::cluster_group cluster = cg::this_cluster();
-  int e_begin = 0, e_end = kElems;
-  if (global_split) {
-    __shared__ int last;
-    __syncthreads();
-    float* mine = a.split_partials + int64_t(blockIdx.x) * kCtaPartials;
-    for (int i = int(threadIdx.x); i < kCtaPartials; i += kNumThreads)
-      __stcg(mine + i, red[i / kElems][(i % kElems) / kCols][i % kCols]);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const uint32_t before = atomicAdd(a.split_counters + item, 1u);
-      last = before == uint32_t(ks - 1);
-      if (last) a.split_counters[item] = 0;  // every rank has arrived: ready for the next launch
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();  // the other ranks' partials (fenced before their arrival) are visible
-  } else if (ks > 1) {
+  if (ks > 1)
     cluster.sync();
-    e_begin = kElems * srank / ks;
-    e_end = kElems * (srank + 1) / ks;
-  } else {
+  else
     __syncthreads();
-  }
+  const int e_begin = kElems * srank / ks, e_end = kElems * (srank + 1) / ks;
   for (int e = e_begin + int(threadIdx.x); e < e_end; e += kNumThreads) {
     const int col = e / kRows, row = e % kRows;
     float sum = 0.f;
     for (int s = 0; s < ks; ++s) {
-      if (global_split && s != srank) {
-        const float* p = a.split_partials + (item * ks + s) * kCtaPartials + row * kCols + col;
+      const float* base = ks > 1 ? cluster.map_shared_rank(&red[0][0][0], s) : &red[0][0][0];
 #pragma unroll
-        for (int w = 0; w < KW; ++w) sum += __ldcg(p + w * kElems);
-      } else {
-        const float* base = ks > 1 && !global_split ? cluster.map_shared_rank(&red[0][0][0], s)
-                                                    : &red[0][0][0];
-#pragma unroll
-        for (int w = 0; w < KW; ++w) sum += base[(w * kRows + row) * kPad + col];
-      }
+      for (int w = 0; w < KW; ++w) sum += base[(w * kRows + row) * kPad + col];
     }
     const int64_t tok = tok0 + col, r = tile * kRows + row;
     if (tok < a.m && r < a.n) {
@@ -427,7 +389,7 @@ __device__ __forceinline__ void reduce_k_partials(const SmallMArgs& a,
     }
   }
   // The CTAs of a cluster read each other's shared memory: none may exit before all have read.
-  if (ks > 1 && !global_split) cluster.sync();
+  if (ks > 1) cluster.sync();
 }
 
 // ---- kStream: 4-warp CTAs, everything a block needs prefetched in one register ring ----------
@@ -592,7 +554,7 @@ __global__ void __launch_bounds__(kStreamThreads, StreamTraits<NT>::kMinBlocks)
     red[kw][rw * 16 + g + 8][j * 8 + t4 * 2] = acc[j][2];
     red[kw][rw * 16 + g + 8][j * 8 + t4 * 2 + 1] = acc[j][3];
   }
-  reduce_k_partials<KW, kRows, kCols, kStreamThreads>(a, red, srank, item, tile, group, tok0);
+  reduce_k_partials<KW, kRows, kCols, kStreamThreads>(a, red, srank, tile, group, tok0);
 }
 
 template <int NT, int RW>
@@ -628,7 +590,13 @@ cudaError_t dispatch_stream_rw(int rw, const SmallMArgs& a, dim3 grid, cudaStrea
 // ld.shared) fall on different banks.
 
 constexpr int kBulkConsumerWarps = 4;
-constexpr int kBulkThreads = (kBulkConsumerWarps + 1) * 32;
+// KP K partitions per CTA (1 or 2; NOTES.md, session 13): each has its own producer warp, ring
+// and 4 consumer warps, and takes the K range a cluster rank of k_split * KP would; the partials
+// of all partitions are summed in the CTA (so KP = 2, k_split = 1 gives the bits of KP = 1,
+// k_split = 2 without a cluster).
+__host__ __device__ constexpr int bulk_threads(int kp) {
+  return (kBulkConsumerWarps + 1) * kp * 32;
+}
 constexpr int kBulkRowPad = 64;
 constexpr int kBulkMaxStages = 8;
 
@@ -657,21 +625,28 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #endif
 }
 
-template <int NT, int RW>
-__global__ void __launch_bounds__(kBulkThreads, NT == 1 ? 4 : 3) fp8_bulk_kernel(SmallMArgs a) {
+template <int NT, int RW, int KP>
+__global__ void __launch_bounds__(bulk_threads(KP), (NT == 1 ? 4 : 3) / KP)
+    fp8_bulk_kernel(SmallMArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int KW = kBulkConsumerWarps / RW;
+  constexpr int kThreadsBulk = bulk_threads(KP);
+  constexpr int kConsumers = kBulkConsumerWarps * KP;
   constexpr int kRows = 16 * RW;
   constexpr int kCols = 8 * NT;
   constexpr int kPad = kCols + 1;
   constexpr int kRowBytes = bulk_row_bytes(RW);
   constexpr int kStageBytes = bulk_stage_bytes(RW);
   constexpr int XR = 2;  // activation blocks in flight per consumer warp (L2 hits)
-  __shared__ float red[KW][kRows][kPad];
-  __shared__ __align__(8) uint64_t full_bar[kBulkMaxStages], empty_bar[kBulkMaxStages];
-  extern __shared__ __align__(128) uint8_t ring[];
+  __shared__ float red[KP * KW][kRows][kPad];
+  __shared__ __align__(8) uint64_t full_bars[KP][kBulkMaxStages], empty_bars[KP][kBulkMaxStages];
+  extern __shared__ __align__(128) uint8_t rings[];
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // This warp's K partition: consumers 4p .. 4p+3, producer kConsumers + p.
+  const int part = warp < kConsumers ? warp / kBulkConsumerWarps : warp - kConsumers;
+  uint64_t* const full_bar = full_bars[part];
+  uint64_t* const empty_bar = empty_bars[part];
   const int g = lane >> 2, t4 = lane & 3;
   const int S = a.stages;
   const int ks = a.k_split;
@@ -682,18 +657,22 @@ __global__ void __launch_bounds__(kBulkThreads, NT == 1 ? 4 : 3) fp8_bulk_kernel
   const int64_t tok0 = item / (a.tiles * a.groups) * kCols;
   const int64_t xcol0 = group * a.k;
   const int kblocks = int(a.k / 128);
-  const int kb_begin = kblocks * srank / ks, kb_end = kblocks * (srank + 1) / ks;
-  const int nst = (kb_end - kb_begin + KW - 1) / KW;  // stages of this CTA
+  const int vrank = srank * KP + part, parts = ks * KP;
+  const int kb_begin = kblocks * vrank / parts, kb_end = kblocks * (vrank + 1) / parts;
+  const int nst = (kb_end - kb_begin + KW - 1) / KW;  // stages of this partition
+  uint8_t* const ring = rings + size_t(part) * size_t(a.stages) * kStageBytes;
   const int rows_valid = int(std::min<int64_t>(kRows, a.n - tile * kRows));  // N % 16 == 0
   const bool tiled = a.w_tiled != nullptr;
   static_assert(kBulkConsumerWarps * 2048 <= bulk_stage_bytes(RW), "a tiled stage fits the slot");
 
   if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&full_bar[s])));
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(&empty_bar[s])),
-                   "r"(kBulkConsumerWarps));
-    }
+    for (int q = 0; q < KP; ++q)
+      for (int s = 0; s < S; ++s) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&full_bars[q][s])));
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(
+                         smem_addr(&empty_bars[q][s])),
+                     "r"(kBulkConsumerWarps));
+      }
     // Make the initialized barriers visible to the async (bulk copy) proxy.
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -701,7 +680,7 @@ __global__ void __launch_bounds__(kBulkThreads, NT == 1 ? 4 : 3) fp8_bulk_kernel
   __syncthreads();
   if (a.pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
-  if (warp == kBulkConsumerWarps) {
+  if (warp >= kConsumers) {
     // Producer: weights only (independent of the previous kernel): copies start before the wait.
     const uint8_t* wbase = a.w + (group * a.n + tile * kRows) * a.k;
     const uint8_t* wtiles =
@@ -744,7 +723,8 @@ __global__ void __launch_bounds__(kBulkThreads, NT == 1 ? 4 : 3) fp8_bulk_kernel
     // The epilogue below writes y: ordered after the previous kernel like the consumers.
     if (a.pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
   } else {
-    const int rw = warp % RW, kw = warp / RW;
+    const int cw = warp % kBulkConsumerWarps;
+    const int rw = cw % RW, kw = cw / RW;
     const bool has_rows = rw * 16 < rows_valid;
     if (a.pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
     const uint8_t* wsrow = a.w_scale + ((group * a.n + tile * kRows + rw * 16) / 128) *
@@ -838,37 +818,38 @@ __global__ void __launch_bounds__(kBulkThreads, NT == 1 ? 4 : 3) fp8_bulk_kernel
         }
       }
     }
+    const int rk = part * KW + kw;  // partition-major: the order of the ranks of k_split * KP
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-      red[kw][rw * 16 + g][j * 8 + t4 * 2] = acc[j][0];
-      red[kw][rw * 16 + g][j * 8 + t4 * 2 + 1] = acc[j][1];
-      red[kw][rw * 16 + g + 8][j * 8 + t4 * 2] = acc[j][2];
-      red[kw][rw * 16 + g + 8][j * 8 + t4 * 2 + 1] = acc[j][3];
+      red[rk][rw * 16 + g][j * 8 + t4 * 2] = acc[j][0];
+      red[rk][rw * 16 + g][j * 8 + t4 * 2 + 1] = acc[j][1];
+      red[rk][rw * 16 + g + 8][j * 8 + t4 * 2] = acc[j][2];
+      red[rk][rw * 16 + g + 8][j * 8 + t4 * 2 + 1] = acc[j][3];
     }
   }
 
-  reduce_k_partials<KW, kRows, kCols, kBulkThreads>(a, red, srank, item, tile, group, tok0);
+  reduce_k_partials<KP * KW, kRows, kCols, kThreadsBulk>(a, red, srank, tile, group, tok0);
 #else
   __trap();
 #endif
 }
 
-template <int NT, int RW>
+template <int NT, int RW, int KP>
 cudaError_t launch_bulk(const SmallMArgs& a, dim3 grid, cudaStream_t stream) {
-  auto kernel = fp8_bulk_kernel<NT, RW>;
-  const size_t smem = size_t(a.stages) * bulk_stage_bytes(RW);
+  auto kernel = fp8_bulk_kernel<NT, RW, KP>;
+  const size_t smem = size_t(KP) * size_t(a.stages) * bulk_stage_bytes(RW);
   // The ring plus the kernel's static shared memory may exceed the default 48 KB (rw 4 with 4
   // slots is 48 KB of ring alone: refused with cudaErrorInvalidValue until session 10, when the
   // attribute was set only for rings above 48 KB): opt in for every ring size, once per device.
   if (const cudaError_t e = ensure_max_dynamic_smem(kernel, int(smem)); e != cudaSuccess) return e;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
-  cfg.blockDim = dim3(unsigned(kBulkThreads));
+  cfg.blockDim = dim3(unsigned(bulk_threads(KP)));
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   unsigned n = 0;
-  if (a.k_split > 1 && !a.split_partials) {
+  if (a.k_split > 1) {
     attr[n].id = cudaLaunchAttributeClusterDimension;
     attr[n].val.clusterDim.x = unsigned(a.k_split);
     attr[n].val.clusterDim.y = 1;
@@ -885,15 +866,15 @@ cudaError_t launch_bulk(const SmallMArgs& a, dim3 grid, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, kernel, a);
 }
 
-template <int NT>
+template <int NT, int KP>
 cudaError_t dispatch_bulk_rw(int rw, const SmallMArgs& a, dim3 grid, cudaStream_t stream) {
   switch (rw) {
     case 1:
-      return launch_bulk<NT, 1>(a, grid, stream);
+      return launch_bulk<NT, 1, KP>(a, grid, stream);
     case 2:
-      return launch_bulk<NT, 2>(a, grid, stream);
+      return launch_bulk<NT, 2, KP>(a, grid, stream);
     default:
-      return launch_bulk<NT, 4>(a, grid, stream);
+      return launch_bulk<NT, 4, KP>(a, grid, stream);
   }
 }
 
@@ -1053,12 +1034,11 @@ Status launch_fp8_weight_to_tiles(const uint8_t* w, uint8_t* tiled, int64_t rows
   return ok_status();
 }
 
-namespace {
-// The kernel and layout of fp8_small_m_plan, before the choice of the K-split reduction.
-Fp8SmallMPlan small_m_layout(const Fp8SmallMParams& p, int num_sms) {
+Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms) {
   Fp8SmallMPlan plan;
   const bool fp8_act = p.x_codes != nullptr;
   plan.kernel = p.kernel;
+  plan.k_parts = p.k_parts ? p.k_parts : 1;
   if (plan.kernel == SmallMKernel::kAuto)
     plan.kernel = fp8_act && p.num_tokens <= kSmallMMaxTokens && p.max_ctas == 0
                       ? SmallMKernel::kStream
@@ -1113,10 +1093,14 @@ Fp8SmallMPlan small_m_layout(const Fp8SmallMParams& p, int num_sms) {
     // (wq_a, wkv, the shared experts, idx_wq_b: 1-2 stages) the tiled kBulk measured 5-140% slower
     // than the row-major plan (run h-gemm12-4).
     const int64_t tstages = kblocks / tks / (kBulkConsumerWarps / trw);
-    if (tstages >= 8 && (p.num_tokens <= 2 || !row_major_bulk)) {
+    // A split of 2 runs as 2 K partitions inside each CTA instead of a cluster of 2 (session 13:
+    // wo_b M = 1 10.92 us vs 11.68, M = 8 12.02 vs the row-major kBulk's 13.22), so it is taken
+    // at every M <= 8.
+    if (tstages >= 8 && (p.num_tokens <= 2 || !row_major_bulk || tks == 2)) {
       plan.kernel = SmallMKernel::kBulk;
       plan.row_warps = trw;
-      plan.k_split = tks;
+      plan.k_split = tks == 2 ? 1 : tks;
+      plan.k_parts = p.k_parts ? p.k_parts : tks == 2 ? 2 : 1;
       plan.stages = p.stages ? p.stages : 2;
       plan.tiled = true;
       return plan;
@@ -1157,48 +1141,6 @@ Fp8SmallMPlan small_m_layout(const Fp8SmallMParams& p, int num_sms) {
   return plan;
 }
 
-// CTAs of a kStream / kBulk launch of the plan (one per work item and K rank).
-int64_t stream_grid_ctas(const Fp8SmallMParams& p, const Fp8SmallMPlan& plan) {
-  const int64_t chunk = p.num_tokens <= 8 ? 8 : kStreamMaxTokens;
-  const int64_t tiles = (p.w.out_features + 16 * plan.row_warps - 1) / (16 * plan.row_warps);
-  return tiles * p.w.num_groups * ((p.num_tokens + chunk - 1) / chunk) * plan.k_split;
-}
-}  // namespace
-
-Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms) {
-  Fp8SmallMPlan plan = small_m_layout(p, num_sms);
-  const bool stream_kernel =
-      plan.kernel == SmallMKernel::kStream || plan.kernel == SmallMKernel::kBulk;
-  if (!stream_kernel || plan.k_split == 1 || p.k_split_via == KSplitVia::kCluster) return plan;
-  // kGlobal as asked (launch_fp8_linear_small_m checks the scratch), kAuto where it fits.
-  const Fp8SplitScratch& sc = p.split_scratch;
-  plan.global_split = p.k_split_via == KSplitVia::kGlobal ||
-                      (sc.partials && sc.counters && stream_grid_ctas(p, plan) <= sc.max_ctas);
-  return plan;
-}
-
-size_t fp8_split_scratch_bytes(int64_t max_ctas) {
-  const size_t n = size_t(std::max<int64_t>(max_ctas, 0));
-  return (n * sizeof(uint32_t) + 255) / 256 * 256 + n * kSplitPartialsPerCta * sizeof(float);
-}
-
-Fp8SplitScratch fp8_split_scratch(void* mem, int64_t max_ctas) {
-  Fp8SplitScratch s;
-  if (!mem || max_ctas <= 0) return s;
-  s.counters = static_cast<uint32_t*>(mem);
-  s.partials = reinterpret_cast<float*>(static_cast<uint8_t*>(mem) +
-                                        (size_t(max_ctas) * sizeof(uint32_t) + 255) / 256 * 256);
-  s.max_ctas = max_ctas;
-  return s;
-}
-
-Status fp8_split_scratch_init(const Fp8SplitScratch& s, cudaStream_t stream) {
-  if (!s.counters || s.max_ctas <= 0) return ok_status();
-  DS_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(s.counters, 0, size_t(s.max_ctas) * sizeof(uint32_t), stream));
-  return ok_status();
-}
-
 Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) {
   if (Status s = check_weight(p.w); !s.ok()) return s;
   if (p.num_tokens < 0) return invalid_argument("fp8 linear: negative token count");
@@ -1220,12 +1162,9 @@ Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) 
     return invalid_argument("fp8 linear: the stream kernel needs FP8-quantized activations");
   if (plan.kernel == SmallMKernel::kBulk && (plan.stages < 2 || plan.stages > kBulkMaxStages))
     return invalid_argument("fp8 linear: kBulk stages must be 2..8");
-  if (p.k_split_via == KSplitVia::kGlobal && !stream_kernel)
-    return invalid_argument("fp8 linear: a global K split needs kStream or kBulk");
-  if (plan.global_split &&
-      (!p.split_scratch.partials || !p.split_scratch.counters ||
-       stream_grid_ctas(p, plan) > p.split_scratch.max_ctas))
-    return invalid_argument("fp8 linear: the global K-split scratch is missing or too small");
+  if (plan.k_parts != 1 && (plan.k_parts != 2 || plan.kernel != SmallMKernel::kBulk ||
+                            p.num_tokens > 8))
+    return invalid_argument("fp8 linear: k_parts must be 1, or 2 with kBulk at M <= 8");
   const int rw = plan.row_warps, ks = plan.k_split;
   if ((rw != 1 && rw != 2 && rw != 4 && (rw != 8 || stream_kernel)) ||
       (ks != 1 && ks != 2 && ks != 4 && ks != 8))
@@ -1253,10 +1192,6 @@ Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) 
   a.y_round = p.y_type == OutType::kF32Bf16 ? 1 : 0;
   a.pdl = p.pdl ? 1 : 0;
   a.stages = plan.stages;
-  if (plan.global_split) {
-    a.split_partials = p.split_scratch.partials;
-    a.split_counters = p.split_scratch.counters;
-  }
   const int64_t tiles = (p.w.out_features + 16 * rw - 1) / (16 * rw);
   const int64_t mchunks = (p.num_tokens + 8 * nt - 1) / (8 * nt);
   a.tiles = tiles;
@@ -1272,8 +1207,9 @@ Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) 
   const dim3 grid(unsigned(clusters * ks), 1, 1);
   cudaError_t err;
   if (bulk_kernel)
-    err = nt == 1 ? dispatch_bulk_rw<1>(rw, a, grid, stream)
-                  : dispatch_bulk_rw<2>(rw, a, grid, stream);
+    err = nt == 2       ? dispatch_bulk_rw<2, 1>(rw, a, grid, stream)
+          : plan.k_parts == 2 ? dispatch_bulk_rw<1, 2>(rw, a, grid, stream)
+                              : dispatch_bulk_rw<1, 1>(rw, a, grid, stream);
   else if (stream_kernel)
     err = nt == 1 ? dispatch_stream_rw<1>(rw, a, grid, stream)
                   : dispatch_stream_rw<2>(rw, a, grid, stream);
@@ -1317,9 +1253,6 @@ Status launch_e8m0_to_f32(const uint8_t* in, float* out, int64_t n, cudaStream_t
 
 namespace {
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
-// CTAs of a small-M launch whose K split the runner's scratch can take through global memory
-// (Flash wo_b at M <= 8: 512; larger grids use clusters): 8 MB.
-constexpr int64_t kRunnerSplitCtas = 2048;
 size_t align_up(size_t v, size_t a) {
   return (v + a - 1) / a * a;
 }
@@ -1341,8 +1274,7 @@ struct GemmRunner::Plan {
 size_t GemmRunner::workspace_bytes(int64_t max_tokens, int64_t max_in_columns) {
   const size_t mk = size_t(max_tokens) * size_t(max_in_columns);
   return align_up(mk, 256) + align_up(mk / kFp8GemmBlock, 256) +
-         align_up(mk / kFp8GemmBlock * sizeof(float), 256) + kLtWorkspaceBytes +
-         fp8_split_scratch_bytes(kRunnerSplitCtas);
+         align_up(mk / kFp8GemmBlock * sizeof(float), 256) + kLtWorkspaceBytes;
 }
 
 Result<std::unique_ptr<GemmRunner>> GemmRunner::create(void* workspace, size_t bytes,
@@ -1365,11 +1297,6 @@ Result<std::unique_ptr<GemmRunner>> GemmRunner::create(void* workspace, size_t b
   p += align_up(mk / kFp8GemmBlock * sizeof(float), 256);
   r->lt_workspace_ = p;
   r->lt_workspace_bytes_ = kLtWorkspaceBytes;
-  p += kLtWorkspaceBytes;
-  r->split_ = fp8_split_scratch(p, kRunnerSplitCtas);
-  // The counters start at zero (every launch leaves them so); done here, before any launch.
-  DS_RETURN_IF_ERROR(fp8_split_scratch_init(r->split_, nullptr));
-  DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(nullptr));
   r->max_tokens_ = max_tokens;
   r->max_in_columns_ = max_in_columns;
   return Result<std::unique_ptr<GemmRunner>>(std::move(r));
@@ -1698,7 +1625,6 @@ Status GemmRunner::linear_fp8(const Fp8LinearParams& p, cudaStream_t stream) {
   sp.y_type = p.y_type;
   sp.y_row_stride = p.y_row_stride;
   sp.pdl = p.pdl;
-  sp.split_scratch = split_;
   return launch_fp8_linear_small_m(sp, stream);
 }
 

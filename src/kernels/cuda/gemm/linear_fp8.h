@@ -9,8 +9,7 @@
 //    kernels. They read each weight byte and its block scale once, run the products on the tensor
 //    cores (FP8 mma.sync when the activations are FP8-quantized, BF16 mma.sync on in-register
 //    dequantized weights otherwise), apply the scales per 128-K block in fp32 and reduce split-K
-//    partials inside a thread-block cluster or, for kStream / kBulk given a scratch, through
-//    global memory (KSplitVia; both deterministic, one launch, graph-capturable).
+//    partials inside a thread-block cluster (deterministic, one launch, graph-capturable).
 //  - large M (prefill): cuBLASLt FP8 GEMM with 1x128 activation / 128x128 weight block scaling
 //    (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F / BLK128x128_32F, cuBLAS >= 12.9, sm_90).
 // Reference numerics (§2) quantize the input to e4m3 per 128 K-elements first, with the kernel of
@@ -104,37 +103,10 @@ Status launch_fp8_weight_to_tiles(const uint8_t* w, uint8_t* tiled, int64_t rows
 //    sm_90+ when each CTA streams >= 32 K blocks of its rows (wo_a, wo_b), else kStream; kMma
 //    otherwise (kStream in 16-token chunks still beats kMma's single pass at M = 64: NOTES.md).
 //    With a tile-ordered copy (Fp8WeightView::tiled) on sm_90+: kBulk on the copy at M <= 2, and
-//    at M <= 8 where the row-major rule would not pick kBulk (wq_b; NOTES.md, session 12).
+//    at M <= 8 where the row-major rule would not pick kBulk (wq_b; NOTES.md, session 12) or
+//    where its K split of 2 runs as 2 K partitions per CTA (wo_b; session 13).
 enum class SmallMKernel : uint8_t { kAuto, kMma, kStream, kBulk };
 inline constexpr int64_t kStreamMaxTokens = 16;  // kStream: tokens per work item (chunk)
-
-// How kStream / kBulk sum the partials of a K split (k_split CTAs per work item):
-//  - kCluster: the CTAs form a thread-block cluster and read each other's partials through
-//    distributed shared memory (each writes a slice of the tile).
-//  - kGlobal: no cluster; each CTA writes its K warps' partials to Fp8SplitScratch and counts
-//    itself in with an atomic per work item; the last CTA to arrive sums all partials in the same
-//    fixed order as kCluster (so the outputs are bit-identical), writes the tile and resets the
-//    counter (NOTES.md, session 13). The CTAs of an item are scheduled independently.
-//  - kAuto: kGlobal where a scratch large enough is given (see fp8_small_m_plan), else kCluster.
-// kMma always uses clusters.
-enum class KSplitVia : uint8_t { kAuto, kCluster, kGlobal };
-
-// Device scratch of a kGlobal K split: per CTA 64 x (8 * NT) fp32 partials (NT <= 2: 4 KB), and
-// per work item an arrival counter. The counters must be zero before the first launch
-// (fp8_split_scratch_init); every launch leaves them zero. One launch at a time may use a scratch
-// (launches in one stream are ordered, also under programmatic dependent launch, since the
-// kernels touch it only after griddepcontrol.wait).
-struct Fp8SplitScratch {
-  float* partials = nullptr;    // [max_ctas][64 * 16]
-  uint32_t* counters = nullptr;  // [max_ctas]
-  int64_t max_ctas = 0;          // the grid sizes (CTAs = work items x k_split) it holds
-};
-size_t fp8_split_scratch_bytes(int64_t max_ctas);
-// Carves a scratch for max_ctas CTAs out of `mem` (fp8_split_scratch_bytes(max_ctas) bytes,
-// 256-byte aligned).
-Fp8SplitScratch fp8_split_scratch(void* mem, int64_t max_ctas);
-// Zeroes the counters (once, before the first launch that uses the scratch).
-Status fp8_split_scratch_init(const Fp8SplitScratch& s, cudaStream_t stream);
 
 struct Fp8SmallMParams {
   Fp8WeightView w;
@@ -160,9 +132,11 @@ struct Fp8SmallMParams {
   int max_ctas = 0;
   // kBulk: shared-memory ring slots per CTA, 2..8 (0 = heuristic).
   int stages = 0;
-  // kStream / kBulk K splits: clusters or the global scratch (see KSplitVia).
-  KSplitVia k_split_via = KSplitVia::kAuto;
-  Fp8SplitScratch split_scratch;
+  // kBulk at M <= 8: K partitions inside a CTA, 1 or 2 (0 = heuristic). Each partition has its
+  // own producer warp, ring of `stages` slots and 4 consumer warps and takes the K range that
+  // a cluster rank of k_split * k_parts would; the CTA sums them in the same order, so k_parts 2
+  // with k_split 1 gives exactly the outputs of k_split 2 without a cluster.
+  int k_parts = 0;
 };
 
 // The kMma configuration launch_fp8_linear_small_m would choose (row_warps, k_split).
@@ -175,8 +149,8 @@ struct Fp8SmallMPlan {
   int row_warps = 1;
   int k_split = 1;
   int stages = 0;  // kBulk only
+  int k_parts = 1;  // kBulk only: K partitions per CTA (Fp8SmallMParams::k_parts)
   bool tiled = false;  // kStream / kBulk read p.w.tiled (the tile-ordered copy; M <= 8 only)
-  bool global_split = false;  // k_split > 1 through p.split_scratch (KSplitVia::kGlobal)
 };
 Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms);
 
@@ -273,7 +247,6 @@ class GemmRunner {
   float* scales_t_ = nullptr;
   void* lt_workspace_ = nullptr;
   size_t lt_workspace_bytes_ = 0;
-  Fp8SplitScratch split_;  // the small-M kernels' global K split (after the cuBLASLt workspace)
   int64_t max_tokens_ = 0, max_in_columns_ = 0;
   std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int>, std::shared_ptr<Plan>>
       plans_;
