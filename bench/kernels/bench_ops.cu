@@ -259,8 +259,9 @@ void bench_mhc(Ctx& c, int64_t n) {
   std::vector<float> base = randn(rng, size_t(mixes), 0.5f), scale = {0.8f, 1.1f, 0.9f};
   std::vector<float> o = randn(rng, size_t(n * kD));
   Frees f;
-  // mhc_pre
-  {
+  // mhc_pre: the default path and, at decode sizes, the split-K kernels it replaces (A/B).
+  for (int path : {0, 1}) {
+    if (path == 1 && n > 64) break;
     const double bytes =
         double(n * hcd) * 4 + double(mixes * hcd) * 4 + double(n * kD) * 4 + n * 80.0;
     const int copies = copies_for(c, bytes, graph);
@@ -286,6 +287,7 @@ void bench_mhc(Ctx& c, int64_t n) {
       p.num_tokens = n;
       p.dim = kD;
       p.round_bf16 = true;
+      p.path = path;
       cuda::launch_mhc_pre(p, s);
     };
     auto check = [&] {
@@ -300,7 +302,7 @@ void bench_mhc(Ctx& c, int64_t n) {
                    post.data(), comb.data());
       return max_rel_err(host_copy(dcomb, comb.size()), comb);
     };
-    run_case(c, "mhc_pre", std::to_string(n) + "x4x4096 (24 mixes)", graph, copies, bytes,
+    run_case(c, path == 0 ? "mhc_pre" : "mhc_pre split-K", std::to_string(n) + "x4x4096 (24 mixes)", graph, copies, bytes,
              2.0 * double(n) * double(mixes + 1) * hcd + 2.0 * double(n * hcd), launch, check,
              "max rel err of comb vs CPU (2 tokens)");
   }
@@ -340,8 +342,9 @@ void bench_mhc(Ctx& c, int64_t n) {
     run_case(c, "mhc_post", std::to_string(n) + "x4x4096", graph, copies, bytes,
              10.0 * double(n * hcd), launch, check, "max rel err vs CPU (2 tokens)");
   }
-  // mhc_head (logit rows)
-  if (n <= 64) {
+  // mhc_head (logit rows): default path and the split-K kernels.
+  for (int path : {0, 1}) {
+    if (n > 64) break;
     const double bytes = double(n * hcd) * 4 + double(4 * hcd) * 4 + double(n * kD) * 4;
     const int copies = copies_for(c, bytes, graph);
     std::vector<float> hfn(fn.begin(), fn.begin() + 4 * hcd), hbase(base.begin(), base.begin() + 4);
@@ -362,6 +365,7 @@ void bench_mhc(Ctx& c, int64_t n) {
       p.workspace = dws + size_t(k) * wsf;
       p.num_tokens = n;
       p.dim = kD;
+      p.path = path;
       cuda::launch_mhc_head(p, s);
     };
     auto check = [&] {
@@ -374,7 +378,7 @@ void bench_mhc(Ctx& c, int64_t n) {
       cpu::mhc_head(cfg, {hfn.data(), hbase.data(), scale.data()}, x.data(), tokens, want.data());
       return max_rel_err(host_copy(dy, want.size()), want);
     };
-    run_case(c, "mhc_head", std::to_string(n) + "x4x4096", graph, copies, bytes,
+    run_case(c, path == 0 ? "mhc_head" : "mhc_head split-K", std::to_string(n) + "x4x4096", graph, copies, bytes,
              2.0 * double(n) * 5 * hcd + 2.0 * double(n * hcd), launch, check,
              "max rel err vs CPU (2 tokens)");
   }

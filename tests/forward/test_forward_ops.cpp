@@ -245,6 +245,47 @@ TEST(ForwardOpsRounding, BackendRoundedOutputsSkipTheForwardsRounding) {
   EXPECT_EQ(cpu.mark(), 0u);
 }
 
+// A backend that fuses mhc_pre with the block input's RMSNorm (Ops::fuses_mhc_pre_norm, as the
+// CUDA backend does) is called through mhc_pre_norm, inside the mhc range, once per site and
+// call; with Ops' default implementation of it (the two ops and the forward's roundings) the
+// logits are the unfused forward's bit for bit, in both numerics modes.
+class FusingMhcNormOps final : public ForwardingOps {
+ public:
+  using ForwardingOps::ForwardingOps;
+  bool fuses_mhc_pre_norm() const override { return true; }
+  void mhc_pre_norm(const cpu::MhcConfig& config, const cpu::MhcSiteWeights& weights,
+                    const float* x, int64_t rows, const float* norm_weight, float eps, bool round,
+                    float* u, float* post, float* comb) override {
+    ++fused_calls_;
+    if (!in_mhc_) ++outside_mhc_;
+    Ops::mhc_pre_norm(config, weights, x, rows, norm_weight, eps, round, u, post, comb);
+  }
+  void component_begin(Component c) override {
+    in_mhc_ = c == Component::kMhc;
+    ForwardingOps::component_begin(c);
+  }
+  int fused_calls_ = 0, outside_mhc_ = 0;
+
+ private:
+  bool in_mhc_ = false;
+};
+
+TEST_P(ForwardOps, FusedMhcPreNormGivesTheUnfusedLogits) {
+  const ModelWeights& model = tiny_model();
+  const ForwardOptions options = ForwardOptions::for_mode(GetParam());
+  CpuOps cpu(model.config());
+  FusingMhcNormOps fusing(&cpu);
+  const auto tokens = random_tokens(90, 23);
+  const auto want = run_chunked(Forward(&model, options), tokens, {37, 1, 5});
+  const auto got = run_chunked(Forward(&model, options, &fusing), tokens, {37, 1, 5});
+  EXPECT_EQ(got, want);
+  // Two sites per layer and forward call.
+  EXPECT_GT(fusing.fused_calls_, 0);
+  EXPECT_EQ(fusing.fused_calls_ % (2 * model.config().num_hidden_layers), 0);
+  EXPECT_EQ(fusing.outside_mhc_, 0);
+  EXPECT_EQ(cpu.mark(), 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, ForwardOps,
                          ::testing::Values(NumericsMode::kReference, NumericsMode::kHf),
                          [](const auto& info) {

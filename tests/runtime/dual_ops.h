@@ -147,6 +147,18 @@ class DualOps final : public dsv4::Ops {
     compare("mhc_pre post", post, r * c.hc_mult);
     compare("mhc_pre comb", comb, r * c.hc_mult * c.hc_mult);
   }
+  // The GPU's fused op against the CPU's two ops (Ops' default: mhc_pre, rms_norm, the roundings).
+  void mhc_pre_norm(const cpu::MhcConfig& c, const cpu::MhcSiteWeights& w, const float* x,
+                    int64_t r, const float* norm, float eps, bool round, float* u, float* post,
+                    float* comb) override {
+    sync(x, r * c.hc_mult * c.dim);
+    gpu_->mhc_pre_norm(c, w, x, r, norm, eps, round, u, post, comb);
+    cpu_.mhc_pre_norm(c, w, host(x), r, norm, eps, round, host(u), host(post), host(comb));
+    compare("mhc_pre_norm u", u, r * c.dim);
+    compare("mhc_pre_norm post", post, r * c.hc_mult);
+    compare("mhc_pre_norm comb", comb, r * c.hc_mult * c.hc_mult);
+  }
+  bool fuses_mhc_pre_norm() const override { return gpu_->fuses_mhc_pre_norm(); }
   void mhc_post(const cpu::MhcConfig& c, const float* o, const float* x, const float* post,
                 const float* comb, int64_t r, float* x_new) override {
     sync(o, r * c.dim);

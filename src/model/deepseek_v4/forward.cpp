@@ -279,6 +279,11 @@ void Forward::block(const LayerWeights& L, int64_t slot, int64_t N, float* x) co
 
   // §6 attention site.
   auto mhc_pre = [&](const cpu::MhcSiteWeights& site, const float* streams, const float* norm) {
+    if (ops.fuses_mhc_pre_norm()) {
+      ComponentScope scope(ops_, Component::kMhc);
+      ops.mhc_pre_norm(mc, site, streams, N, norm, eps, options_.round_bf16, u, post, comb);
+      return;
+    }
     {
       ComponentScope scope(ops_, Component::kMhc);
       ops.mhc_pre(mc, site, streams, N, u, post, comb);

@@ -101,6 +101,13 @@ class ForwardingOps : public Ops {
     before_op("mhc_pre");
     inner_->mhc_pre(config, weights, x, rows, u, post, comb);
   }
+  void mhc_pre_norm(const cpu::MhcConfig& config, const cpu::MhcSiteWeights& weights,
+                    const float* x, int64_t rows, const float* norm_weight, float eps, bool round,
+                    float* u, float* post, float* comb) override {
+    before_op("mhc_pre_norm");
+    inner_->mhc_pre_norm(config, weights, x, rows, norm_weight, eps, round, u, post, comb);
+  }
+  bool fuses_mhc_pre_norm() const override { return inner_->fuses_mhc_pre_norm(); }
   void mhc_post(const cpu::MhcConfig& config, const float* o, const float* x, const float* post,
                 const float* comb, int64_t rows, float* x_new) override {
     before_op("mhc_post");

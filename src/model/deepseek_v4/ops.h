@@ -186,6 +186,21 @@ class Ops {
   // §5 mHC.  x [rows, hc, dim]; u/o [rows, dim]; post [rows, hc]; comb [rows, hc, hc]
   virtual void mhc_pre(const cpu::MhcConfig& config, const cpu::MhcSiteWeights& weights,
                        const float* x, int64_t rows, float* u, float* post, float* comb) = 0;
+  // mhc_pre, then the block input's RMSNorm of u in place (u = rms_norm(u) * norm_weight), each
+  // followed by the forward's bf16 rounding when `round` (the forward's round_bf16 option). The
+  // default runs exactly those ops; a backend that fuses them into one launch says so through
+  // fuses_mhc_pre_norm, and the forward then calls this (inside the mHC component range: the
+  // norm's time is part of mHC's) instead of the two ops in their own ranges.
+  virtual void mhc_pre_norm(const cpu::MhcConfig& config, const cpu::MhcSiteWeights& weights,
+                            const float* x, int64_t rows, const float* norm_weight, float eps,
+                            bool round, float* u, float* post, float* comb) {
+    const bool round_here = round && !rounds_elementwise_outputs();
+    mhc_pre(config, weights, x, rows, u, post, comb);
+    if (round_here) round_bf16(u, rows * config.dim);
+    rms_norm(u, norm_weight, rows, config.dim, eps, u);
+    if (round_here) round_bf16(u, rows * config.dim);
+  }
+  virtual bool fuses_mhc_pre_norm() const { return false; }
   virtual void mhc_post(const cpu::MhcConfig& config, const float* o, const float* x,
                         const float* post, const float* comb, int64_t rows, float* x_new) = 0;
   virtual void mhc_head(const cpu::MhcConfig& config, const cpu::MhcHeadWeights& weights,

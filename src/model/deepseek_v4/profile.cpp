@@ -256,7 +256,9 @@ void format_phase(const PhaseProfile& p, bool step_time_only, std::string* out) 
     *out += pad(component_name(cp.component), 24) + pad(human_time(cp.seconds), 12) +
             pad(fmt("%.1f%%", 100 * share), 8) + pad(human_bytes(cp.bytes), 12) +
             pad(human_flops(cp.fp8_flops + cp.bf16_flops), 14) + pad(human_time(cp.floor_s), 12) +
-            (cp.floor_s > 0 ? fmt("%.1fx", cp.seconds / cp.floor_s) : std::string("-")) + "\n";
+            (cp.floor_s > 0 && cp.ranges > 0 ? fmt("%.1fx", cp.seconds / cp.floor_s)
+                                             : std::string(cp.ranges > 0 ? "-" : "- (no range)")) +
+            "\n";
   }
   const double coverage = p.step_s > 0 ? p.covered_s / p.step_s : 0;
   *out += "step " + human_time(p.step_s) + " measured; components cover " +

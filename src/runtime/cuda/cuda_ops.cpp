@@ -1504,6 +1504,19 @@ void CudaOps::indexer_scale_weights(float* w, int64_t heads, int64_t head_dim) {
 
 void CudaOps::mhc_pre(const cpu::MhcConfig& config, const cpu::MhcSiteWeights& weights,
                       const float* x, int64_t rows, float* u, float* post, float* comb) {
+  launch_mhc_pre_site(config, weights, x, rows, nullptr, 0.0f, u, post, comb);
+}
+
+void CudaOps::mhc_pre_norm(const cpu::MhcConfig& config, const cpu::MhcSiteWeights& weights,
+                           const float* x, int64_t rows, const float* norm_weight, float eps,
+                           bool /*round: always, as rms_norm and mhc_pre*/, float* u, float* post,
+                           float* comb) {
+  launch_mhc_pre_site(config, weights, x, rows, norm_weight, eps, u, post, comb);
+}
+
+void CudaOps::launch_mhc_pre_site(const cpu::MhcConfig& config, const cpu::MhcSiteWeights& weights,
+                                  const float* x, int64_t rows, const float* norm_weight,
+                                  float eps, float* u, float* post, float* comb) {
   if (skip() || rows == 0) return;
   const size_t mark = arena_.mark();
   cuda::MhcPreParams p;
@@ -1521,6 +1534,10 @@ void CudaOps::mhc_pre(const cpu::MhcConfig& config, const cpu::MhcSiteWeights& w
   p.hc_eps = config.hc_eps;
   p.norm_eps = config.norm_eps;
   p.round_bf16 = true;
+  if (norm_weight != nullptr) {
+    p.rms_weight = weights_.get(norm_weight);
+    p.rms_eps = eps;
+  }
   if (!failed()) {
     cuda::launch_mhc_pre(p, stream_);
     (void)check(cuda_check(cudaGetLastError(), "launch_mhc_pre"));

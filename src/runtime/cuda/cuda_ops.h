@@ -181,6 +181,12 @@ class CudaOps final : public dsv4::Ops {
   void indexer_scale_weights(float* w, int64_t heads, int64_t head_dim) override;
   void mhc_pre(const cpu::MhcConfig& config, const cpu::MhcSiteWeights& weights, const float* x,
                int64_t rows, float* u, float* post, float* comb) override;
+  // One launch at decode sizes (the norm inside mhc_pre's cluster kernel), mhc_pre's kernels +
+  // rms_norm's otherwise; rounds as mhc_pre and rms_norm do.
+  void mhc_pre_norm(const cpu::MhcConfig& config, const cpu::MhcSiteWeights& weights,
+                    const float* x, int64_t rows, const float* norm_weight, float eps, bool round,
+                    float* u, float* post, float* comb) override;
+  bool fuses_mhc_pre_norm() const override { return true; }
   void mhc_post(const cpu::MhcConfig& config, const float* o, const float* x, const float* post,
                 const float* comb, int64_t rows, float* x_new) override;
   void mhc_head(const cpu::MhcConfig& config, const cpu::MhcHeadWeights& weights, const float* x,
@@ -220,6 +226,10 @@ class CudaOps final : public dsv4::Ops {
   template <typename T>
   T* scratch(int64_t n);  // arena allocation of n T's (nullptr + error on overflow)
   uint16_t* to_bf16(const float* x, int64_t rows, int64_t cols);  // arena bf16 copy
+  // mhc_pre, with the RMSNorm of u fused in when norm_weight is set (mhc_pre_norm).
+  void launch_mhc_pre_site(const cpu::MhcConfig& config, const cpu::MhcSiteWeights& weights,
+                           const float* x, int64_t rows, const float* norm_weight, float eps,
+                           float* u, float* post, float* comb);
   // x_bf16: a bf16 copy of x the caller made already (else the input is converted here, or
   // quantized straight from fp32 for an FP8 linear in reference numerics).
   Status linear_impl(const float* x, int64_t rows, const cpu::LinearWeight& w, bool quantize,

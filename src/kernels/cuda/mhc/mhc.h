@@ -8,6 +8,10 @@
 // tokens x one K chunk; fn chunks are shared through L1 by the warps of a block) writing partial
 // sums to a caller-provided workspace, then one block per token that adds the partials in a fixed
 // order (deterministic), splits, runs Sinkhorn and writes u. hc must be 4 (DeepSeek-V4).
+// Decode sizes (<= 64 tokens) run in one launch instead, a cluster of 8 CTAs per 4 tokens (1 at
+// one token) that sums the partials through distributed shared memory; it needs thread-block
+// clusters (compute capability 9.0+) and hc * dim a multiple of 1024, else the two kernels run.
+// Both are deterministic; they sum the mixes in different orders (within the tests' tolerance).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,6 +24,9 @@ inline constexpr int kMhcHc = 4;  // hc_mult supported by these kernels
 
 // Floats of workspace mhc_pre / mhc_head need for any num_tokens <= max_tokens.
 int64_t mhc_workspace_floats(int64_t max_tokens, int64_t dim);
+
+// Whether the one-launch path can run for this dim on the current device.
+bool mhc_fused_supported(int64_t dim);
 
 struct MhcPreParams {
   const float* x = nullptr;      // [num_tokens, hc, dim] residual streams (16-byte aligned)
@@ -36,6 +43,14 @@ struct MhcPreParams {
   float hc_eps = 1e-6f;
   float norm_eps = 1e-6f;
   bool round_bf16 = false;  // round u to bf16 values (REF casts u to bf16)
+  // Optional: the block input's RMSNorm fused in (the forward's attn_norm / ffn_norm): u becomes
+  // rms_norm(u) * rms_weight, computed from the (rounded) u and rounded again when round_bf16, as
+  // mhc_pre followed by launch_rms_norm in place would give. [dim]
+  const float* rms_weight = nullptr;
+  float rms_eps = 1e-6f;
+  // 0: by size (the one launch at <= 64 tokens where supported); 1: the two kernels; 2: the one
+  // launch where mhc_fused_supported (any token count), else the two kernels.
+  int path = 0;
 };
 
 void launch_mhc_pre(const MhcPreParams& params, cudaStream_t stream);
@@ -67,6 +82,7 @@ struct MhcHeadParams {
   float hc_eps = 1e-6f;
   float norm_eps = 1e-6f;
   bool round_bf16 = false;
+  int path = 0;  // as MhcPreParams::path
 };
 
 void launch_mhc_head(const MhcHeadParams& params, cudaStream_t stream);
