@@ -245,14 +245,23 @@ TEST(ForwardOpsRounding, BackendRoundedOutputsSkipTheForwardsRounding) {
   EXPECT_EQ(cpu.mark(), 0u);
 }
 
-// A backend that fuses mhc_pre with the block input's RMSNorm (Ops::fuses_mhc_pre_norm, as the
-// CUDA backend does) is called through mhc_pre_norm, inside the mhc range, once per site and
-// call; with Ops' default implementation of it (the two ops and the forward's roundings) the
-// logits are the unfused forward's bit for bit, in both numerics modes.
+// A backend that fuses mhc_pre with the block input's RMSNorm (Ops::fuses_mhc_pre_norm) and
+// wq_a with wkv (Ops::fuses_linear_pair), as the CUDA backend does, is called through
+// mhc_pre_norm (inside the mhc range, once per site and call) and linear_pair (once per layer
+// and call); with Ops' default implementations (the unfused ops and the forward's roundings)
+// the logits are the unfused forward's bit for bit, in both numerics modes.
 class FusingMhcNormOps final : public ForwardingOps {
  public:
   using ForwardingOps::ForwardingOps;
   bool fuses_mhc_pre_norm() const override { return true; }
+  bool fuses_linear_pair() const override { return true; }
+  void linear_pair(const float* x, int64_t rows, const cpu::LinearWeight& w0,
+                   const cpu::LinearWeight& w1, bool q, float* y0, float* y1,
+                   bool round) override {
+    ++pair_calls_;
+    Ops::linear_pair(x, rows, w0, w1, q, y0, y1, round);
+  }
+  int pair_calls_ = 0;
   void mhc_pre_norm(const cpu::MhcConfig& config, const cpu::MhcSiteWeights& weights,
                     const float* x, int64_t rows, const float* norm_weight, float eps, bool round,
                     float* u, float* post, float* comb) override {
@@ -270,7 +279,7 @@ class FusingMhcNormOps final : public ForwardingOps {
   bool in_mhc_ = false;
 };
 
-TEST_P(ForwardOps, FusedMhcPreNormGivesTheUnfusedLogits) {
+TEST_P(ForwardOps, FusedOpsGiveTheUnfusedLogits) {
   const ModelWeights& model = tiny_model();
   const ForwardOptions options = ForwardOptions::for_mode(GetParam());
   CpuOps cpu(model.config());
@@ -283,6 +292,7 @@ TEST_P(ForwardOps, FusedMhcPreNormGivesTheUnfusedLogits) {
   EXPECT_GT(fusing.fused_calls_, 0);
   EXPECT_EQ(fusing.fused_calls_ % (2 * model.config().num_hidden_layers), 0);
   EXPECT_EQ(fusing.outside_mhc_, 0);
+  EXPECT_EQ(2 * fusing.pair_calls_, fusing.fused_calls_);
   EXPECT_EQ(cpu.mark(), 0u);
 }
 

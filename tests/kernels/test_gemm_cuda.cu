@@ -876,6 +876,102 @@ TEST_F(GemmCudaTest, Bf16Linear) {
     }
 }
 
+// Two linears that share their input as one GEMM over the concatenated weights (CudaOps'
+// wq_a + wkv at decode sizes): with split_features the first rows go to y and the rest to y2,
+// each with its own row stride, bit for bit the columns of the unsplit output (the same plan and
+// arithmetic; only the store address differs). The unsplit fused shape against the CPU
+// reference too; and the split's argument checks.
+TEST_F(GemmCudaTest, SplitOutputGivesTheUnsplitColumnsBitForBit) {
+  const LinearShape fused_flash{"wq_a+wkv", 1536, 4096, 1}, fused_tiny{"tiny pair", 256, 256, 1};
+  uint64_t seed = 1900;
+  for (int64_t m : {1, 8}) run_fp8_case(fused_flash, m, true, cuda::OutType::kF32Bf16, ++seed);
+  struct Case {
+    LinearShape s;
+    int64_t split, m;
+  };
+  for (const Case& c : {Case{fused_flash, 1024, 1}, Case{fused_flash, 1024, 2},
+                        Case{fused_flash, 1024, 5}, Case{fused_flash, 1024, 8},
+                        Case{fused_flash, 1024, 16}, Case{fused_flash, 1024, 37},
+                        Case{fused_tiny, 128, 1}, Case{fused_tiny, 128, 3}}) {
+    SCOPED_TRACE(std::string(c.s.name) + " M=" + std::to_string(c.m));
+    Rng rng(++seed);
+    HostWeight hw = random_weight(rng, c.s);
+    const std::vector<uint16_t> xb = random_activations(rng, c.m, c.s.k);
+    std::vector<float> x(xb.size());
+    for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_float(xb[i]);
+    DeviceWeight dw(hw);
+    ASSERT_EQ(dw.data.upload(hw.data), cudaSuccess);
+    ASSERT_EQ(dw.scale.upload(hw.scale), cudaSuccess);
+    ASSERT_EQ(dw.scale_f32.upload(hw.scale_f32), cudaSuccess);
+    test::DeviceBuffer<float> dx(x.size());
+    ASSERT_EQ(dx.upload(x), cudaSuccess);
+    const int64_t n = c.s.n, n0 = c.split, n1 = n - c.split, s0 = n0 + 8, s1 = n1 + 16;
+    test::DeviceBuffer<float> full(size_t(c.m * n)), y0(size_t(c.m * s0)), y1(size_t(c.m * s1));
+    for (auto* b : {&full, &y0, &y1}) ASSERT_EQ(b->poison(), cudaSuccess);
+    cuda::Fp8LinearParams p;
+    p.w = {dw.data.get(), dw.scale.get(), dw.scale_f32.get(), n, c.s.k, 1};
+    p.num_tokens = c.m;
+    p.x.f32 = dx.get();
+    p.x.x_row_stride = c.s.k;
+    p.y = full.get();
+    p.y_type = cuda::OutType::kF32Bf16;
+    p.y_row_stride = n;
+    p.pdl = c.m % 2 == 1;
+    Status st = runner_->linear_fp8(p, nullptr);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    p.y = y0.get();
+    p.y_row_stride = s0;
+    p.y2 = y1.get();
+    p.y2_row_stride = s1;
+    p.split_features = n0;
+    (void)(st = runner_->linear_fp8(p, nullptr));
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> f, a, b;
+    ASSERT_EQ(full.download(f), cudaSuccess);
+    ASSERT_EQ(y0.download(a), cudaSuccess);
+    ASSERT_EQ(y1.download(b), cudaSuccess);
+    int64_t differ = 0, pad_written = 0;
+    for (int64_t t = 0; t < c.m; ++t) {
+      for (int64_t j = 0; j < n0; ++j)
+        differ += std::memcmp(&a[size_t(t * s0 + j)], &f[size_t(t * n + j)], 4) != 0;
+      for (int64_t j = 0; j < n1; ++j)
+        differ += std::memcmp(&b[size_t(t * s1 + j)], &f[size_t(t * n + n0 + j)], 4) != 0;
+      for (int64_t j = n0; j < s0; ++j) pad_written += !std::isnan(a[size_t(t * s0 + j)]);
+      for (int64_t j = n1; j < s1; ++j) pad_written += !std::isnan(b[size_t(t * s1 + j)]);
+    }
+    EXPECT_EQ(differ, 0);
+    EXPECT_EQ(pad_written, 0) << "a split output wrote past its width";
+  }
+  // Bad splits: at N, negative, without y2, y2's stride too small, and more than one group.
+  test::DeviceBuffer<uint8_t> w(256 * 256), sc(4);
+  test::DeviceBuffer<float> x(256), y(1024), y2(1024);
+  cuda::Fp8LinearParams p;
+  p.w = {w.get(), sc.get(), nullptr, 256, 256, 1};
+  p.num_tokens = 1;
+  p.x.f32 = x.get();
+  p.x.x_row_stride = 256;
+  p.y = y.get();
+  p.y_type = cuda::OutType::kF32;
+  p.y_row_stride = 256;
+  p.y2 = y2.get();
+  p.y2_row_stride = 256;
+  for (int64_t split : {int64_t(256), int64_t(-16)}) {
+    p.split_features = split;
+    EXPECT_EQ(runner_->linear_fp8(p, nullptr).code(), StatusCode::kInvalidArgument) << split;
+  }
+  p.split_features = 128;
+  p.y2 = nullptr;
+  EXPECT_EQ(runner_->linear_fp8(p, nullptr).code(), StatusCode::kInvalidArgument);
+  p.y2 = y2.get();
+  p.y2_row_stride = 64;
+  EXPECT_EQ(runner_->linear_fp8(p, nullptr).code(), StatusCode::kInvalidArgument);
+  p.y2_row_stride = 256;
+  p.w = {w.get(), sc.get(), nullptr, 128, 128, 2};
+  p.x.x_row_stride = 256;
+  EXPECT_EQ(runner_->linear_fp8(p, nullptr).code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(GemmCudaTest, RejectsBadShapes) {
   test::DeviceBuffer<uint8_t> w(256 * 200), s(4), y(1024);
   test::DeviceBuffer<uint16_t> x(1024);

@@ -78,6 +78,17 @@ class DualOps final : public dsv4::Ops {
     compare("linear " + std::to_string(w.out_features) + "x" + std::to_string(w.in_features), y,
             r * w.out_features);
   }
+  // The GPU's pair (one GEMM over the concatenated weights at decode sizes) against two CPU linears.
+  void linear_pair(const float* x, int64_t r, const cpu::LinearWeight& w0,
+                   const cpu::LinearWeight& w1, bool q, float* y0, float* y1,
+                   bool round) override {
+    sync(x, r * w0.in_features);
+    gpu_->linear_pair(x, r, w0, w1, q, y0, y1, round);
+    cpu_.linear_pair(host(x), r, w0, w1, q, host(y0), host(y1), round);
+    compare("linear_pair first", y0, r * w0.out_features);
+    compare("linear_pair second", y1, r * w1.out_features);
+  }
+  bool fuses_linear_pair() const override { return gpu_->fuses_linear_pair(); }
   void grouped_output_projection(const float* o, int64_t g, const cpu::LinearWeight& w, float* z,
                                  bool round) override {
     sync(o, rows() * w.in_features * g);

@@ -333,6 +333,32 @@ TEST_F(CudaOpsTest, TiledFp8WeightsMatchCpu) {
   EXPECT_GE((*tiled_ops)->graph_replays(), 30);
 }
 
+// CudaOpsOptions::fused_pair_max_tokens: every layer's wq_a and wkv (main and MTP) also held
+// concatenated (linear_pair: one GEMM with a split output at decode sizes), the copies counted
+// in weight_bytes(), and prefill plus graph-replayed decode steps agreeing with the CPU as the
+// unfused backend does (the fused GEMM sums in its own plan's order, so bits may differ from two
+// GEMMs'; test_gemm_cuda checks the split against the unsplit fused GEMM bit for bit).
+TEST_F(CudaOpsTest, FusedWqaWkvMatchesCpu) {
+  CudaOpsOptions o = ops_->options();
+  o.fused_pair_max_tokens = 16;
+  auto fused_ops = CudaOps::create(tiny_model(), options_, o);
+  o.fused_pair_max_tokens = 0;
+  auto plain_ops = CudaOps::create(tiny_model(), options_, o);
+  ASSERT_TRUE(fused_ops.ok() && plain_ops.ok());
+  const dsv4::ModelWeights& m = tiny_model();
+  EXPECT_EQ((*fused_ops)->fused_pairs(), int64_t(m.layers.size() + m.mtp.size()));
+  EXPECT_EQ((*plain_ops)->fused_pairs(), 0);
+  int64_t pair_bytes = 0;
+  for (const dsv4::LayerWeights& L : m.layers)
+    pair_bytes += (L.wq_a.out_features + L.wkv.out_features) * L.wq_a.in_features;
+  EXPECT_GE((*fused_ops)->weight_bytes(), (*plain_ops)->weight_bytes() + size_t(pair_bytes));
+  const auto tokens = random_tokens(150, 83);
+  const auto schedule = prefill_then_decode(110, 40);
+  expect_like_cpu(options_, fused_ops->get(), "fused wq_a + wkv, prefill 110 + decode 40",
+                  [&](const Forward& f) { return run_chunked(f, tokens, schedule); });
+  EXPECT_GE((*fused_ops)->graph_replays(), 30);
+}
+
 // SequenceChunk::argmax_only on the GPU (CudaOps::argmax_rows: the greedy kernel after the decode
 // graph, 5 bytes per row to the host), alone and mixed with chunks that take logits, prefill and
 // graph-replayed decode steps, against the argmax of the same rows' logits.

@@ -142,7 +142,11 @@ void Forward::attention(const LayerWeights& L, int64_t slot, int64_t N, const fl
   float* kv = alloc(N * hd);             // [N, hd]
   {
     ComponentScope scope(ops_, Component::kAttentionProjections);
-    ops.linear(h, N, L.wq_a, actq, qr, options_.round_bf16);
+    const bool pair = ops.fuses_linear_pair();  // wq_a and wkv as one GEMM (same input h)
+    if (pair)
+      ops.linear_pair(h, N, L.wq_a, L.wkv, actq, qr, kv, options_.round_bf16);
+    else
+      ops.linear(h, N, L.wq_a, actq, qr, options_.round_bf16);
     ops.rms_norm(qr, L.q_norm.data(), N, c.q_lora_rank, eps, qr);
     round_elementwise_output(qr, N * c.q_lora_rank);
     ops.linear(qr, N, L.wq_b, actq, q, options_.round_bf16);
@@ -151,7 +155,7 @@ void Forward::attention(const LayerWeights& L, int64_t slot, int64_t N, const fl
     ops.rope(q, H, hd, rd, L.inv_freq.data(), cpu::RopeDirection::kForward);
     round_elementwise_output(q, N * H * hd);
 
-    ops.linear(h, N, L.wkv, actq, kv, options_.round_bf16);
+    if (!pair) ops.linear(h, N, L.wkv, actq, kv, options_.round_bf16);
     ops.rms_norm(kv, L.kv_norm.data(), N, hd, eps, kv);
     round_elementwise_output(kv, N * hd);
     ops.rope(kv, 1, hd, rd, L.inv_freq.data(), cpu::RopeDirection::kForward);

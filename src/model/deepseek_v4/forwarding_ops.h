@@ -56,6 +56,15 @@ class ForwardingOps : public Ops {
     before_op("linear");
     inner_->linear(x, rows, w, quantize_activations, y, round_output);
   }
+  void linear_pair(const float* x, int64_t rows, const cpu::LinearWeight& w0,
+                   const cpu::LinearWeight& w1, bool quantize_activations, float* y0, float* y1,
+                   bool round_output) override {
+    before_op("linear_pair");
+    inner_->linear_pair(x, rows, w0, w1, quantize_activations, y0, y1, round_output);
+  }
+  // The inner backend's fusions pass through: a decorator that changes linear (or mhc_pre /
+  // rms_norm) over a fusing backend must override linear_pair (mhc_pre_norm) too.
+  bool fuses_linear_pair() const override { return inner_->fuses_linear_pair(); }
   void grouped_output_projection(const float* o, int64_t groups, const cpu::LinearWeight& wo_a,
                                  float* z, bool round_output) override {
     before_op("grouped_output_projection");

@@ -150,6 +150,18 @@ class Ops {
   // epilogue).  x [rows, K], y [rows, N]
   virtual void linear(const float* x, int64_t rows, const cpu::LinearWeight& w,
                       bool quantize_activations, float* y, bool round_output) = 0;
+  // Two linears of the same input (the forward's wq_a and wkv): y0 = x @ W0^T and y1 = x @ W1^T
+  // with what linear() gives for each (the default: two linear calls). A device backend may run
+  // them as one GEMM over the concatenated weights at decode sizes; it says so through
+  // fuses_linear_pair, and only then does the forward call this (at wq_a's place; otherwise it
+  // calls linear for wq_a and, after the query path, for wkv, as before).
+  virtual void linear_pair(const float* x, int64_t rows, const cpu::LinearWeight& w0,
+                           const cpu::LinearWeight& w1, bool quantize_activations, float* y0,
+                           float* y1, bool round_output) {
+    linear(x, rows, w0, quantize_activations, y0, round_output);
+    linear(x, rows, w1, quantize_activations, y1, round_output);
+  }
+  virtual bool fuses_linear_pair() const { return false; }
   // §7.8 grouped wo_a, round_output as for linear.
   //   o [num_tokens, heads * head_dim], z [num_tokens, groups * o_lora_rank]
   virtual void grouped_output_projection(const float* o, int64_t groups,

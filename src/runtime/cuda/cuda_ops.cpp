@@ -406,6 +406,40 @@ Status CudaOps::register_weights() {
         w->out_features, w->in_features, stream_));
     fp8_tiled_[w->data] = static_cast<const uint8_t*>(dev);
   }
+  // wq_a and wkv concatenated (rows of wq_a, then wkv's; their scale grids likewise, so wq_a's
+  // rows must end on a 128-row block), for linear_pair at decode sizes.
+  const char* fused_env = std::getenv("DEEPSERVE_FUSED_QKV");
+  const bool fuse = opt_.fused_pair_max_tokens > 0 && !(fused_env && std::string(fused_env) == "0");
+  auto fuse_pair = [&](const cpu::LinearWeight& a, const cpu::LinearWeight& b) -> Status {
+    if (!fuse || a.format != cpu::WeightFormat::kFp8Block ||
+        b.format != cpu::WeightFormat::kFp8Block || a.data == nullptr || b.data == nullptr ||
+        a.in_features != b.in_features || a.out_features % 128 != 0 ||
+        fused_pairs_.count(a.data) != 0)
+      return ok_status();
+    const size_t ca = size_t(a.out_features * a.in_features),
+                 cb = size_t(b.out_features * b.in_features);
+    const size_t sa = weight_scale_bytes(a), sb = weight_scale_bytes(b);
+    DS_ASSIGN_OR_RETURN(void* codes, weights_.allocate_derived(ca + cb));
+    DS_ASSIGN_OR_RETURN(void* scale, weights_.allocate_derived(sa + sb));
+    DS_ASSIGN_OR_RETURN(void* scale_f32, weights_.allocate_derived((sa + sb) * 4));
+    auto* c8 = static_cast<uint8_t*>(codes);
+    auto* s8 = static_cast<uint8_t*>(scale);
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(c8, weights_.find(a.data), ca,
+                                            cudaMemcpyDeviceToDevice, stream_));
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(c8 + ca, weights_.find(b.data), cb,
+                                            cudaMemcpyDeviceToDevice, stream_));
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s8, weights_.get(a.scale), sa,
+                                            cudaMemcpyDeviceToDevice, stream_));
+    DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s8 + sa, weights_.get(b.scale), sb,
+                                            cudaMemcpyDeviceToDevice, stream_));
+    DS_RETURN_IF_ERROR(cuda::launch_e8m0_to_f32(s8, static_cast<float*>(scale_f32),
+                                                int64_t(sa + sb), stream_));
+    fused_pairs_[a.data] = {b.data, c8, s8, static_cast<const float*>(scale_f32)};
+    return ok_status();
+  };
+  for (const dsv4::LayerWeights& L : model_.layers) DS_RETURN_IF_ERROR(fuse_pair(L.wq_a, L.wkv));
+  for (const dsv4::MtpWeights& M : model_.mtp)
+    DS_RETURN_IF_ERROR(fuse_pair(M.block.wq_a, M.block.wkv));
   DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return ok_status();
 }
@@ -416,6 +450,8 @@ Status CudaOps::init() {
   DS_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, opt_.device));
   DS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  const char* pdl_env = std::getenv("DEEPSERVE_GEMM_PDL");
+  kernel_pdl_ = opt_.kernel_pdl && !(pdl_env && std::string(pdl_env) == "0");
   if (opt_.max_context == 0 || opt_.max_context > c.max_position_embeddings) {
     opt_.max_context = c.max_position_embeddings;
   }
@@ -1360,6 +1396,7 @@ Status CudaOps::linear_impl(const float* x, int64_t rows, const cpu::LinearWeigh
     p.y = y;
     p.y_type = out_type;
     p.y_row_stride = w.out_features;
+    p.pdl = kernel_pdl_;
     st = gemm_->linear_fp8(p, stream_);
   } else if (w.format == cpu::WeightFormat::kBF16 && groups == 1) {
     cuda::Bf16LinearParams p;
@@ -1400,6 +1437,39 @@ void CudaOps::linear(const float* x, int64_t rows, const cpu::LinearWeight& w,
                      bool quantize_activations, float* y, bool round_output) {
   if (skip()) return;
   (void)check(linear_impl(x, rows, w, quantize_activations, 1, y, round_output));
+}
+
+void CudaOps::linear_pair(const float* x, int64_t rows, const cpu::LinearWeight& w0,
+                          const cpu::LinearWeight& w1, bool quantize_activations, float* y0,
+                          float* y1, bool round_output) {
+  if (skip()) return;
+  auto it = fused_pairs_.find(w0.data);
+  const bool fused = it != fused_pairs_.end() && it->second.second == w1.data &&
+                     quantize_activations && rows > 0 && rows <= opt_.fused_pair_max_tokens &&
+                     reinterpret_cast<uintptr_t>(x) % 16 == 0 && w0.in_features % 8 == 0;
+  if (!fused) {
+    Ops::linear_pair(x, rows, w0, w1, quantize_activations, y0, y1, round_output);
+    return;
+  }
+  cuda::Fp8LinearParams p;
+  p.w.data = it->second.codes;
+  p.w.scale = it->second.scale;
+  p.w.scale_f32 = it->second.scale_f32;
+  p.w.out_features = w0.out_features + w1.out_features;
+  p.w.in_features = w0.in_features;
+  p.w.num_groups = 1;
+  p.num_tokens = rows;
+  p.x.f32 = x;
+  p.x.x_row_stride = w0.in_features;
+  p.quantize_activations = true;
+  p.y = y0;
+  p.y_type = round_output ? cuda::OutType::kF32Bf16 : cuda::OutType::kF32;
+  p.y_row_stride = w0.out_features;
+  p.y2 = y1;
+  p.y2_row_stride = w1.out_features;
+  p.split_features = w0.out_features;
+  p.pdl = kernel_pdl_;
+  (void)check(gemm_->linear_fp8(p, stream_));
 }
 
 void CudaOps::grouped_output_projection(const float* o, int64_t groups,
@@ -1871,6 +1941,7 @@ void CudaOps::attend(const dsv4::AttendParams& params, const float* q, const flo
   p.workspace_bytes =
       cuda::sparse_mla_workspace_bytes(p.plan, p.num_queries, p.num_heads, p.head_dim);
   p.workspace = scratch<float>(int64_t(p.workspace_bytes / 4 + 1));
+  p.pdl = kernel_pdl_;
   if (skip()) return;
   if (!check(cuda::launch_sparse_mla_decode(p, stream_)).ok()) return;
   cuda::launch_bf16_to_f32(ob, N * H * hd, o, stream_);

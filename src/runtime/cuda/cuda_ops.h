@@ -99,6 +99,15 @@ struct CudaOpsOptions {
   // row-major copy. Costs those weights' bytes once more (Flash: 100 MB per layer).
   // < 0: none; DEEPSERVE_TILED_FP8=0 in the environment also turns it off (an A/B switch).
   int64_t tiled_fp8_min_bytes = int64_t(32) << 20;
+  // wq_a and wkv (same input) also held concatenated, one [q_lora_rank + head_dim, hidden] FP8
+  // weight per layer (Flash: +6.3 MB per layer), which linear_pair runs as one small-M GEMM with
+  // a split output for up to this many tokens (kernels/cuda/gemm/NOTES.md, session 14). 0: no
+  // copy; DEEPSERVE_FUSED_QKV=0 in the environment also turns it off (an A/B switch).
+  int64_t fused_pair_max_tokens = 16;
+  // The small-M FP8 GEMMs and the sparse MLA kernel launch as programmatic dependents of the
+  // previous kernel (their weights / addresses are read while it finishes; they wait before
+  // reading its outputs). DEEPSERVE_GEMM_PDL=0 in the environment turns it off (A/B switch).
+  bool kernel_pdl = true;
 };
 
 class CudaOps final : public dsv4::Ops {
@@ -116,6 +125,8 @@ class CudaOps final : public dsv4::Ops {
   size_t arena_high_water() const { return arena_.high_water(); }
   // FP8 weights also held in the small-M tile order (CudaOpsOptions::tiled_fp8_min_bytes).
   int64_t tiled_fp8_weights() const { return int64_t(fp8_tiled_.size()); }
+  // Layers (main and MTP) whose wq_a and wkv are also held concatenated (fused_pair_max_tokens).
+  int64_t fused_pairs() const { return int64_t(fused_pairs_.size()); }
   const CudaOpsOptions& options() const { return opt_; }
   cudaStream_t stream() const { return stream_; }
   // KV pages: 256 token positions each (kPageTokens); total, free, held by `state` (0 when it has
@@ -163,6 +174,12 @@ class CudaOps final : public dsv4::Ops {
   void embed(const cpu::LinearWeight& table, int64_t copies, float* x) override;
   void linear(const float* x, int64_t rows, const cpu::LinearWeight& w, bool quantize_activations,
               float* y, bool round_output) override;
+  // One GEMM over the concatenated weights (split output) at <= fused_pair_max_tokens tokens
+  // where the pair is held fused; two linears otherwise.
+  void linear_pair(const float* x, int64_t rows, const cpu::LinearWeight& w0,
+                   const cpu::LinearWeight& w1, bool quantize_activations, float* y0, float* y1,
+                   bool round_output) override;
+  bool fuses_linear_pair() const override { return !fused_pairs_.empty(); }
   void grouped_output_projection(const float* o, int64_t groups, const cpu::LinearWeight& wo_a,
                                  float* z, bool round_output) override;
   void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
@@ -268,6 +285,15 @@ class CudaOps final : public dsv4::Ops {
   std::unordered_map<const void*, const float*> e8m0_f32_;  // FP8 weight scale grids as fp32
   // FP8 weights' tile-ordered copies (CudaOpsOptions::tiled_fp8_min_bytes): host data -> device.
   std::unordered_map<const void*, const uint8_t*> fp8_tiled_;
+  // wq_a and wkv concatenated (fused_pair_max_tokens), keyed by wq_a's host data.
+  struct FusedPair {
+    const void* second = nullptr;  // wkv's host data
+    const uint8_t* codes = nullptr;
+    const uint8_t* scale = nullptr;
+    const float* scale_f32 = nullptr;
+  };
+  std::unordered_map<const void*, FusedPair> fused_pairs_;
+  bool kernel_pdl_ = true;  // CudaOpsOptions::kernel_pdl, unless DEEPSERVE_GEMM_PDL=0
   // bf16 weights padded to a multiple of 8 rows: host data -> (device copy, padded rows).
   std::unordered_map<const void*, std::pair<const uint16_t*, int64_t>> padded_bf16_;
   // Per-layer MoE state, keyed by the layer's host expert array (MoeSite::experts).

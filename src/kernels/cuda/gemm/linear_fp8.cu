@@ -43,6 +43,9 @@ struct SmallMArgs {
   const uint8_t* x_scales;
   const uint16_t* x_bf16;
   void* y;
+  void* y2;          // output rows [n_split, n) (n_split > 0, one group), else unused
+  int64_t y2_stride;
+  int64_t n_split;   // 0: every row to y
   int64_t n, k;  // per group
   int64_t m;
   int64_t x_stride;        // elements (codes: G*K; bf16: x_row_stride)
@@ -56,6 +59,23 @@ struct SmallMArgs {
   int stages;                    // kBulk: shared-memory ring slots
   int64_t tiles, groups, items;  // row tiles per group; work items = tiles * groups * chunks
 };
+
+// Writes output row r (of group `group`) of token tok: to y at tok * y_stride + group * n + r, or,
+// for rows past n_split (a split output: two linears sharing an input), to y2 at
+// tok * y2_stride + r - n_split.
+__device__ __forceinline__ void store_output(const SmallMArgs& a, int64_t tok, int64_t group,
+                                             int64_t r, float sum) {
+  void* out = a.y;
+  int64_t idx = tok * a.y_stride + group * a.n + r;
+  if (a.n_split > 0 && r >= a.n_split) {
+    out = a.y2;
+    idx = tok * a.y2_stride + (r - a.n_split);
+  }
+  if (a.y_f32)
+    static_cast<float*>(out)[idx] = a.y_round ? ops::round_bf16_exact(sum) : sum;
+  else
+    static_cast<__nv_bfloat16*>(out)[idx] = __float2bfloat16_rn(sum);
+}
 
 __device__ __forceinline__ uint4 load_stream(const void* p) {
   uint4 v;
@@ -275,13 +295,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1) fp8_small_m_kernel(
         for (int w = 0; w < KW; ++w) sum += base[(w * kRows + row) * kPad + col];
       }
       const int64_t tok = tok0 + col, r = tile * kRows + row;
-      if (tok < a.m && r < a.n) {
-        const int64_t idx = tok * a.y_stride + group * a.n + r;
-        if (a.y_f32)
-          static_cast<float*>(a.y)[idx] = a.y_round ? ops::round_bf16_exact(sum) : sum;
-        else
-          static_cast<__nv_bfloat16*>(a.y)[idx] = __float2bfloat16_rn(sum);
-      }
+      if (tok < a.m && r < a.n) store_output(a, tok, group, r, sum);
     }
     // Nobody may overwrite `red` (here or, through DSMEM, in the cluster) before all have read it.
     if (a.k_split > 1)
@@ -380,13 +394,7 @@ __device__ __forceinline__ void reduce_k_partials(const SmallMArgs& a,
       for (int w = 0; w < KW; ++w) sum += base[(w * kRows + row) * kPad + col];
     }
     const int64_t tok = tok0 + col, r = tile * kRows + row;
-    if (tok < a.m && r < a.n) {
-      const int64_t idx = tok * a.y_stride + group * a.n + r;
-      if (a.y_f32)
-        static_cast<float*>(a.y)[idx] = a.y_round ? ops::round_bf16_exact(sum) : sum;
-      else
-        static_cast<__nv_bfloat16*>(a.y)[idx] = __float2bfloat16_rn(sum);
-    }
+    if (tok < a.m && r < a.n) store_output(a, tok, group, r, sum);
   }
   // The CTAs of a cluster read each other's shared memory: none may exit before all have read.
   if (ks > 1) cluster.sync();
@@ -1151,8 +1159,15 @@ Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) 
   if (!fp8_act && !p.x_bf16) return invalid_argument("fp8 linear: no input");
   if (!fp8_act && (p.x_row_stride < in_cols || p.x_row_stride % 8 != 0))
     return invalid_argument("fp8 linear: bf16 row stride must be >= G*K and a multiple of 8");
-  if (!p.y || p.y_row_stride < p.w.out_features * p.w.num_groups)
+  if (p.split_features == 0 && (!p.y || p.y_row_stride < p.w.out_features * p.w.num_groups))
     return invalid_argument("fp8 linear: output missing or row stride < G*N");
+  if (p.split_features != 0 &&
+      (p.w.num_groups != 1 || p.split_features < 0 || p.split_features >= p.w.out_features ||
+       !p.y || !p.y2 || p.y_row_stride < p.split_features ||
+       p.y2_row_stride < p.w.out_features - p.split_features))
+    return invalid_argument(
+        "fp8 linear: a split output needs one group, 0 < split < N, both outputs and row strides "
+        ">= their widths");
   const Fp8SmallMPlan plan = fp8_small_m_plan(p, device_sms());
   // kBulk needs cp.async.bulk (sm_90+); elsewhere the same layout runs on kStream.
   const bool bulk_kernel = plan.kernel == SmallMKernel::kBulk && device_cc_major() >= 9;
@@ -1180,6 +1195,9 @@ Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) 
   a.x_scales = p.x_scales;
   a.x_bf16 = p.x_bf16;
   a.y = p.y;
+  a.y2 = p.y2;
+  a.y2_stride = p.y2_row_stride;
+  a.n_split = p.split_features;
   a.n = p.w.out_features;
   a.k = p.w.in_features;
   a.m = p.num_tokens;
@@ -1605,6 +1623,8 @@ Status GemmRunner::linear_fp8(const Fp8LinearParams& p, cudaStream_t stream) {
   // Decode batches go to cuBLASLt only when they fit the runner's workspace (pre-quantized input
   // larger than it keeps running the small-M kernels, as before session 7).
   const bool fits = p.num_tokens <= max_tokens_ && in_cols <= max_in_columns_;
+  if (p.split_features != 0 && fp8_linear_uses_cublaslt(p.w, p.num_tokens))
+    return invalid_argument("fp8 linear: a split output runs on the small-M kernels only");
   if (fp8_act && fp8_linear_uses_cublaslt(p.w, p.num_tokens) &&
       (p.num_tokens > kSmallMMaxTokens || fits)) {
     Status s = linear_fp8_cublaslt(q, stream);
@@ -1624,6 +1644,9 @@ Status GemmRunner::linear_fp8(const Fp8LinearParams& p, cudaStream_t stream) {
   sp.y = p.y;
   sp.y_type = p.y_type;
   sp.y_row_stride = p.y_row_stride;
+  sp.y2 = p.y2;
+  sp.y2_row_stride = p.y2_row_stride;
+  sp.split_features = p.split_features;
   sp.pdl = p.pdl;
   return launch_fp8_linear_small_m(sp, stream);
 }

@@ -118,7 +118,13 @@ struct Fp8SmallMParams {
   int64_t x_row_stride = 0;           // elements (bf16 input only)
   void* y = nullptr;                  // [M, y_row_stride], G*N columns written
   OutType y_type = OutType::kBF16;
-  int64_t y_row_stride = 0;  // elements, >= G*N
+  int64_t y_row_stride = 0;  // elements, >= G*N (>= split_features with a split)
+  // Split output (two linears that share their input as one GEMM over their concatenated
+  // weights; one group): output features [split_features, N) go to y2 instead, as its columns
+  // 0 .. N - split_features - 1, and y gets [0, split_features). 0 = no split.
+  void* y2 = nullptr;
+  int64_t y2_row_stride = 0;  // elements, >= N - split_features
+  int64_t split_features = 0;
   // Tuning, 0 = heuristic: warps per CTA along rows (kMma: 1, 2, 4, 8 of 8 warps; kStream and
   // kBulk: 1, 2, 4 of 4 (consumer) warps; the other warps of the CTA split K) and CTAs per cluster
   // along K (1, 2, 4, 8).
@@ -172,6 +178,10 @@ struct Fp8LinearParams {
   void* y = nullptr;                 // [M, y_row_stride]
   OutType y_type = OutType::kBF16;
   int64_t y_row_stride = 0;
+  // Split output as Fp8SmallMParams (small-M path only: an error where cuBLASLt would run).
+  void* y2 = nullptr;
+  int64_t y2_row_stride = 0;
+  int64_t split_features = 0;
   bool pdl = false;  // small-M path: programmatic dependent launch (see above)
 };
 
