@@ -55,6 +55,12 @@ size_t weight_data_bytes(const cpu::LinearWeight& w) {
   return 0;
 }
 
+// An A/B switch of the environment: `name`=0 turns the feature off.
+bool env_switched_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == "0";
+}
+
 size_t weight_scale_bytes(const cpu::LinearWeight& w) {
   const size_t n = size_t(w.out_features), k = size_t(w.in_features);
   switch (w.format) {
@@ -395,8 +401,7 @@ Status CudaOps::register_weights() {
     e8m0_f32_[w->scale] = static_cast<const float*>(f32);
   }
   // The large FP8 weights once more in the small-M tile order, for the decode kernels.
-  const char* tiled_env = std::getenv("DEEPSERVE_TILED_FP8");
-  const bool tiled = opt_.tiled_fp8_min_bytes >= 0 && !(tiled_env && std::string(tiled_env) == "0");
+  const bool tiled = opt_.tiled_fp8_min_bytes >= 0 && !env_switched_off("DEEPSERVE_TILED_FP8");
   for (const cpu::LinearWeight* w : fp8) {
     const int64_t bytes = w->out_features * w->in_features;
     if (!tiled || bytes < opt_.tiled_fp8_min_bytes || fp8_tiled_.count(w->data) != 0) continue;
@@ -408,8 +413,7 @@ Status CudaOps::register_weights() {
   }
   // wq_a and wkv concatenated (rows of wq_a, then wkv's; their scale grids likewise, so wq_a's
   // rows must end on a 128-row block), for linear_pair at decode sizes.
-  const char* fused_env = std::getenv("DEEPSERVE_FUSED_QKV");
-  const bool fuse = opt_.fused_pair_max_tokens > 0 && !(fused_env && std::string(fused_env) == "0");
+  const bool fuse = opt_.fused_pair_max_tokens > 0 && !env_switched_off("DEEPSERVE_FUSED_QKV");
   auto fuse_pair = [&](const cpu::LinearWeight& a, const cpu::LinearWeight& b) -> Status {
     if (!fuse || a.format != cpu::WeightFormat::kFp8Block ||
         b.format != cpu::WeightFormat::kFp8Block || a.data == nullptr || b.data == nullptr ||
@@ -450,8 +454,7 @@ Status CudaOps::init() {
   DS_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, opt_.device));
   DS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  const char* pdl_env = std::getenv("DEEPSERVE_GEMM_PDL");
-  kernel_pdl_ = opt_.kernel_pdl && !(pdl_env && std::string(pdl_env) == "0");
+  kernel_pdl_ = opt_.kernel_pdl && !env_switched_off("DEEPSERVE_GEMM_PDL");
   if (opt_.max_context == 0 || opt_.max_context > c.max_position_embeddings) {
     opt_.max_context = c.max_position_embeddings;
   }
