@@ -12,8 +12,10 @@
 // (every lane ends with whole sums of a few values: ~5x fewer shuffles than one warp_sum per
 // value), the CTA adds its warps in order, and after a cluster barrier every rank adds the 8 ranks'
 // partials in rank order through distributed shared memory (the same order in every rank, so all
-// of them hold the same mixes). Every rank then collapses its eighth of u while warp 0 of rank i
-// runs the split and Sinkhorn of token i of the group.
+// of them hold the same mixes). Every rank then collapses its eighth of u while an extra warp of
+// rank i runs the split and Sinkhorn of token i of the group; with the block input's RMSNorm
+// fused in, the ranks exchange their sums of u^2 (one mbarrier arrival per rank) and normalize
+// the values they wrote.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
