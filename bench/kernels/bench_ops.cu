@@ -302,7 +302,8 @@ void bench_mhc(Ctx& c, int64_t n) {
                    post.data(), comb.data());
       return max_rel_err(host_copy(dcomb, comb.size()), comb);
     };
-    run_case(c, path == 0 ? "mhc_pre" : "mhc_pre split-K", std::to_string(n) + "x4x4096 (24 mixes)", graph, copies, bytes,
+    run_case(c, path == 0 ? "mhc_pre" : "mhc_pre split-K",
+             std::to_string(n) + "x4x4096 (24 mixes)", graph, copies, bytes,
              2.0 * double(n) * double(mixes + 1) * hcd + 2.0 * double(n * hcd), launch, check,
              "max rel err of comb vs CPU (2 tokens)");
   }
@@ -378,7 +379,8 @@ void bench_mhc(Ctx& c, int64_t n) {
       cpu::mhc_head(cfg, {hfn.data(), hbase.data(), scale.data()}, x.data(), tokens, want.data());
       return max_rel_err(host_copy(dy, want.size()), want);
     };
-    run_case(c, path == 0 ? "mhc_head" : "mhc_head split-K", std::to_string(n) + "x4x4096", graph, copies, bytes,
+    run_case(c, path == 0 ? "mhc_head" : "mhc_head split-K", std::to_string(n) + "x4x4096",
+             graph, copies, bytes,
              2.0 * double(n) * 5 * hcd + 2.0 * double(n * hcd), launch, check,
              "max rel err vs CPU (2 tokens)");
   }

@@ -117,7 +117,10 @@ void check_pre(int64_t tokens, int64_t dim, bool round, uint64_t seed, int path 
     const float eps = 1e-6f;
     for (int64_t t = 0; t < tokens; ++t) {
       double ssq = 0;
-      for (int64_t k = 0; k < dim; ++k) ssq += double(u[size_t(t * dim + k)]) * u[size_t(t * dim + k)];
+      for (int64_t k = 0; k < dim; ++k) {
+        const double v = u[size_t(t * dim + k)];
+        ssq += v * v;
+      }
       const double r = 1.0 / std::sqrt(ssq / double(dim) + eps);
       for (int64_t k = 0; k < dim; ++k) gain.push_back(r * std::fabs(norm_w[size_t(k)]));
     }

@@ -78,7 +78,8 @@ class DualOps final : public dsv4::Ops {
     compare("linear " + std::to_string(w.out_features) + "x" + std::to_string(w.in_features), y,
             r * w.out_features);
   }
-  // The GPU's pair (one GEMM over the concatenated weights at decode sizes) against two CPU linears.
+  // The GPU's pair (one GEMM over the concatenated weights at decode sizes) against two CPU
+  // linears.
   void linear_pair(const float* x, int64_t r, const cpu::LinearWeight& w0,
                    const cpu::LinearWeight& w1, bool q, float* y0, float* y1,
                    bool round) override {

@@ -358,7 +358,8 @@ __global__ void __launch_bounds__(fused_warps(kT) * 32 + 32) mhc_fused_kernel(Fu
   const int64_t steps = slice / 128;  // 128-float steps of this rank, warp w takes w, w + W, ...
   if (main_warp) {
     for (int64_t s = warp; s < steps; s += kFusedWarps) {
-      for (int i = lane; i < kMixes * 4; i += 32) {  // fn: no kernel's output, to L2 before the wait
+      // fn is no kernel's output: its lines go to L2 before the wait.
+      for (int i = lane; i < kMixes * 4; i += 32) {
         const float* line = a.fn + (i / 4) * hc_dim + k0 + s * 128 + (i % 4) * 32;
         asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
       }
