@@ -661,6 +661,88 @@ TEST_F(GemmCudaTest, TiledWeightsGiveTheRowMajorOutputsBitForBit) {
   }
 }
 
+// Fp8SmallMParams::l2_prefetch is a hint: with and without it the kStream and kBulk outputs are
+// identical bit for bit, on row-major and tile-ordered weights, with and without PDL, with
+// partitions longer than the ring (so the prefetch is issued) and shorter (so it is not).
+// (Every other small-M test runs with the default, prefetch on, against the CPU reference.)
+TEST_F(GemmCudaTest, L2PrefetchLeavesTheOutputsBitForBit) {
+  struct Case {
+    LinearShape s;
+    int64_t m;
+    cuda::SmallMKernel kern;
+    int rw, ks, stages;
+    bool tiled, pdl;
+  };
+  const Case cases[] = {
+      {kFlashShapes[0], 1, cuda::SmallMKernel::kStream, 1, 2, 0, false, true},
+      {kFlashShapes[0], 3, cuda::SmallMKernel::kStream, 2, 1, 0, false, false},
+      {kFlashShapes[2], 8, cuda::SmallMKernel::kStream, 1, 4, 0, false, true},
+      {kFlashShapes[1], 1, cuda::SmallMKernel::kStream, 4, 1, 0, true, true},
+      {kFlashShapes[4], 16, cuda::SmallMKernel::kStream, 1, 1, 0, false, true},
+      {kFlashShapes[3], 1, cuda::SmallMKernel::kBulk, 1, 1, 2, false, true},
+      {kFlashShapes[4], 2, cuda::SmallMKernel::kBulk, 1, 2, 2, true, true},
+      {kFlashShapes[1], 8, cuda::SmallMKernel::kBulk, 4, 1, 3, true, false},
+      {kFlashShapes[0], 5, cuda::SmallMKernel::kBulk, 2, 8, 8, false, true},
+      {kTinyShapes[3], 5, cuda::SmallMKernel::kBulk, 2, 2, 3, false, true},
+      {kTinyShapes[1], 1, cuda::SmallMKernel::kStream, 1, 1, 0, false, true},
+  };
+  Rng rng(1501);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.s.name) + " M=" + std::to_string(c.m) + " kernel " +
+                 std::to_string(int(c.kern)) + " rw " + std::to_string(c.rw) + " ks " +
+                 std::to_string(c.ks) + (c.tiled ? " tiled" : " row-major"));
+    HostWeight hw = random_weight(rng, c.s);
+    const int64_t gk = c.s.k * c.s.groups, gn = c.s.n * c.s.groups;
+    std::vector<uint16_t> x = random_activations(rng, c.m, gk);
+    DeviceWeight dw(hw);
+    test::DeviceBuffer<uint8_t> tiles(hw.data.size()), codes(size_t(c.m * gk)),
+        scales(size_t(c.m * gk / 128));
+    test::DeviceBuffer<uint16_t> dx(x.size());
+    test::DeviceBuffer<float> y0(size_t(c.m * gn)), y1(size_t(c.m * gn));
+    ASSERT_TRUE(dw.data.ok() && dw.scale.ok() && tiles.ok() && codes.ok() && scales.ok() &&
+                dx.ok() && y0.ok() && y1.ok());
+    ASSERT_EQ(dw.data.upload(hw.data), cudaSuccess);
+    ASSERT_EQ(dw.scale.upload(hw.scale), cudaSuccess);
+    ASSERT_EQ(dx.upload(x), cudaSuccess);
+    ASSERT_EQ(y0.poison(), cudaSuccess);
+    ASSERT_EQ(y1.poison(), cudaSuccess);
+    ASSERT_TRUE(
+        cuda::launch_fp8_weight_to_tiles(dw.data.get(), tiles.get(), gn, c.s.k, nullptr).ok());
+    cuda::QuantFp8Params q{dx.get(), codes.get(), scales.get(), c.m, gk, gk};
+    cuda::launch_quantize_fp8_blocks(q, nullptr);
+    cuda::Fp8SmallMParams p;
+    p.w = {dw.data.get(), dw.scale.get(), nullptr, c.s.n, c.s.k, c.s.groups};
+    if (c.tiled) p.w.tiled = tiles.get();
+    p.num_tokens = c.m;
+    p.x_codes = codes.get();
+    p.x_scales = scales.get();
+    p.y_type = cuda::OutType::kF32;
+    p.y_row_stride = gn;
+    p.kernel = c.kern;
+    p.row_warps = c.rw;
+    p.k_split = c.ks;
+    p.stages = c.stages;
+    p.pdl = c.pdl;
+    p.l2_prefetch = false;
+    p.y = y0.get();
+    ASSERT_TRUE(cuda::launch_fp8_linear_small_m(p, nullptr).ok());
+    p.l2_prefetch = true;
+    p.y = y1.get();
+    ASSERT_TRUE(cuda::launch_fp8_linear_small_m(p, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> a, b;
+    ASSERT_EQ(y0.download(a), cudaSuccess);
+    ASSERT_EQ(y1.download(b), cudaSuccess);
+    int64_t diff = 0, nan = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      diff += std::memcmp(&a[i], &b[i], 4) != 0;
+      nan += std::isnan(b[i]);
+    }
+    EXPECT_EQ(nan, 0) << "poison left in the prefetched run's output";
+    EXPECT_EQ(diff, 0) << "of " << a.size() << " outputs";
+  }
+}
+
 TEST_F(GemmCudaTest, BulkKernelTwoKPartitionsPerCta) {
   // kBulk with 2 K partitions per CTA (two producer warps and rings, 8 consumer warps) against
   // the CPU oracle: every row_warps and k_split, row-major and tiled weights, ring depths 2-4,
