@@ -372,9 +372,6 @@ int main(int argc, char** argv) {
   const bool batch_mode = argc > 2 && std::string(argv[2]) == "batch";
   // "tiled": row-major vs tile-ordered weights for kStream / kBulk (session 12), M = 1..16.
   const bool tiled_mode = argc > 2 && std::string(argv[2]) == "tiled";
-  // "prefetch": the engine's plan with and without PDL and the L2 prefetch of the weight slice
-  // (session 15), M = 1..16, the attention projections and the fused wq_a + wkv.
-  const bool prefetch_mode = argc > 2 && std::string(argv[2]) == "prefetch";
   cudaStream_t stream;
   DS_BENCH_CHECK(cudaStreamCreate(&stream));
   bench::DeviceInfo dev = bench::device_info();
@@ -774,92 +771,6 @@ int main(int argc, char** argv) {
                                 stream, 20, 3, true) /
                             copies;
           recs.push_back(make("read ceiling (weight bytes)", "sms*4 x 512", us, -1));
-          std::printf(" | read %.2f (%.0f%%)", us, 100 * floor_us / us);
-        }
-        std::printf("\n");
-        std::fflush(stdout);
-      }
-      write_json();
-    }
-    std::printf("results written to %s\n", out.c_str());
-    return 0;
-  }
-
-  // ---------------- prefetch (session 15): PDL and the L2 prefetch, the engine's plans ----------
-  // Per shape and M: the heuristic plan on the weight layout the CUDA backend holds (tile order
-  // for weights >= 32 MB), in CUDA graphs of `copies` launches on distinct weight copies (> 2x
-  // L2, so every launch reads its weight from HBM), FP8 input pre-quantized: without PDL, with
-  // PDL, and with PDL + the L2 prefetch; at M = 1 also the read ceiling of the weight bytes.
-  if (prefetch_mode) {
-    std::printf("\nprefetch summary (copy %.0f GB/s; %% = floor / time)\n", copy_gbps);
-    std::vector<Shape> shapes(std::begin(attn), std::end(attn));
-    shapes.push_back(extra[0]);  // wq_a + wkv
-    for (const Shape& s : shapes) {
-      const size_t wbytes = size_t(s.n * s.groups * s.k);
-      const bool tl = wbytes >= (size_t(32) << 20);
-      const int copies = int(std::max<size_t>(20, (rotate_bytes + wbytes - 1) / wbytes));
-      Weights w(s, copies, 11 + s.n + s.k, tl);
-      for (int64_t m : {1, 2, 8, 16}) {
-        const int64_t gk = s.k * s.groups, gn = s.n * s.groups;
-        const DecodeInput in(s, m, stream);
-        auto params = [&](int c, bool pdl, bool prefetch) {
-          cuda::Fp8SmallMParams p =
-              small_m_params(w, c, tl, in, m, cuda::SmallMKernel::kAuto, 0, 0, 0, 0);
-          p.pdl = pdl;
-          p.l2_prefetch = prefetch;
-          return p;
-        };
-        const double bytes = double(wbytes) + double(w.scale_count) + double(m * gk) +
-                             double(m * gk / 128) + double(m * gn) * 2;
-        const double flops = 2.0 * double(m) * double(gn) * double(s.k);
-        const double floor_us = bytes / (copy_gbps * 1e3);
-        const cuda::Fp8SmallMPlan plan =
-            cuda::fp8_small_m_plan(params(0, true, true), dev.sm_count);
-        char cfg[160];
-        std::printf("%-30s floor %.2f us", shape_str(s, m).c_str(), floor_us);
-        for (int variant = 0; variant < 3; ++variant) {
-          const bool pdl = variant > 0, pf = variant == 2;
-          const double us =
-              bench::time_us(
-                  [&](cudaStream_t sm) {
-                    for (int c = 0; c < copies; ++c)
-                      ST_CHECK(cuda::launch_fp8_linear_small_m(params(c, pdl, pf), sm));
-                  },
-                  stream, 20, 3, true) /
-              copies;
-          DS_BENCH_CHECK(cudaMemsetAsync(in.y, 0xFF, size_t(m * gn) * 2, stream));
-          ST_CHECK(cuda::launch_fp8_linear_small_m(params(0, pdl, pf), stream));
-          DS_BENCH_CHECK(cudaStreamSynchronize(stream));
-          const double err = check_error(w, in.hx, m, in.y, true, 3);
-          std::snprintf(cfg, sizeof cfg,
-                        "%s %s rw=%d ks=%d kp=%d stages=%d copies=%d pdl=%d "
-                        "l2_prefetch=%d",
-                        tl ? "tiled" : "rowmajor",
-                        plan.kernel == cuda::SmallMKernel::kBulk ? "bulk" : "stream",
-                        plan.row_warps, plan.k_split, plan.k_parts, plan.stages, copies, int(pdl),
-                        int(pf));
-          const char* name = variant == 0   ? "fp8_small_m heur"
-                             : variant == 1 ? "fp8_small_m heur+pdl"
-                                            : "fp8_small_m heur+pdl+l2_prefetch";
-          recs.push_back(
-              graph_rec(shape_str(s, m), name, cfg, us, err, bytes, flops, copy_gbps, fp8_tflops));
-          std::printf(" | %s %.2f (%.0f%%) err %.1e",
-                      variant == 0   ? "nopdl"
-                      : variant == 1 ? "pdl"
-                                     : "pdl+pf",
-                      us, 100 * floor_us / us, err);
-        }
-        if (m == 1) {
-          const double us =
-              bench::time_us(
-                  [&](cudaStream_t sm) {
-                    for (int c = 0; c < copies; ++c)
-                      launch_read(w.data + w.data_bytes * c, w.data_bytes, dev.sm_count, sink, sm);
-                  },
-                  stream, 20, 3, true) /
-              copies;
-          recs.push_back(graph_rec(shape_str(s, m), "read ceiling (weight bytes)", "sms*4 x 512",
-                                   us, -1, bytes, flops, copy_gbps, fp8_tflops));
           std::printf(" | read %.2f (%.0f%%)", us, 100 * floor_us / us);
         }
         std::printf("\n");

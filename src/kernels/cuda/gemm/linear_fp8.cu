@@ -56,7 +56,6 @@ struct SmallMArgs {
   int y_f32;
   int y_round;             // fp32 output rounded to bf16 values (OutType::kF32Bf16)
   int pdl;                       // launched with programmatic stream serialization
-  int l2_prefetch;               // kStream / kBulk: the weight slice prefetched to L2 first
   int stages;                    // kBulk: shared-memory ring slots
   int64_t tiles, groups, items;  // row tiles per group; work items = tiles * groups * chunks
 };
@@ -84,15 +83,6 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
-}
-
-// Asks L2 for `bytes` (a multiple of 16) at p (16-byte aligned) without waiting: a hint, no
-// completion to track (sm_90+; elsewhere nothing).
-__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (bytes > 0)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
 }
 
 __device__ __forceinline__ float e8m0_to_float_dev(uint32_t code) {
@@ -523,16 +513,6 @@ __global__ void __launch_bounds__(kStreamThreads, StreamTraits<NT>::kMinBlocks)
 #pragma unroll
     for (int u = 0; u < R; ++u)
       if (kb_begin + u < kb_end) load_w(wr[u], wsr[u], kb_begin + u);
-    // The rest of the warp's blocks to L2: one contiguous piece per row (row-major; lanes 0-15)
-    // or per 16-row tile (tile order; lane 0).
-    const int kb_pf = kb_begin + R;
-    if (a.l2_prefetch && kb_pf < kb_end) {
-      const uint32_t blocks = uint32_t(kb_end - kb_pf);
-      if (tiled && lane == 0)
-        prefetch_l2_bulk(a.w_tiled + ((grow / 16) * kblocks + kb_pf) * 2048, blocks * 2048);
-      else if (!tiled && lane < 16)
-        prefetch_l2_bulk(a.w + (grow + lane) * a.k + int64_t(kb_pf) * 128, blocks * 128);
-    }
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (a.pdl) {
@@ -713,20 +693,6 @@ __global__ void __launch_bounds__(bulk_threads(KP), (NT == 1 ? 4 : 3) / KP)
     const uint8_t* wbase = a.w + (group * a.n + tile * kRows) * a.k;
     const uint8_t* wtiles =
         tiled ? a.w_tiled + (group * a.n + tile * kRows) / 16 * kblocks * 2048 : nullptr;
-    // The loop below blocks on the ring's empty slots once S stages are requested (the consumers
-    // wait for the previous kernel first): the partition's later blocks go to L2 before it, one
-    // contiguous piece per row (row-major) or per 16-row tile (tile order).
-    const int kb_pf = kb_begin + S * KW;
-    if (a.l2_prefetch && kb_pf < kb_end) {
-      const uint32_t blocks = uint32_t(kb_end - kb_pf);
-      if (tiled) {
-        for (int r = lane; r < rows_valid / 16; r += 32)
-          prefetch_l2_bulk(wtiles + (int64_t(r) * kblocks + kb_pf) * 2048, blocks * 2048);
-      } else {
-        for (int r = lane; r < rows_valid; r += 32)
-          prefetch_l2_bulk(wbase + int64_t(r) * a.k + int64_t(kb_pf) * 128, blocks * 128);
-      }
-    }
     for (int j = 0; j < nst; ++j) {
       const int s = j % S;
       if (j >= S) mbar_wait(smem_addr(&empty_bar[s]), uint32_t((j / S - 1) & 1));
@@ -1243,7 +1209,6 @@ Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) 
   a.y_f32 = out_is_f32(p.y_type) ? 1 : 0;
   a.y_round = p.y_type == OutType::kF32Bf16 ? 1 : 0;
   a.pdl = p.pdl ? 1 : 0;
-  a.l2_prefetch = p.l2_prefetch ? 1 : 0;
   a.stages = plan.stages;
   const int64_t tiles = (p.w.out_features + 16 * rw - 1) / (16 * rw);
   const int64_t mchunks = (p.num_tokens + 8 * nt - 1) / (8 * nt);
@@ -1683,7 +1648,6 @@ Status GemmRunner::linear_fp8(const Fp8LinearParams& p, cudaStream_t stream) {
   sp.y2_row_stride = p.y2_row_stride;
   sp.split_features = p.split_features;
   sp.pdl = p.pdl;
-  sp.l2_prefetch = p.l2_prefetch;
   return launch_fp8_linear_small_m(sp, stream);
 }
 

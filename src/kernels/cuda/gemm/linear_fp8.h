@@ -134,12 +134,6 @@ struct Fp8SmallMParams {
   // Programmatic dependent launch: the kernel starts streaming its weights before the previous
   // kernel in the stream has finished and waits for it (griddepcontrol.wait) before reading x.
   bool pdl = false;
-  // kStream / kBulk on sm_90+: before that wait, each CTA also asks L2 for the rest of its weight
-  // slice (cp.async.bulk.prefetch.L2), beyond what its ring requests. Under PDL the CTAs of a
-  // short decode GEMM are resident while the previous kernels run, so the whole weight is on
-  // its way from HBM before the GEMM may start (NOTES.md, session 15). A hint only: the outputs
-  // do not depend on it.
-  bool l2_prefetch = false;
   // CTAs in the grid (0 = one per work item); with a cap each CTA (cluster) loops over items.
   int max_ctas = 0;
   // kBulk: shared-memory ring slots per CTA, 2..8 (0 = heuristic).
@@ -188,8 +182,7 @@ struct Fp8LinearParams {
   void* y2 = nullptr;
   int64_t y2_row_stride = 0;
   int64_t split_features = 0;
-  bool pdl = false;         // small-M path: programmatic dependent launch (see above)
-  bool l2_prefetch = false;  // small-M path: Fp8SmallMParams::l2_prefetch
+  bool pdl = false;  // small-M path: programmatic dependent launch (see above)
 };
 
 struct Bf16LinearParams {
