@@ -21,6 +21,7 @@
 #include "kernels/cpu/compressor.h"
 #include "kernels/cpu/mhc.h"
 #include "kernels/cpu/norm.h"
+#include "kernels/cpu/quant.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/compressor/compressor.h"
 #include "kernels/cuda/mhc/mhc.h"
@@ -248,6 +249,79 @@ void bench_rope(Ctx& c, int64_t n) {
   };
   run_case(c, "rope_q", std::to_string(n) + "x64x512 rope64", graph, copies, bytes,
            6.0 * double(n * kHeads * kRd / 2), launch, check, "max rel err vs CPU (2 tokens)");
+}
+
+// The RMSNorm kernel with its RoPE (+ FP8) epilogue (RmsNormParams::rope_dim): the query heads
+// (unweighted, 64 x 512) and the kv vector (weighted, 512, FP8-simulated nope dims), one launch
+// each instead of rms_norm_heads + rope_q (2) and rms_norm + rope + simulate_fp8_kv (3).
+void bench_norm_rope(Ctx& c, int64_t n) {
+  const bool graph = n <= 64;
+  for (bool kv : {false, true}) {
+    Rng rng(uint64_t(n) + (kv ? 5 : 4));
+    const int64_t heads = kv ? 1 : kHeads, elems = n * heads * kHd;
+    std::vector<float> x = randn(rng, size_t(elems), 2.0f), w = randn(rng, size_t(kHd), 0.2f, 1.0f);
+    std::vector<float> inv(32);
+    cpu::rope_inv_freq(cpu::rope_config_for_layer(4, 64, 1e4, 160000, 16, 65536, 32, 1),
+                       inv.data());
+    std::vector<int64_t> pos(static_cast<size_t>(n));
+    for (auto& p : pos) p = int64_t(rng.below(1 << 20));
+    const double bytes = double(elems) * 8 + double(n) * 8;
+    const int copies = copies_for(c, bytes, graph);
+    Frees f;
+    float* dx = f(dev_copy(x, copies));
+    float* dw = f(dev_copy(w));
+    float* df = f(dev_copy(inv));
+    int64_t* dp = f(dev_copy(pos));
+    auto launch = [&](int k, cudaStream_t s) {
+      if (kv) {
+        cuda::RmsNormParams p;
+        p.x = p.y = dx + size_t(k) * elems;
+        p.weight = dw;
+        p.num_rows = n;
+        p.dim = kHd;
+        p.x_stride = p.y_stride = kHd;
+        p.round_bf16 = true;
+        p.rope_dim = kRd;
+        p.inv_freq = df;
+        p.positions = dp;
+        p.simulate_fp8_kv = true;
+        cuda::launch_rms_norm(p, s);
+      } else {
+        cuda::RmsNormHeadsParams p;
+        p.x = dx + size_t(k) * elems;
+        p.num_tokens = n;
+        p.num_heads = kHeads;
+        p.head_dim = kHd;
+        p.token_stride = kHeads * kHd;
+        p.round_bf16 = true;
+        p.rope_dim = kRd;
+        p.inv_freq = df;
+        p.positions = dp;
+        cuda::launch_rms_norm_heads(p, s);
+      }
+    };
+    auto check = [&] {
+      DS_BENCH_CHECK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+      launch(0, c.stream);
+      DS_BENCH_CHECK(cudaStreamSynchronize(c.stream));
+      const int64_t tokens = std::min<int64_t>(n, 2);
+      std::vector<float> want(x.begin(), x.begin() + tokens * heads * kHd);
+      if (kv)
+        cpu::rms_norm(want.data(), w.data(), tokens, kHd, 1e-6f, want.data());
+      else
+        cpu::rms_norm_heads(want.data(), tokens, kHeads, kHd, 1e-6f);
+      for (auto& v : want) v = bf16_to_float(float_to_bf16(v));
+      for (int64_t t = 0; t < tokens; ++t)
+        cpu::rope_rotate(want.data() + t * heads * kHd, heads, kHd, kRd, inv.data(), pos[size_t(t)],
+                         cpu::RopeDirection::kForward);
+      for (auto& v : want) v = bf16_to_float(float_to_bf16(v));
+      if (kv) cpu::simulate_fp8_kv_nope(want.data(), tokens, kHd, kRd);
+      return max_rel_err(host_copy(dx, want.size()), want);
+    };
+    run_case(c, kv ? "norm_rope_kv" : "norm_rope_q",
+             std::to_string(n) + (kv ? "x512 weighted rope64 fp8" : "x64x512 rope64"), graph,
+             copies, bytes, 9.0 * double(elems), launch, check, "max rel err vs CPU (2 tokens)");
+  }
 }
 
 void bench_mhc(Ctx& c, int64_t n) {
@@ -547,6 +621,7 @@ int main(int argc, char** argv) {
     bench_norm(c, n);
     bench_norm_heads(c, n);
     bench_rope(c, n);
+    bench_norm_rope(c, n);
     bench_mhc(c, n);
   }
   using Kind = cuda::CompressorEntryKind;

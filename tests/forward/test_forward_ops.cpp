@@ -245,16 +245,24 @@ TEST(ForwardOpsRounding, BackendRoundedOutputsSkipTheForwardsRounding) {
   EXPECT_EQ(cpu.mark(), 0u);
 }
 
-// A backend that fuses mhc_pre with the block input's RMSNorm (Ops::fuses_mhc_pre_norm) and
-// wq_a with wkv (Ops::fuses_linear_pair), as the CUDA backend does, is called through
-// mhc_pre_norm (inside the mhc range, once per site and call) and linear_pair (once per layer
-// and call); with Ops' default implementations (the unfused ops and the forward's roundings)
-// the logits are the unfused forward's bit for bit, in both numerics modes.
+// A backend that fuses mhc_pre with the block input's RMSNorm (Ops::fuses_mhc_pre_norm), wq_a
+// with wkv (Ops::fuses_linear_pair) and the q / kv norms with their RoPE (Ops::fuses_norm_rope),
+// as the CUDA backend does, is called through mhc_pre_norm (inside the mhc range, once per site
+// and call), linear_pair (once per layer and call) and norm_rope (twice); with Ops' default
+// implementations (the unfused ops and the forward's roundings) the logits are the unfused
+// forward's bit for bit, in both numerics modes.
 class FusingMhcNormOps final : public ForwardingOps {
  public:
   using ForwardingOps::ForwardingOps;
   bool fuses_mhc_pre_norm() const override { return true; }
   bool fuses_linear_pair() const override { return true; }
+  bool fuses_norm_rope() const override { return true; }
+  void norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t hd, float eps,
+                 int64_t rd, const float* f, bool fp8, bool round) override {
+    ++(w == nullptr ? norm_rope_q_calls_ : norm_rope_kv_calls_);
+    Ops::norm_rope(x, w, rows, heads, hd, eps, rd, f, fp8, round);
+  }
+  int norm_rope_q_calls_ = 0, norm_rope_kv_calls_ = 0;
   void linear_pair(const float* x, int64_t rows, const cpu::LinearWeight& w0,
                    const cpu::LinearWeight& w1, bool q, float* y0, float* y1,
                    bool round) override {
@@ -293,6 +301,9 @@ TEST_P(ForwardOps, FusedOpsGiveTheUnfusedLogits) {
   EXPECT_EQ(fusing.fused_calls_ % (2 * model.config().num_hidden_layers), 0);
   EXPECT_EQ(fusing.outside_mhc_, 0);
   EXPECT_EQ(2 * fusing.pair_calls_, fusing.fused_calls_);
+  // One norm_rope for q and one for kv per layer and call.
+  EXPECT_EQ(fusing.norm_rope_q_calls_, fusing.pair_calls_);
+  EXPECT_EQ(fusing.norm_rope_kv_calls_, fusing.pair_calls_);
   EXPECT_EQ(cpu.mark(), 0u);
 }
 

@@ -11,12 +11,24 @@
 //  - RoPE: bit-exact except where the device's double sin/cos and libm round to different fp32
 //    values (at most 1 fp32 ulp of cos/sin): <= 1e-6 relative + 1e-7 |x| absolute and at most
 //    1 in 10^4 values not bit-identical. Same products and sums in the same order, no FMA.
+//  - The RMSNorm kernel's RoPE / FP8 epilogue (RmsNormParams::rope_dim, simulate_fp8_kv): bit
+//    for bit the separate kernels' output (launch_rms_norm(_heads), launch_rope,
+//    launch_simulate_fp8_kv: the same arithmetic in the same order, on the same rounded inputs).
+//    Against the CPU chain (rms_norm, bf16 rounding, rope_rotate, rounding, simulate_fp8_kv_nope)
+//    the norm's 1-bf16-ulp freedom carries through: plain and rotated dims within 0.04 absolute
+//    + 2^-7 relative (a 1-ulp input change moves a rotated value by up to one ulp of the larger
+//    input, |x| < 8 here, plus its own rounding), FP8-simulated dims within one e4m3 step (12.5%
+//    relative) or 1e-4 absolute (a subnormal step at these scales), and at most 1% of the values
+//    not bit-identical.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/norm.h"
+#include "kernels/cpu/quant.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cuda/elementwise/elementwise.h"
 #include "kernels/cuda/norm/norm.h"
 #include "kernels/cuda/rope/rope.h"
 #include "kernels/ops_test_util.h"
@@ -220,6 +232,147 @@ TEST(RopeCuda, InverseUndoesForward) {
   test::Diff d = test::compare(got, x, 2e-6, 0);
   EXPECT_EQ(d.beyond, 0) << test::describe(d);
   EXPECT_GT(d.differ, 0);  // the rope part was really rotated and rounded (not a no-op)
+}
+
+struct EpilogueCase {
+  int64_t tokens, heads, head_dim, rope_dim;
+  bool weighted, fp8;  // weighted: one kv vector per token (heads 1); else the heads of q
+};
+
+// The epilogue against the three separate kernels (bits) and against the CPU chain.
+void check_norm_epilogue(const EpilogueCase& c, uint64_t seed) {
+  SCOPED_TRACE("tokens " + std::to_string(c.tokens) + " heads " + std::to_string(c.heads) + " hd " +
+               std::to_string(c.head_dim) + (c.weighted ? " weighted" : "") +
+               (c.fp8 ? " fp8" : ""));
+  ASSERT_TRUE(cuda::rms_norm_epilogue_supported(c.head_dim, c.rope_dim));
+  Rng rng(seed);
+  const int64_t n = c.tokens * c.heads * c.head_dim, rows = c.tokens * c.heads;
+  const cpu::RopeConfig cfg =
+      cpu::rope_config_for_layer(4, c.rope_dim, 10000.0, 160000.0, 16.0, 65536, 32.0, 1.0);
+  std::vector<float> inv_freq(static_cast<size_t>(c.rope_dim / 2));
+  cpu::rope_inv_freq(cfg, inv_freq.data());
+  std::vector<float> x = test::random_bf16_valued(rng, size_t(n), 3.0f);
+  std::vector<float> w = test::random_normal(rng, size_t(c.head_dim), 0.2f, 1.0f);
+  std::vector<int64_t> pos(static_cast<size_t>(c.tokens));
+  for (auto& p : pos) p = int64_t(rng.below(uint64_t(1) << 20));
+  pos[0] = 0;
+  Dev<float> d_fused(x), d_sep(x), d_w(w), d_f(inv_freq);
+  Dev<int64_t> d_pos(pos);
+
+  // Separate kernels.
+  if (c.weighted) {
+    cuda::RmsNormParams p;
+    p.x = d_sep.get();
+    p.weight = d_w.get();
+    p.y = d_sep.get();
+    p.num_rows = rows;
+    p.dim = c.head_dim;
+    p.x_stride = p.y_stride = c.head_dim;
+    p.eps = cpu::kRmsNormEps;
+    p.round_bf16 = true;
+    cuda::launch_rms_norm(p, nullptr);
+  } else {
+    cuda::RmsNormHeadsParams p;
+    p.x = d_sep.get();
+    p.num_tokens = c.tokens;
+    p.num_heads = c.heads;
+    p.head_dim = c.head_dim;
+    p.token_stride = c.heads * c.head_dim;
+    p.eps = cpu::kRmsNormEps;
+    p.round_bf16 = true;
+    cuda::launch_rms_norm_heads(p, nullptr);
+  }
+  cuda::RopeParams rp{d_sep.get(), d_f.get(),  d_pos.get(),          c.tokens, c.heads,
+                      c.head_dim,  c.rope_dim, c.heads * c.head_dim, false,    true};
+  cuda::launch_rope(rp, nullptr);
+  if (c.fp8) {
+    cuda::SimulateFp8KvParams sp{d_sep.get(), rows, c.head_dim, c.rope_dim, c.head_dim};
+    cuda::launch_simulate_fp8_kv(sp, nullptr);
+  }
+  // One launch.
+  if (c.weighted) {
+    cuda::RmsNormParams p;
+    p.x = d_fused.get();
+    p.weight = d_w.get();
+    p.y = d_fused.get();
+    p.num_rows = rows;
+    p.dim = c.head_dim;
+    p.x_stride = p.y_stride = c.head_dim;
+    p.eps = cpu::kRmsNormEps;
+    p.round_bf16 = true;
+    p.rope_dim = c.rope_dim;
+    p.inv_freq = d_f.get();
+    p.positions = d_pos.get();
+    p.simulate_fp8_kv = c.fp8;
+    cuda::launch_rms_norm(p, nullptr);
+  } else {
+    cuda::RmsNormHeadsParams p;
+    p.x = d_fused.get();
+    p.num_tokens = c.tokens;
+    p.num_heads = c.heads;
+    p.head_dim = c.head_dim;
+    p.token_stride = c.heads * c.head_dim;
+    p.eps = cpu::kRmsNormEps;
+    p.round_bf16 = true;
+    p.rope_dim = c.rope_dim;
+    p.inv_freq = d_f.get();
+    p.positions = d_pos.get();
+    p.simulate_fp8_kv = c.fp8;
+    cuda::launch_rms_norm_heads(p, nullptr);
+  }
+  DS_CUDA_ASSERT(cudaGetLastError());
+  DS_CUDA_ASSERT(cudaDeviceSynchronize());
+  const std::vector<float> got = d_fused.host(), sep = d_sep.host();
+  int64_t differ = 0;
+  for (int64_t i = 0; i < n; ++i) differ += std::memcmp(&got[size_t(i)], &sep[size_t(i)], 4) != 0;
+  EXPECT_EQ(differ, 0) << "of " << n << " values differ from the separate kernels";
+
+  // CPU chain.
+  std::vector<float> want = x;
+  if (c.weighted)
+    cpu::rms_norm(want.data(), w.data(), rows, c.head_dim, cpu::kRmsNormEps, want.data());
+  else
+    cpu::rms_norm_heads(want.data(), c.tokens, c.heads, c.head_dim, cpu::kRmsNormEps);
+  for (auto& v : want) v = bf16_to_float(float_to_bf16(v));
+  for (int64_t t = 0; t < c.tokens; ++t)
+    cpu::rope_rotate(want.data() + t * c.heads * c.head_dim, c.heads, c.head_dim, c.rope_dim,
+                     inv_freq.data(), pos[size_t(t)], cpu::RopeDirection::kForward);
+  for (auto& v : want) v = bf16_to_float(float_to_bf16(v));
+  if (c.fp8) cpu::simulate_fp8_kv_nope(want.data(), rows, c.head_dim, c.rope_dim);
+  std::vector<float> g8, w8, gb, wb;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool simulated = c.fp8 && i % c.head_dim < c.head_dim - c.rope_dim;
+    (simulated ? g8 : gb).push_back(got[size_t(i)]);
+    (simulated ? w8 : wb).push_back(want[size_t(i)]);
+  }
+  const test::Diff db = test::compare(gb, wb, 0.04, 1.0 / 128);
+  EXPECT_EQ(db.beyond, 0) << test::describe(db);
+  int64_t all_differ = db.differ;
+  if (c.fp8) {
+    const test::Diff d8 = test::compare(g8, w8, 1e-4, 0.125);
+    EXPECT_EQ(d8.beyond, 0) << "fp8-simulated dims: " << test::describe(d8);
+    all_differ += d8.differ;
+  }
+  EXPECT_LE(all_differ, std::max<int64_t>(1, n / 100)) << "of " << n;
+}
+
+TEST(RmsNormCuda, RopeAndFp8Epilogue) {
+  DS_REQUIRE_GPU();
+  check_norm_epilogue({16, 4, 128, 64, false, false}, 130);  // tiny q
+  check_norm_epilogue({16, 1, 128, 64, true, true}, 131);    // tiny kv
+  check_norm_epilogue({5, 1, 128, 64, true, false}, 132);    // kv without the FP8 simulation
+  for (int64_t n : {1, 16, 64, 512}) {
+    check_norm_epilogue({n, 64, 512, 64, false, false}, 140 + uint64_t(n));  // Flash q
+    check_norm_epilogue({n, 1, 512, 64, true, true}, 150 + uint64_t(n));     // Flash kv
+  }
+  // A nope part of 464 dims: it ends inside the block [448, 512) (blocks of 64 from dim 0).
+  check_norm_epilogue({7, 1, 512, 48, true, true}, 160);
+  // Many rows (one warp per row instead of dim / 4 threads).
+  check_norm_epilogue({1024, 1, 512, 64, true, true}, 161);
+  check_norm_epilogue({20, 64, 512, 64, false, false}, 162);  // 1280 rows
+  EXPECT_FALSE(cuda::rms_norm_epilogue_supported(4096, 64));  // wider than 1024
+  EXPECT_FALSE(cuda::rms_norm_epilogue_supported(512, 63));   // odd rope_dim
+  EXPECT_FALSE(cuda::rms_norm_epilogue_supported(384, 64));   // not a power of two
 }
 
 }  // namespace

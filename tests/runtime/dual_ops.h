@@ -135,6 +135,15 @@ class DualOps final : public dsv4::Ops {
     cpu_.simulate_fp8_kv(host(kv), r, hd, rd);
     compare("simulate_fp8_kv", kv, r * hd);
   }
+  // The GPU's fused op against the CPU's separate ops (Ops' default with the roundings).
+  void norm_rope(float* x, const float* w, int64_t r, int64_t h, int64_t hd, float eps, int64_t rd,
+                 const float* f, bool fp8, bool round) override {
+    sync(x, r * h * hd);
+    gpu_->norm_rope(x, w, r, h, hd, eps, rd, f, fp8, round);
+    cpu_.norm_rope(host(x), w, r, h, hd, eps, rd, f, fp8, round);
+    compare("norm_rope", x, r * h * hd);
+  }
+  bool fuses_norm_rope() const override { return gpu_->fuses_norm_rope(); }
   void indexer_prepare_query(float* q, int64_t h, int64_t hd, int64_t rd, const float* f, bool fp4,
                              bool rb) override {
     sync(q, rows() * h * hd);

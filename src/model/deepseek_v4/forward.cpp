@@ -150,17 +150,29 @@ void Forward::attention(const LayerWeights& L, int64_t slot, int64_t N, const fl
     ops.rms_norm(qr, L.q_norm.data(), N, c.q_lora_rank, eps, qr);
     round_elementwise_output(qr, N * c.q_lora_rank);
     ops.linear(qr, N, L.wq_b, actq, q, options_.round_bf16);
-    ops.rms_norm_heads(q, N, H, hd, eps);
-    round_elementwise_output(q, N * H * hd);
-    ops.rope(q, H, hd, rd, L.inv_freq.data(), cpu::RopeDirection::kForward);
-    round_elementwise_output(q, N * H * hd);
+    // norm + RoPE (+ FP8 simulation of kv) as one op only for a fusing backend: the others keep
+    // the op order of the separate calls.
+    const bool fused_norm_rope = ops.fuses_norm_rope();
+    if (fused_norm_rope) {
+      ops.norm_rope(q, nullptr, N, H, hd, eps, rd, L.inv_freq.data(), false, options_.round_bf16);
+    } else {
+      ops.rms_norm_heads(q, N, H, hd, eps);
+      round_elementwise_output(q, N * H * hd);
+      ops.rope(q, H, hd, rd, L.inv_freq.data(), cpu::RopeDirection::kForward);
+      round_elementwise_output(q, N * H * hd);
+    }
 
     if (!pair) ops.linear(h, N, L.wkv, actq, kv, options_.round_bf16);
-    ops.rms_norm(kv, L.kv_norm.data(), N, hd, eps, kv);
-    round_elementwise_output(kv, N * hd);
-    ops.rope(kv, 1, hd, rd, L.inv_freq.data(), cpu::RopeDirection::kForward);
-    round_elementwise_output(kv, N * hd);
-    if (f.fp8_kv_simulation) ops.simulate_fp8_kv(kv, N, hd, rd);
+    if (fused_norm_rope) {
+      ops.norm_rope(kv, L.kv_norm.data(), N, 1, hd, eps, rd, L.inv_freq.data(), f.fp8_kv_simulation,
+                    options_.round_bf16);
+    } else {
+      ops.rms_norm(kv, L.kv_norm.data(), N, hd, eps, kv);
+      round_elementwise_output(kv, N * hd);
+      ops.rope(kv, 1, hd, rd, L.inv_freq.data(), cpu::RopeDirection::kForward);
+      round_elementwise_output(kv, N * hd);
+      if (f.fp8_kv_simulation) ops.simulate_fp8_kv(kv, N, hd, rd);
+    }
   }
 
   const bool csa = L.kind == LayerKind::kCsa;

@@ -63,7 +63,8 @@ class ForwardingOps : public Ops {
     inner_->linear_pair(x, rows, w0, w1, quantize_activations, y0, y1, round_output);
   }
   // The inner backend's fusions pass through: a decorator that changes linear (or mhc_pre /
-  // rms_norm) over a fusing backend must override linear_pair (mhc_pre_norm) too.
+  // rms_norm, or the norms / rope / simulate_fp8_kv) over a fusing backend must override
+  // linear_pair (mhc_pre_norm, norm_rope) too.
   bool fuses_linear_pair() const override { return inner_->fuses_linear_pair(); }
   void grouped_output_projection(const float* o, int64_t groups, const cpu::LinearWeight& wo_a,
                                  float* z, bool round_output) override {
@@ -94,6 +95,14 @@ class ForwardingOps : public Ops {
     before_op("simulate_fp8_kv");
     inner_->simulate_fp8_kv(kv, rows, head_dim, rope_dim);
   }
+  void norm_rope(float* x, const float* weight, int64_t rows, int64_t heads, int64_t head_dim,
+                 float eps, int64_t rope_dim, const float* inv_freq, bool simulate_fp8,
+                 bool round) override {
+    before_op("norm_rope");
+    inner_->norm_rope(x, weight, rows, heads, head_dim, eps, rope_dim, inv_freq, simulate_fp8,
+                      round);
+  }
+  bool fuses_norm_rope() const override { return inner_->fuses_norm_rope(); }
   void indexer_prepare_query(float* q, int64_t heads, int64_t head_dim, int64_t rope_dim,
                              const float* inv_freq, bool fp4_simulation,
                              bool round_bf16) override {

@@ -188,6 +188,27 @@ class Ops {
   virtual bool rounds_elementwise_outputs() const { return false; }
   // §2 FP8 simulation of the non-rope dims of kv vectors in place.  kv [rows, head_dim]
   virtual void simulate_fp8_kv(float* kv, int64_t rows, int64_t head_dim, int64_t rope_dim) = 0;
+  // §7.1 / §7.2 in place: the RMSNorm of each of the `heads` vectors of every token (weighted by
+  // `weight` [head_dim] as rms_norm over rows * heads rows; unweighted when null, as
+  // rms_norm_heads), then the forward RoPE of their last rope_dim dims, then, with simulate_fp8,
+  // the FP8 simulation of the other dims (simulate_fp8_kv); the norm and the RoPE each followed
+  // by the forward's bf16 rounding when `round`. The default runs exactly those ops; a backend
+  // that fuses them into one launch says so through fuses_norm_rope, and only then does the
+  // forward call this (for q and for kv) instead of the separate ops.  x [rows, heads, head_dim]
+  virtual void norm_rope(float* x, const float* weight, int64_t rows, int64_t heads,
+                         int64_t head_dim, float eps, int64_t rope_dim, const float* inv_freq,
+                         bool simulate_fp8, bool round) {
+    const bool round_here = round && !rounds_elementwise_outputs();
+    if (weight != nullptr)
+      rms_norm(x, weight, rows * heads, head_dim, eps, x);
+    else
+      rms_norm_heads(x, rows, heads, head_dim, eps);
+    if (round_here) round_bf16(x, rows * heads * head_dim);
+    rope(x, heads, head_dim, rope_dim, inv_freq, cpu::RopeDirection::kForward);
+    if (round_here) round_bf16(x, rows * heads * head_dim);
+    if (simulate_fp8) simulate_fp8_kv(x, rows * heads, head_dim, rope_dim);
+  }
+  virtual bool fuses_norm_rope() const { return false; }
   // §7.7 indexer query preparation in place (RoPE, Hadamard, FP4 simulation).
   //   q [num_tokens, heads, head_dim]
   virtual void indexer_prepare_query(float* q, int64_t heads, int64_t head_dim, int64_t rope_dim,

@@ -455,6 +455,7 @@ Status CudaOps::init() {
       cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, opt_.device));
   DS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   kernel_pdl_ = opt_.kernel_pdl && !env_switched_off("DEEPSERVE_GEMM_PDL");
+  fused_norm_rope_ = opt_.fused_norm_rope && !env_switched_off("DEEPSERVE_FUSED_NORM_ROPE");
   if (opt_.max_context == 0 || opt_.max_context > c.max_position_embeddings) {
     opt_.max_context = c.max_position_embeddings;
   }
@@ -1548,6 +1549,52 @@ void CudaOps::simulate_fp8_kv(float* kv, int64_t rows, int64_t head_dim, int64_t
   p.row_stride = head_dim;
   cuda::launch_simulate_fp8_kv(p, stream_);
   (void)check(cuda_check(cudaGetLastError(), "launch_simulate_fp8_kv"));
+}
+
+void CudaOps::norm_rope(float* x, const float* weight, int64_t rows, int64_t heads,
+                        int64_t head_dim, float eps, int64_t rope_dim, const float* inv_freq,
+                        bool simulate_fp8, bool /*round: always, as rms_norm and rope*/) {
+  if (skip() || rows == 0) return;
+  // The epilogue's RoPE takes a row's position from its token: one weighted vector per token
+  // (kv), or the unweighted heads of each token (q).
+  if (!cuda::rms_norm_epilogue_supported(head_dim, rope_dim) || rows != step_->num_tokens ||
+      (weight != nullptr && heads != 1)) {
+    Ops::norm_rope(x, weight, rows, heads, head_dim, eps, rope_dim, inv_freq, simulate_fp8, true);
+    return;
+  }
+  const float* freq = weights_.get(inv_freq);
+  if (weight != nullptr) {
+    cuda::RmsNormParams p;
+    p.x = x;
+    p.weight = weights_.get(weight);
+    p.y = x;
+    p.num_rows = rows * heads;
+    p.dim = head_dim;
+    p.x_stride = p.y_stride = head_dim;
+    p.eps = eps;
+    p.round_bf16 = true;  // rounds_elementwise_outputs()
+    p.rope_dim = rope_dim;
+    p.inv_freq = freq;
+    p.positions = step_->positions;
+    p.simulate_fp8_kv = simulate_fp8;
+    cuda::launch_rms_norm(p, stream_);
+    (void)check(cuda_check(cudaGetLastError(), "launch_rms_norm (rope epilogue)"));
+    return;
+  }
+  cuda::RmsNormHeadsParams p;
+  p.x = x;
+  p.num_tokens = rows;
+  p.num_heads = heads;
+  p.head_dim = head_dim;
+  p.token_stride = heads * head_dim;
+  p.eps = eps;
+  p.round_bf16 = true;
+  p.rope_dim = rope_dim;
+  p.inv_freq = freq;
+  p.positions = step_->positions;
+  p.simulate_fp8_kv = simulate_fp8;
+  cuda::launch_rms_norm_heads(p, stream_);
+  (void)check(cuda_check(cudaGetLastError(), "launch_rms_norm_heads (rope epilogue)"));
 }
 
 void CudaOps::indexer_prepare_query(float* q, int64_t heads, int64_t head_dim, int64_t rope_dim,

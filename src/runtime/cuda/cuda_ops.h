@@ -108,6 +108,9 @@ struct CudaOpsOptions {
   // previous kernel (their weights / addresses are read while it finishes; they wait before
   // reading its outputs). DEEPSERVE_GEMM_PDL=0 in the environment turns it off (A/B switch).
   bool kernel_pdl = true;
+  // The q and kv paths' RMSNorm, RoPE and FP8 simulation of kv as one launch each
+  // (Ops::norm_rope). DEEPSERVE_FUSED_NORM_ROPE=0 turns it off (A/B switch).
+  bool fused_norm_rope = true;
 };
 
 class CudaOps final : public dsv4::Ops {
@@ -193,6 +196,12 @@ class CudaOps final : public dsv4::Ops {
   // kernel's) widened to fp32.
   bool rounds_elementwise_outputs() const override { return true; }
   void simulate_fp8_kv(float* kv, int64_t rows, int64_t head_dim, int64_t rope_dim) override;
+  // One launch (the RMSNorm kernel's RoPE / FP8 epilogue) where the head size allows it
+  // (cuda::rms_norm_epilogue_supported), else the separate kernels.
+  void norm_rope(float* x, const float* weight, int64_t rows, int64_t heads, int64_t head_dim,
+                 float eps, int64_t rope_dim, const float* inv_freq, bool simulate_fp8,
+                 bool round) override;
+  bool fuses_norm_rope() const override { return fused_norm_rope_; }
   void indexer_prepare_query(float* q, int64_t heads, int64_t head_dim, int64_t rope_dim,
                              const float* inv_freq, bool fp4_simulation, bool round_bf16) override;
   void indexer_scale_weights(float* w, int64_t heads, int64_t head_dim) override;
@@ -294,6 +303,8 @@ class CudaOps final : public dsv4::Ops {
   };
   std::unordered_map<const void*, FusedPair> fused_pairs_;
   bool kernel_pdl_ = true;  // CudaOpsOptions::kernel_pdl, unless DEEPSERVE_GEMM_PDL=0
+  // Ops::fuses_norm_rope: CudaOpsOptions::fused_norm_rope, unless DEEPSERVE_FUSED_NORM_ROPE=0
+  bool fused_norm_rope_ = true;
   // bf16 weights padded to a multiple of 8 rows: host data -> (device copy, padded rows).
   std::unordered_map<const void*, std::pair<const uint16_t*, int64_t>> padded_bf16_;
   // Per-layer MoE state, keyed by the layer's host expert array (MoeSite::experts).

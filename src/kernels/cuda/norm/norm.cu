@@ -54,6 +54,8 @@ __global__ void __launch_bounds__(kBlockThreads)
 
   float* y = p.y ? p.y + g * layout.y_outer + h * p.dim : nullptr;
   uint16_t* yb = p.y_bf16 ? p.y_bf16 + row * p.dim : nullptr;
+  const int64_t rope0 = p.dim - p.rope_dim;  // first rotated dim (p.rope_dim > 0)
+  const float pos = p.rope_dim > 0 ? float(p.positions[g]) : 0.0f;
 #pragma unroll 4
   for (int64_t i = int64_t(t) * 4; i < p.dim; i += kThreads * 4) {
     const float4 v = *reinterpret_cast<const float4*>(x + i);
@@ -64,6 +66,48 @@ __global__ void __launch_bounds__(kBlockThreads)
       o[1] = __fmul_rn(o[1], w.y);
       o[2] = __fmul_rn(o[2], w.z);
       o[3] = __fmul_rn(o[3], w.w);
+    }
+    if (p.rope_dim > 0 || p.simulate_fp8_kv) {
+      // The epilogue (rms_norm_epilogue_supported: every lane of the warp is in this pass, so
+      // the half-warp maximum below sees one whole 64-dim block).
+      if (p.round_bf16) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) o[k] = ops::round_bf16(o[k]);
+      }
+      if (p.rope_dim > 0 && i >= rope0) {
+        // rope_kernel's arithmetic for the pairs (i, i+1) and (i+2, i+3).
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const float angle = pos * p.inv_freq[(i - rope0) / 2 + q];
+          double sd, cd;
+          sincos(double(angle), &sd, &cd);
+          const float c = float(cd), sn = float(sd);
+          const float a = o[2 * q], b = o[2 * q + 1];
+          float re = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn));
+          float im = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c));
+          if (p.round_bf16) {
+            re = ops::round_bf16(re);
+            im = ops::round_bf16(im);
+          }
+          o[2 * q] = re;
+          o[2 * q + 1] = im;
+        }
+      }
+      if (p.simulate_fp8_kv) {
+        // Blocks of 64 dims from 0: lanes 0-15 / 16-31 of the warp hold one each. Rotated dims
+        // take no part (a block cut by rope0 has the amax of its first part, as in
+        // simulate_fp8_kv_kernel).
+        float amax = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          if (i + k < rope0) amax = fmaxf(amax, fabsf(o[k]));
+#pragma unroll
+        for (int off = 8; off > 0; off >>= 1)
+          amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          if (i + k < rope0) o[k] = ops::fp8_simulate(o[k], amax);
+      }
     }
     if (yb) {
       const uint2 packed =
@@ -91,6 +135,26 @@ void launch_with(const RmsNormParams& p, const RowLayout& layout, cudaStream_t s
 
 void launch_layout(const RmsNormParams& p, const RowLayout& layout, cudaStream_t stream) {
   if (p.num_rows <= 0 || p.dim <= 0) return;
+  // The RoPE / FP8 epilogue (rms_norm_epilogue_supported: dim 128 .. 1024, a power of two) at
+  // decode sizes: one float4 per thread, so that a row's rotations and FP8 blocks run on dim / 4
+  // threads at once (one warp per 512-dim kv row measured 5.9 us at 1 token, session 15); with
+  // many rows the one-warp rows below.
+  if ((p.rope_dim > 0 || p.simulate_fp8_kv) && p.num_rows < 1024) {
+    switch (p.dim) {
+      case 128:
+        launch_with<32>(p, layout, stream);
+        return;
+      case 256:
+        launch_with<64>(p, layout, stream);
+        return;
+      case 512:
+        launch_with<128>(p, layout, stream);
+        return;
+      default:
+        launch_with<256>(p, layout, stream);
+        return;
+    }
+  }
   // Rows wider than 1024 with few rows (decode): about two float4 per thread so that every load
   // of a row is in flight at once (1x4096: 5.2 -> 3.1 us, 64x4096: 7.0 -> 3.9 us). Otherwise
   // 4..8 float4 per thread, which streams better for many rows (4096x4096: 46.7 vs 52.2 us) and
@@ -117,6 +181,12 @@ void launch_layout(const RmsNormParams& p, const RowLayout& layout, cudaStream_t
 
 }  // namespace
 
+bool rms_norm_epilogue_supported(int64_t dim, int64_t rope_dim) {
+  // launch_layout runs such a row on dim / 4 threads or on one warp: whole passes either way.
+  const bool pow2 = dim == 128 || dim == 256 || dim == 512 || dim == 1024;
+  return pow2 && rope_dim >= 0 && rope_dim % 2 == 0 && rope_dim <= dim && (dim - rope_dim) % 4 == 0;
+}
+
 void launch_rms_norm(const RmsNormParams& params, cudaStream_t stream) {
   launch_layout(params, RowLayout{1, params.x_stride, params.y_stride}, stream);
 }
@@ -130,6 +200,10 @@ void launch_rms_norm_heads(const RmsNormHeadsParams& params, cudaStream_t stream
   p.x_stride = p.y_stride = params.head_dim;
   p.eps = params.eps;
   p.round_bf16 = params.round_bf16;
+  p.rope_dim = params.rope_dim;
+  p.inv_freq = params.inv_freq;
+  p.positions = params.positions;
+  p.simulate_fp8_kv = params.simulate_fp8_kv;
   launch_layout(p, RowLayout{params.num_heads, params.token_stride, params.token_stride}, stream);
 }
 

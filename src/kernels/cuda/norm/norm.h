@@ -22,7 +22,22 @@ struct RmsNormParams {
   int64_t y_stride = 0;  // elements, a multiple of 4 (>= dim)
   float eps = 1e-6f;
   bool round_bf16 = false;  // round y to bf16 values (y_bf16 is always rounded)
+  // Epilogue on y (needs rms_norm_epilogue_supported(dim, rope_dim); not with y_bf16): with
+  // rope_dim > 0, RoPE forward of each row's last rope_dim dims at positions[token] (a row is a
+  // token here, a head in rms_norm_heads) with the bits of launch_rope (after the rounding above,
+  // rounded again when round_bf16); then, with simulate_fp8_kv, the FP8 simulation of dims
+  // [0, dim - rope_dim) per 64 with the bits of launch_simulate_fp8_kv. One launch instead of
+  // three (the query and kv paths of attention).
+  int64_t rope_dim = 0;
+  const float* inv_freq = nullptr;     // [rope_dim / 2]
+  const int64_t* positions = nullptr;  // [tokens] device memory
+  bool simulate_fp8_kv = false;
 };
+
+// Whether launch_rms_norm / launch_rms_norm_heads run the epilogue above for rows of `dim`: even
+// rope_dim <= dim with dim - rope_dim a multiple of 4, and dim 128, 256, 512 or 1024 (a row's
+// threads cover whole 128-dim passes, so the 64-dim blocks are half-warps).
+bool rms_norm_epilogue_supported(int64_t dim, int64_t rope_dim);
 
 // One row per group of 32..512 threads (by dim); no allocation, no host sync, graph-capturable.
 void launch_rms_norm(const RmsNormParams& params, cudaStream_t stream);
@@ -36,6 +51,11 @@ struct RmsNormHeadsParams {
   int64_t token_stride = 0;  // elements; num_heads * head_dim for a dense tensor
   float eps = 1e-6f;
   bool round_bf16 = false;
+  // Epilogue per head, as RmsNormParams (every head of token t at positions[t]).
+  int64_t rope_dim = 0;
+  const float* inv_freq = nullptr;
+  const int64_t* positions = nullptr;
+  bool simulate_fp8_kv = false;
 };
 
 void launch_rms_norm_heads(const RmsNormHeadsParams& params, cudaStream_t stream);
