@@ -183,7 +183,17 @@ int main(int argc, char** argv) {
       DS_BENCH_CHECK(cudaMalloc(&d_lse, size_t(batch) * kHeads * 4));
       const cuda::SparseMlaPlan plan =
           cuda::plan_sparse_mla_decode(batch, kHeads, kWindow, kTopk, dev.sm_count);
-      const size_t ws_bytes = cuda::sparse_mla_workspace_bytes(plan, batch, kHeads, kDim);
+      // The sm_90a kernel's plan (v7) where the GPU runs it; the workspace serves both plans
+      // and the split sweeps (at most max_tiles splits each).
+      const bool wgmma = cuda::sparse_mla_wgmma_supported(kHeads, kDim);
+      const cuda::SparseMlaPlan wplan =
+          cuda::plan_sparse_mla_decode(batch, kHeads, kWindow, kTopk, dev.sm_count, 0, wgmma);
+      cuda::SparseMlaPlan widest = plan, wwidest = wplan;
+      widest.max_splits = std::max(1, plan.max_tiles);
+      wwidest.max_splits = std::max(1, wplan.max_tiles);
+      const size_t ws_bytes =
+          std::max(cuda::sparse_mla_workspace_bytes(widest, batch, kHeads, kDim),
+                   cuda::sparse_mla_workspace_bytes(wwidest, batch, kHeads, kDim));
       float* d_ws = nullptr;
       if (ws_bytes) DS_BENCH_CHECK(cudaMalloc(&d_ws, ws_bytes));
       auto params = [&](int c) {
@@ -210,108 +220,116 @@ int main(int argc, char** argv) {
         p.workspace_bytes = ws_bytes;
         return p;
       };
-      bool use_pdl = false;
-      auto launch = [&](int c, cudaStream_t s) {
-        cuda::SparseMlaParams p = params(c);
-        p.pdl = use_pdl;
-        Status st = cuda::launch_sparse_mla_decode(p, s);
-        if (!st.ok()) {
-          std::fprintf(stderr, "launch failed: %s\n", st.to_string().c_str());
-          std::exit(1);
-        }
-      };
-      {  // ~50 ms of this case's launches: clocks up before the first timing
-        const auto t_spin = std::chrono::steady_clock::now();
-        for (int i = 0; std::chrono::steady_clock::now() - t_spin < std::chrono::milliseconds(50);
-             ++i) {
-          for (int c = 0; c < kCopies; ++c) launch(c, stream);
-          DS_BENCH_CHECK(cudaStreamSynchronize(stream));
-        }
-      }
-      int iter = 0;
-      const double eager_us =
-          bench::time_us([&](cudaStream_t s) { launch(iter++ % kCopies, s); }, stream, 40, 5);
-      const double graph_us = bench::time_us(
-                                  [&](cudaStream_t s) {
-                                    for (int c = 0; c < kCopies; ++c) launch(c, s);
-                                  },
-                                  stream, 20, 3, true) /
-                              kCopies;
-      use_pdl = true;
-      const double graph_pdl_us = bench::time_us(
-                                      [&](cudaStream_t s) {
-                                        for (int c = 0; c < kCopies; ++c) launch(c, s);
-                                      },
-                                      stream, 20, 3, true) /
-                                  kCopies;
-      use_pdl = false;
-      // Correctness of this run (copy 0): first 4 queries against the CPU reference.
-      DS_BENCH_CHECK(cudaMemsetAsync(d_out, 0xFF, q.size() * 2, stream));
-      launch(0, stream);
-      DS_BENCH_CHECK(cudaStreamSynchronize(stream));
-      std::vector<uint16_t> got(q.size());
-      DS_BENCH_CHECK(cudaMemcpy(got.data(), d_out, got.size() * 2, cudaMemcpyDeviceToHost));
-      double worst = 0;
-      for (int b = 0; b < std::min(batch, 4); ++b) {
-        std::vector<std::vector<float>> kv;
-        const int32_t* wt = &win.table[size_t(b) * win.pages_per_seq];
-        const int32_t* ct = &cmp.table[size_t(b) * cmp.pages_per_seq];
-        float vmax = 0;
-        auto add = [&](const cpu::PagedKv& pkv, const int32_t* t, int idx) {
-          std::vector<float> v(kDim);
-          cpu::unpack_kv_entry(pkv.layout, cpu::kv_entry_data(pkv, t, idx),
-                               cpu::kv_entry_scales(pkv, t, idx), v.data());
-          for (float x : v) vmax = std::max(vmax, std::fabs(x));
-          kv.push_back(v);
-        };
-        for (int i = 0; i < kWindow; ++i) add(win.kv, wt, widx[size_t(b) * kWindow + i]);
-        for (int i = 0; i < comp; ++i) add(cmp.kv, ct, cidx[size_t(b) * kTopk + i]);
-        std::vector<const float*> ptrs;
-        for (auto& v : kv) ptrs.push_back(v.data());
-        std::vector<float> qf(size_t(kHeads) * kDim), ref(qf.size());
-        for (size_t i = 0; i < qf.size(); ++i)
-          qf[i] = bf16_to_float(q[size_t(b) * kHeads * kDim + i]);
-        cpu::SparseAttentionParams rp;
-        rp.q = qf.data();
-        rp.keys = ptrs.data();
-        rp.num_keys = int64_t(ptrs.size());
-        rp.num_heads = kHeads;
-        rp.head_dim = kDim;
-        rp.softmax_scale = scale;
-        rp.sink = sink.data();
-        rp.out = ref.data();
-        cpu::sparse_attention(rp);
-        for (size_t i = 0; i < ref.size(); ++i) {
-          const double g = bf16_to_float(got[size_t(b) * kHeads * kDim + i]);
-          const double tol = std::ldexp(vmax, -7) + std::ldexp(std::fabs(ref[i]), -8);
-          const double e = std::fabs(g - ref[i]) / tol;
-          worst = std::isnan(e) ? 1e30 : std::max(worst, e);
-        }
-      }
       const double bytes =
           double(batch) * (double(keys) * (584 + 4) + kHeads * kDim * 2.0 * 2 + kHeads * 4.0);
       const double flops = double(batch) * keys * 4.0 * kHeads * kDim;
       const double floor_us = std::max(bytes / (copy_gbps * 1e9),
                                        bf16_tflops > 0 ? flops / (bf16_tflops * 1e12) : 0.0) *
                               1e6;
-      for (int g = 0; g < 3; ++g) {
-        bench::Record r;
-        r.kernel = g == 2 ? "sparse_mla_decode_pdl" : "sparse_mla_decode";
-        r.shape = "B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) +
-                  " keys=" + std::to_string(keys) + " s" + std::to_string(plan.max_splits) + " h" +
-                  std::to_string(plan.heads_per_cta) + " p" + std::to_string(plan.tiles_per_step);
-        r.mode = g ? "graph" : "eager";
-        r.time_us = g == 2 ? graph_pdl_us : g ? graph_us : eager_us;
-        r.bytes = bytes;
-        r.flops = flops;
-        r.floor_us = floor_us;
-        r.ratio = r.time_us / floor_us;
-        r.achieved_gbps = bytes / (r.time_us * 1e-6) / 1e9;
-        r.achieved_tflops = flops / (r.time_us * 1e-6) / 1e12;
-        r.error_metric = "max |err| / (2^-7 max|v| + 2^-8 |ref|), first 4 queries (<= 1 passes)";
-        r.max_error = worst;
-        records.push_back(r);
-      }
+      // A plan timed eagerly, in a graph and in a graph with PDL, checked against the reference,
+      // recorded under `name` (and name + "_pdl").
+      auto measure = [&](const cuda::SparseMlaPlan& plan, const std::string& name) {
+        bool use_pdl = false;
+        auto launch = [&](int c, cudaStream_t s) {
+          cuda::SparseMlaParams p = params(c);
+          p.plan = plan;
+          p.pdl = use_pdl;
+          Status st = cuda::launch_sparse_mla_decode(p, s);
+          if (!st.ok()) {
+            std::fprintf(stderr, "launch failed: %s\n", st.to_string().c_str());
+            std::exit(1);
+          }
+        };
+        {  // ~50 ms of this case's launches: clocks up before the first timing
+          const auto t_spin = std::chrono::steady_clock::now();
+          for (int i = 0; std::chrono::steady_clock::now() - t_spin < std::chrono::milliseconds(50);
+               ++i) {
+            for (int c = 0; c < kCopies; ++c) launch(c, stream);
+            DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+          }
+        }
+        int iter = 0;
+        const double eager_us =
+            bench::time_us([&](cudaStream_t s) { launch(iter++ % kCopies, s); }, stream, 40, 5);
+        const double graph_us = bench::time_us(
+                                    [&](cudaStream_t s) {
+                                      for (int c = 0; c < kCopies; ++c) launch(c, s);
+                                    },
+                                    stream, 20, 3, true) /
+                                kCopies;
+        use_pdl = true;
+        const double graph_pdl_us = bench::time_us(
+                                        [&](cudaStream_t s) {
+                                          for (int c = 0; c < kCopies; ++c) launch(c, s);
+                                        },
+                                        stream, 20, 3, true) /
+                                    kCopies;
+        use_pdl = false;
+        // Correctness of this run (copy 0): first 4 queries against the CPU reference.
+        DS_BENCH_CHECK(cudaMemsetAsync(d_out, 0xFF, q.size() * 2, stream));
+        launch(0, stream);
+        DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+        std::vector<uint16_t> got(q.size());
+        DS_BENCH_CHECK(cudaMemcpy(got.data(), d_out, got.size() * 2, cudaMemcpyDeviceToHost));
+        double worst = 0;
+        for (int b = 0; b < std::min(batch, 4); ++b) {
+          std::vector<std::vector<float>> kv;
+          const int32_t* wt = &win.table[size_t(b) * win.pages_per_seq];
+          const int32_t* ct = &cmp.table[size_t(b) * cmp.pages_per_seq];
+          float vmax = 0;
+          auto add = [&](const cpu::PagedKv& pkv, const int32_t* t, int idx) {
+            std::vector<float> v(kDim);
+            cpu::unpack_kv_entry(pkv.layout, cpu::kv_entry_data(pkv, t, idx),
+                                 cpu::kv_entry_scales(pkv, t, idx), v.data());
+            for (float x : v) vmax = std::max(vmax, std::fabs(x));
+            kv.push_back(v);
+          };
+          for (int i = 0; i < kWindow; ++i) add(win.kv, wt, widx[size_t(b) * kWindow + i]);
+          for (int i = 0; i < comp; ++i) add(cmp.kv, ct, cidx[size_t(b) * kTopk + i]);
+          std::vector<const float*> ptrs;
+          for (auto& v : kv) ptrs.push_back(v.data());
+          std::vector<float> qf(size_t(kHeads) * kDim), ref(qf.size());
+          for (size_t i = 0; i < qf.size(); ++i)
+            qf[i] = bf16_to_float(q[size_t(b) * kHeads * kDim + i]);
+          cpu::SparseAttentionParams rp;
+          rp.q = qf.data();
+          rp.keys = ptrs.data();
+          rp.num_keys = int64_t(ptrs.size());
+          rp.num_heads = kHeads;
+          rp.head_dim = kDim;
+          rp.softmax_scale = scale;
+          rp.sink = sink.data();
+          rp.out = ref.data();
+          cpu::sparse_attention(rp);
+          for (size_t i = 0; i < ref.size(); ++i) {
+            const double g = bf16_to_float(got[size_t(b) * kHeads * kDim + i]);
+            const double tol = std::ldexp(vmax, -7) + std::ldexp(std::fabs(ref[i]), -8);
+            const double e = std::fabs(g - ref[i]) / tol;
+            worst = std::isnan(e) ? 1e30 : std::max(worst, e);
+          }
+        }
+        for (int g = 0; g < 3; ++g) {
+          bench::Record r;
+          r.kernel = g == 2 ? name + "_pdl" : name;
+          r.shape = "B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) +
+                    " keys=" + std::to_string(keys) + " s" + std::to_string(plan.max_splits) +
+                    " h" + std::to_string(plan.heads_per_cta) + " p" +
+                    std::to_string(plan.tiles_per_step) + (plan.wgmma ? " wgmma" : "");
+          r.mode = g ? "graph" : "eager";
+          r.time_us = g == 2 ? graph_pdl_us : g ? graph_us : eager_us;
+          r.bytes = bytes;
+          r.flops = flops;
+          r.floor_us = floor_us;
+          r.ratio = r.time_us / floor_us;
+          r.achieved_gbps = bytes / (r.time_us * 1e-6) / 1e9;
+          r.achieved_tflops = flops / (r.time_us * 1e-6) / 1e12;
+          r.error_metric = "max |err| / (2^-7 max|v| + 2^-8 |ref|), first 4 queries (<= 1 passes)";
+          r.max_error = worst;
+          records.push_back(r);
+        }
+      };
+      measure(plan, "sparse_mla_decode");
+      if (wgmma) measure(wplan, "sparse_mla_decode_wgmma");
       // An alternative plan timed eagerly and in a graph (the sweeps below; results not checked).
       auto time_alt = [&](const cuda::SparseMlaPlan& alt, const char* sweep) {
         auto launch_alt = [&](int c, cudaStream_t s) {
@@ -337,7 +355,8 @@ int main(int argc, char** argv) {
           r.kernel = "sparse_mla_decode_alt";
           r.shape = "B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) +
                     " keys=" + std::to_string(keys) + " s" + std::to_string(alt.max_splits) + " h" +
-                    std::to_string(alt.heads_per_cta) + " p" + std::to_string(alt.tiles_per_step);
+                    std::to_string(alt.heads_per_cta) + " p" + std::to_string(alt.tiles_per_step) +
+                    (alt.wgmma ? " wgmma" : "");
           r.mode = g ? "graph" : "eager";
           r.time_us = g ? gus : us;
           r.bytes = bytes;
@@ -377,6 +396,14 @@ int main(int argc, char** argv) {
         cuda::SparseMlaPlan alt = plan;
         alt.max_splits = sp;
         time_alt(alt, "split sweep");
+      }
+      // Split sweep of the sm_90a kernel (quick runs too: it is the kernel being tuned).
+      for (int sp : {1, 2, 4, 8, 10}) {
+        if (!wgmma || sp == wplan.max_splits || sp > wplan.max_tiles || (batch >= 64 && sp > 2))
+          continue;
+        cuda::SparseMlaPlan alt = wplan;
+        alt.max_splits = sp;
+        time_alt(alt, "wgmma split sweep");
       }
       for (int c = 0; c < kCopies; ++c) {
         DS_BENCH_CHECK(cudaFree(wtab[size_t(c)]));

@@ -18,17 +18,21 @@
 // the argmax agreement to chance (about 1/1024).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "forward/forward_test_util.h"
+#include "kernels/cuda/attention/sparse_mla_decode.h"
+#include "model/synthetic.h"
 #include "runtime/cuda/cuda_ops.h"
 #include "runtime/dual_ops.h"
 
@@ -128,6 +132,56 @@ TEST_F(CudaOpsTest, EveryOpMatchesCpuOnTheSameInputs) {
     EXPECT_LE(e.worst, exact ? 1e-6 : 1e-2) << op;
   }
   EXPECT_GT(dual.errors.size(), size_t(15));
+}
+
+// DeepSeek-V4-Flash's attention geometry (64 heads x 512 dims) on the tiny model's other
+// dimensions, so that the forward runs the sparse MLA kernels the backend picks at Flash shapes
+// (on compute capability 9.0 the sm_90a wgmma kernel for the 90-token prefill chunk, the mma.sync
+// kernel for the decode steps): every op against the CPU on identical inputs (DualOps), as above.
+TEST(CudaOpsFlashAttention, EveryOpMatchesCpuOnTheSameInputs) {
+  SKIP_WITHOUT_GPU();
+  DeepSeekV4Config c = dsv4::test::tiny_small_vocab_config();
+  c.num_attention_heads = 64;
+  c.head_dim = 512;
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("ds_test_flash_attention_" + std::to_string(::getpid())))
+                              .string();
+  std::filesystem::remove_all(dir);
+  SyntheticOptions so;
+  so.preset = SyntheticPreset::kTiny;
+  so.seed = 77;
+  ASSERT_TRUE(write_synthetic_checkpoint(c, so, dir).ok());
+  auto model = dsv4::ModelWeights::load(dir);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  const ForwardOptions options = ForwardOptions::for_mode(cpu::NumericsMode::kReference);
+  CudaOpsOptions o;
+  o.max_sequences = 2;
+  o.max_context = 1024;
+  o.max_step_tokens = 256;
+  o.cuda_graphs = false;  // DualOps synchronizes between ops
+  auto gpu_ops = CudaOps::create(**model, options, o);
+  ASSERT_TRUE(gpu_ops.ok()) << gpu_ops.status().to_string();
+  test::DualOps dual(gpu_ops->get(), (*model)->config());
+  Forward fwd(model->get(), options, &dual);
+  (void)run_chunked(fwd, random_tokens(110, 23), prefill_then_decode(90, 20));
+  // Prefill chunks (90 query tokens) plan the wgmma kernel where it runs, decode steps (1 token)
+  // the mma.sync kernel.
+  std::printf("[ metric ] sparse MLA wgmma kernel: %s\n",
+              cuda::sparse_mla_wgmma_supported(64, 512) && cuda::sparse_mla_wgmma_preferred(90, 64)
+                  ? "prefill chunks"
+                  : "not run");
+  bool attended = false;
+  for (const auto& [op, e] : dual.errors) {
+    std::printf("[ metric ] op %-28s calls %5ld worst rel error %.3g\n", op.c_str(), long(e.calls),
+                e.worst);
+    attended |= op.rfind("attend", 0) == 0;
+    const bool exact = op == "embed" || op == "rope" || op == "round_bf16" ||
+                       op == "simulate_fp8_kv" || op == "gather_rows" || op == "add_broadcast" ||
+                       op == "mhc_post";
+    EXPECT_LE(e.worst, exact ? 1e-6 : 1e-2) << op;
+  }
+  EXPECT_TRUE(attended);
 }
 
 TEST_F(CudaOpsTest, PrefillMatchesCpu) {

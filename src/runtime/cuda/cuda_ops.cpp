@@ -456,6 +456,9 @@ Status CudaOps::init() {
   DS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   kernel_pdl_ = opt_.kernel_pdl && !env_switched_off("DEEPSERVE_GEMM_PDL");
   fused_norm_rope_ = opt_.fused_norm_rope && !env_switched_off("DEEPSERVE_FUSED_NORM_ROPE");
+  sparse_mla_wgmma_ =
+      opt_.sparse_mla_wgmma && !env_switched_off("DEEPSERVE_SPARSE_MLA_WGMMA") &&
+      cuda::sparse_mla_wgmma_supported(int32_t(c.num_attention_heads), int32_t(c.head_dim));
   if (opt_.max_context == 0 || opt_.max_context > c.max_position_embeddings) {
     opt_.max_context = c.max_position_embeddings;
   }
@@ -568,9 +571,11 @@ Status CudaOps::init() {
       2 * c.num_attention_heads * c.head_dim * 2;
   const int64_t hca_cols = ceil_div(opt_.max_context, 128);
   const int64_t attn_ws = int64_t(cuda::sparse_mla_workspace_bytes(
-      cuda::plan_sparse_mla_decode(int32_t(N), int32_t(c.num_attention_heads),
-                                   int32_t(c.sliding_window),
-                                   int32_t(std::max(c.index_topk, hca_cols)), num_sms_),
+      cuda::plan_sparse_mla_decode(
+          int32_t(N), int32_t(c.num_attention_heads), int32_t(c.sliding_window),
+          int32_t(std::max(c.index_topk, hca_cols)), num_sms_, 0,
+          sparse_mla_wgmma_ &&
+              cuda::sparse_mla_wgmma_preferred(int32_t(N), int32_t(c.num_attention_heads))),
       int32_t(N), int32_t(c.num_attention_heads), int32_t(c.head_dim)));
   const int64_t arena =
       N * per_token + N * hca_cols * 4 + opt_.max_logit_rows * c.vocab_size * 4 +
@@ -1986,8 +1991,9 @@ void CudaOps::attend(const dsv4::AttendParams& params, const float* q, const flo
       p.compressed_width = st.hca_width;
     }
   }
-  p.plan = cuda::plan_sparse_mla_decode(p.num_queries, p.num_heads, p.window_width,
-                                        p.compressed_width, num_sms_);
+  p.plan = cuda::plan_sparse_mla_decode(
+      p.num_queries, p.num_heads, p.window_width, p.compressed_width, num_sms_, 0,
+      sparse_mla_wgmma_ && cuda::sparse_mla_wgmma_preferred(p.num_queries, p.num_heads));
   p.workspace_bytes =
       cuda::sparse_mla_workspace_bytes(p.plan, p.num_queries, p.num_heads, p.head_dim);
   p.workspace = scratch<float>(int64_t(p.workspace_bytes / 4 + 1));

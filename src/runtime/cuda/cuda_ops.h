@@ -111,6 +111,11 @@ struct CudaOpsOptions {
   // The q and kv paths' RMSNorm, RoPE and FP8 simulation of kv as one launch each
   // (Ops::norm_rope). DEEPSERVE_FUSED_NORM_ROPE=0 turns it off (A/B switch).
   bool fused_norm_rope = true;
+  // Sparse MLA decode on the sm_90a wgmma kernel (64-key tiles) where the device is compute
+  // capability 9.0, the shape allows it (head_dim 512, a multiple of 64 heads) and the step has
+  // enough query tokens (cuda::sparse_mla_wgmma_preferred: >= 16 at 64 heads); the mma.sync kernel
+  // otherwise. DEEPSERVE_SPARSE_MLA_WGMMA=0 turns it off (A/B switch).
+  bool sparse_mla_wgmma = true;
 };
 
 class CudaOps final : public dsv4::Ops {
@@ -305,6 +310,9 @@ class CudaOps final : public dsv4::Ops {
   bool kernel_pdl_ = true;  // CudaOpsOptions::kernel_pdl, unless DEEPSERVE_GEMM_PDL=0
   // Ops::fuses_norm_rope: CudaOpsOptions::fused_norm_rope, unless DEEPSERVE_FUSED_NORM_ROPE=0
   bool fused_norm_rope_ = true;
+  // CudaOpsOptions::sparse_mla_wgmma on a device and shape that run it, unless
+  // DEEPSERVE_SPARSE_MLA_WGMMA=0.
+  bool sparse_mla_wgmma_ = false;
   // bf16 weights padded to a multiple of 8 rows: host data -> (device copy, padded rows).
   std::unordered_map<const void*, std::pair<const uint16_t*, int64_t>> padded_bf16_;
   // Per-layer MoE state, keyed by the layer's host expert array (MoeSite::experts).

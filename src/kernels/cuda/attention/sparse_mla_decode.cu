@@ -65,16 +65,17 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // ---- split plan shared by the attention and combine kernels ------------------------------------
 struct QuerySplit {
   int n;       // keys (window + compressed, -1 entries included)
-  int tiles;   // ceil(n / 16)
+  int tiles;   // ceil(n / tile keys): 16 (mma.sync kernel) or 64 (wgmma kernel)
   int splits;  // min(max_splits, tiles), at least 1
 };
 
+template <int kTileKeys = kTile>
 __device__ __forceinline__ QuerySplit query_split(const SparseMlaParams& p, int q) {
   QuerySplit s;
   const int wn = p.window_len[q];
   const int cn = p.compressed_width > 0 ? p.compressed_len[q] : 0;
   s.n = wn + cn;
-  s.tiles = (s.n + kTile - 1) / kTile;
+  s.tiles = (s.n + kTileKeys - 1) / kTileKeys;
   s.splits = max(1, min(p.plan.max_splits, s.tiles));
   return s;
 }
@@ -899,11 +900,11 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
 // dependent of the attention kernel (v5): its blocks start while the attention kernel runs, read
 // the lengths (inputs of the attention kernel, complete once that grid has triggered), then wait
 // for the partials. Otherwise kBatch 16 in plain stream order (v4; the wait is a no-op).
-template <int kD, int kBatch>
+template <int kD, int kBatch, int kTileKeys = kTile>
 __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const SparseMlaParams p) {
   const int q = blockIdx.x;
   const int h = blockIdx.y;
-  const QuerySplit qs = query_split(p, q);
+  const QuerySplit qs = query_split<kTileKeys>(p, q);
   pdl_wait();
   if (qs.splits <= 1) return;
   const int d = threadIdx.x * 4;
@@ -950,6 +951,8 @@ __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const Sparse
   if (p.lse && threadIdx.x == 0) p.lse[int64_t(q) * p.num_heads + h] = final_lse(m, l);
 }
 
+#include "kernels/cuda/attention/sparse_mla_decode_wgmma.cuh"
+
 // One launch of kernel(p), as a programmatic dependent of the previous grid in the stream when
 // `pdl` (the kernels wait with griddepcontrol.wait before reading what that grid wrote).
 template <typename Kernel>
@@ -994,6 +997,40 @@ Status launch_impl(const SparseMlaParams& p, cudaStream_t stream) {
   return ok_status();
 }
 
+// 0 (default): the two-warpgroup sm_90a kernel (v7); 1: the warp-specialized one (v8: slower on
+// the H200, NOTES.md), kept for timing comparisons. Same bits.
+#ifndef DS_SPARSE_MLA_WG_SPECIALIZED
+#define DS_SPARSE_MLA_WG_SPECIALIZED 0
+#endif
+
+Status launch_wgmma(const SparseMlaParams& p, cudaStream_t stream) {
+  const dim3 grid(unsigned(p.plan.max_splits), unsigned(p.num_queries),
+                  unsigned(p.num_heads / wgp::kHeads));
+  if (DS_SPARSE_MLA_WG_SPECIALIZED) {
+    DS_CUDA_RETURN_IF_ERROR(
+        ensure_max_dynamic_smem(sparse_mla_decode_wgmma_ws_kernel, int(wgp::kWsSmemBytes)));
+    DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_decode_wgmma_ws_kernel, grid, wgp::kWsThreads,
+                                          wgp::kWsSmemBytes, p.pdl, p, stream));
+  } else {
+    DS_CUDA_RETURN_IF_ERROR(
+        ensure_max_dynamic_smem(sparse_mla_decode_wgmma_kernel, int(wgp::kSmemBytes)));
+    DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_decode_wgmma_kernel, grid, wgp::kThreads,
+                                          wgp::kSmemBytes, p.pdl, p, stream));
+  }
+  if (p.plan.max_splits > 1) {
+    const dim3 cgrid(unsigned(p.num_queries), unsigned(p.num_heads));
+    constexpr int kD = wgp::kD, kTK = wgp::kKeys;
+    if (fast_combine(p)) {
+      DS_CUDA_RETURN_IF_ERROR(
+          launch_kernel(sparse_mla_combine_kernel<kD, 20, kTK>, cgrid, kD / 4, 0, true, p, stream));
+    } else {
+      DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_combine_kernel<kD, 16, kTK>, cgrid, kD / 4,
+                                            0, false, p, stream));
+    }
+  }
+  return ok_status();
+}
+
 template <int kD>
 Status launch_for_dim(const SparseMlaParams& p, cudaStream_t stream) {
   if (p.plan.tiles_per_step == 2) {  // 16 heads only (checked by the caller)
@@ -1014,13 +1051,48 @@ Status launch_for_dim(const SparseMlaParams& p, cudaStream_t stream) {
 
 }  // namespace
 
+bool sparse_mla_wgmma_available() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return major == 9 && minor == 0;
+}
+
+bool sparse_mla_wgmma_supported(int32_t num_heads, int32_t head_dim) {
+  return head_dim == wgp::kD && num_heads > 0 && num_heads % wgp::kHeads == 0 &&
+         sparse_mla_wgmma_available();
+}
+
+bool sparse_mla_wgmma_preferred(int32_t num_queries, int32_t num_heads) {
+  return int64_t(num_queries) * (num_heads / wgp::kHeads) >= 16;
+}
+
 SparseMlaPlan plan_sparse_mla_decode(int32_t num_queries, int32_t num_heads, int32_t window_width,
                                      int32_t compressed_width, int32_t num_sms,
-                                     int32_t max_splits_cap) {
+                                     int32_t max_splits_cap, bool wgmma) {
   SparseMlaPlan plan;
-  plan.max_tiles = (window_width + compressed_width + kTile - 1) / kTile;
   const int64_t queries = num_queries > 0 ? num_queries : 1;
   const int64_t sms = num_sms > 0 ? num_sms : 1;
+  if (wgmma && num_heads > 0 && num_heads % wgp::kHeads == 0) {
+    // sm_90a kernel: 64 heads per CTA, 64-key tiles, one CTA per SM; splits as below.
+    plan.wgmma = true;
+    plan.heads_per_cta = wgp::kHeads;
+    plan.max_tiles = (window_width + compressed_width + wgp::kKeys - 1) / wgp::kKeys;
+    // Split only below a quarter of the GPU: batch 64 on 132 SMs ran 59.1 us with 2 splits (each
+    // second split stores an fp32 partial per tile) and 52.0 us with one (H200, NOTES.md v7).
+    const int64_t ctas = queries * (num_heads / wgp::kHeads);
+    int64_t splits = 1;
+    if (4 * ctas <= sms) splits = std::max<int64_t>(1, sms / ctas);
+    splits = std::min<int64_t>(splits, std::max(1, plan.max_tiles));
+    if (max_splits_cap > 0) splits = std::min<int64_t>(splits, max_splits_cap);
+    plan.max_splits = int32_t(std::max<int64_t>(1, splits));
+    return plan;
+  }
+  plan.max_tiles = (window_width + compressed_width + kTile - 1) / kTile;
   // Largest head group that fills >= 90% of the GPU with one wave; 16 if none does.
   plan.heads_per_cta = 16;
   for (int hpc : {64, 32}) {
@@ -1063,13 +1135,25 @@ Status launch_sparse_mla_decode(const SparseMlaParams& p, cudaStream_t stream) {
   if (!p.q || !p.out || !p.query_seq || !p.window_len || (p.window_width > 0 && !p.window_idx) ||
       (p.compressed_width > 0 && (!p.compressed_idx || !p.compressed_len)))
     return invalid_argument("sparse_mla_decode: null pointer in params");
+  if (p.plan.wgmma) {
+    if (p.head_dim != wgp::kD || p.num_heads % wgp::kHeads != 0 ||
+        p.plan.heads_per_cta != wgp::kHeads || p.plan.tiles_per_step != 1)
+      return invalid_argument(
+          "sparse_mla_decode: the wgmma plan needs head_dim 512, a multiple of 64 heads, 64 "
+          "heads per CTA and one tile per step");
+    if ((reinterpret_cast<uintptr_t>(p.q) & 15u) != 0)
+      return invalid_argument("sparse_mla_decode: the wgmma plan needs a 16-byte aligned q");
+    if (!sparse_mla_wgmma_available())
+      return invalid_argument("sparse_mla_decode: the wgmma plan needs an sm_90 device");
+  }
+  const int tile_keys = p.plan.wgmma ? wgp::kKeys : kTile;
   if (!(p.plan.tiles_per_step == 1 || (p.plan.tiles_per_step == 2 && p.plan.heads_per_cta == 16)))
     return invalid_argument(
         "sparse_mla_decode: tiles_per_step must be 1, or 2 with 16 heads per "
         "CTA, got " +
         std::to_string(p.plan.tiles_per_step));
   if (p.window_width < 0 || p.compressed_width < 0 || p.plan.max_splits < 1 ||
-      p.plan.max_tiles * kTile < p.window_width + p.compressed_width)
+      int64_t(p.plan.max_tiles) * tile_keys < p.window_width + p.compressed_width)
     return invalid_argument("sparse_mla_decode: plan does not match the index widths");
   if ((p.window_width > 0 && (p.window.page_size <= 0 || p.window.page_bytes % 16 != 0)) ||
       (p.compressed_width > 0 &&
@@ -1080,6 +1164,7 @@ Status launch_sparse_mla_decode(const SparseMlaParams& p, cudaStream_t stream) {
   if (need > 0 && (p.workspace == nullptr || p.workspace_bytes < need))
     return invalid_argument("sparse_mla_decode: workspace of " + std::to_string(p.workspace_bytes) +
                             " bytes, need " + std::to_string(need));
+  if (p.plan.wgmma) return launch_wgmma(p, stream);
   switch (p.head_dim) {
     case 512:
       return launch_for_dim<512>(p, stream);

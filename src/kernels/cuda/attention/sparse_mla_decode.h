@@ -11,6 +11,10 @@
 // split 0 folds its own tiles, other splits store one partial per tile, and the combine kernel
 // continues the same fold in the same order, so the output is bit-identical whatever the split
 // count and head-group size the plan picks (NOTES.md).
+// On compute capability 9.0 a second kernel (v7, sparse_mla_decode_wgmma.cuh; SparseMlaPlan::wgmma)
+// runs 64 heads per CTA on wgmma with 64-key tiles (~219 KB of shared memory): its fold unit is
+// the 64-key tile, so it is split-invariant among its own plans and differs from the mma.sync
+// kernel in the last bits.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,7 +26,8 @@
 
 namespace ds::cuda {
 
-inline constexpr int kSparseMlaTileKeys = 16;  // keys per tile (the fold unit)
+inline constexpr int kSparseMlaTileKeys = 16;       // keys per tile (the fold unit), mma.sync
+inline constexpr int kSparseMlaWgmmaTileKeys = 64;  // keys per tile of the sm_90a wgmma kernel
 
 // One paged pool of FP8 KV entries (kernels/cpu/kv_entry.h layout). A sequence's logical entry i
 // lives in page page_table[seq * page_table_stride + i / page_size], slot i % page_size.
@@ -37,9 +42,16 @@ struct SparseMlaKvSource {
 // Launch geometry chosen on the host from shape bounds only (never from device lengths), so the
 // same launch can be captured once into a CUDA graph and replayed with new lengths and indices.
 struct SparseMlaPlan {
+  // The sm_90a kernel (v7, NOTES.md): 64 heads per CTA on wgmma, 64-key tiles (the fold unit, so
+  // its outputs differ in the last bits from the mma.sync kernel's, and are split-invariant
+  // among themselves). Needs head_dim 512, a multiple of 64 heads, a 16-byte aligned q and a
+  // compute capability 9.0 device (sparse_mla_wgmma_supported).
+  bool wgmma = false;
   int32_t heads_per_cta = 64;  // 16, 32 or 64: heads sharing one dequantized KV tile
   int32_t max_splits = 1;      // key splits per query; a query of T tiles uses min(max_splits, T)
-  int32_t max_tiles = 0;       // ceil((window_width + compressed_width) / 16): workspace slots
+  // ceil((window_width + compressed_width) / tile keys): workspace slots; tile keys = 16, or 64
+  // with `wgmma`.
+  int32_t max_tiles = 0;
   // Tiles of 16 keys per step of the kernel's loop: 1 (what the plan picks), or 2 with 16 heads
   // per CTA (two tiles between the same two block barriers; an experiment, slower on the H200:
   // NOTES.md). Same bits either way.
@@ -82,9 +94,22 @@ struct SparseMlaParams {
 // `num_sms` about twice, preferring larger head groups (each KV entry dequantized once for more
 // heads) and splitting keys only when heads alone cannot fill it. `max_splits_cap` > 0 caps the
 // split count (tests use it to force counts). Host arithmetic only.
+// `wgmma`: plan for the sm_90a kernel when the head count allows it (pass
+// sparse_mla_wgmma_supported(num_heads, head_dim)).
 SparseMlaPlan plan_sparse_mla_decode(int32_t num_queries, int32_t num_heads, int32_t window_width,
                                      int32_t compressed_width, int32_t num_sms,
-                                     int32_t max_splits_cap = 0);
+                                     int32_t max_splits_cap = 0, bool wgmma = false);
+
+// Whether the current device runs the sm_90a kernel (compute capability 9.0), and whether it
+// runs it for this shape (head_dim 512, a multiple of 64 heads).
+bool sparse_mla_wgmma_available();
+bool sparse_mla_wgmma_supported(int32_t num_heads, int32_t head_dim);
+
+// Which kernel a launch of `num_queries` tokens should plan for where both run (H200, NOTES.md
+// v7): the wgmma kernel from 16 CTAs of 64 heads up (batch 16: 29.5 vs 58.4 us at context 32K,
+// batch 128: 70.9 vs 111.5), the mma.sync kernel below (its one-tile CTAs: batch 1 at context
+// 512 10.2 vs 14.1 us). Host arithmetic only.
+bool sparse_mla_wgmma_preferred(int32_t num_queries, int32_t num_heads);
 
 // Workspace bytes the launch needs for `plan` (0 when plan.max_splits == 1).
 size_t sparse_mla_workspace_bytes(const SparseMlaPlan& plan, int32_t num_queries, int32_t num_heads,

@@ -1,0 +1,1020 @@
+// sm_90a path of the sparse MLA decode kernel (v7, NOTES.md): 64-key tiles on wgmma. Included by
+// sparse_mla_decode.cu inside its anonymous namespace, after the shared helpers (merge rule,
+// cp.async, PDL, query_split); not a header of its own.
+//
+// CTA (key split, query, group of 64 heads) = 2 warpgroups, 256 threads, ~218 KB of shared
+// memory, one CTA per SM. Per tile of 64 keys:
+//   0. (every 10 tiles) all threads resolve indices and page-table entries into shared memory;
+//   1. warpgroup w copies (cp.async, one tile ahead) and dequantizes dims [256w, 256w + 256) of
+//      the 64 entries into a bf16 tile (8 column blocks of 64 dims, 128-byte swizzle);
+//   2. QK^T: warpgroup w scores keys [32w, 32w + 32) of the tile against all 64 heads over all 512
+//      dims (32 x wgmma m64n32k16; A = q, B = the tile, both from shared memory);
+//   3. softmax: the two warpgroups exchange their per-head maxima (m_t = max of both), write
+//      P = bf16(2^(s - m_t)) of their 32 keys into a shared 64 x 64 P tile and exchange their
+//      partial sums of P (l_t = WG0's + WG1's);
+//   4. PV: warpgroup w multiplies P (A, shared memory) by dims [256w, 256w + 256) of the tile
+//      (B, MN-major) in 4 chunks of 64 dims, each from zero (4 x wgmma m64n64k16), and folds
+//      O = O a + (P V) b with the same merge rule as the mma.sync kernel, or stores P V as the
+//      tile's partial (splits other than the first).
+// The fold unit is the 64-key tile, so outputs are bit-identical whatever the split count (the
+// combine kernel continues the fold over the partials in tile order), but differ in the last bits
+// from the mma.sync kernel's (16-key tiles).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DS_SPARSE_MLA_WGMMA_PATH 1
+#else
+#define DS_SPARSE_MLA_WGMMA_PATH 0
+#endif
+
+// Timing experiments only (NOTES.md v7), 0 in every real build: 1 skips the dequantization
+// (the tile keeps whatever it held), 2 the QK^T wgmma, 3 the PV wgmma, 4 the KV copies.
+#ifndef DS_SPARSE_MLA_WG_ABLATE
+#define DS_SPARSE_MLA_WG_ABLATE 0
+#endif
+// Output dims per PV wgmma of the v7 kernel: 64 (default: 4 chunks, two in flight) or 128.
+#ifndef DS_SPARSE_MLA_PV_N
+#define DS_SPARSE_MLA_PV_N 64
+#endif
+
+namespace wgp {
+
+constexpr int kD = 512;
+constexpr int kNope = 448;
+constexpr int kHeads = 64;  // heads per CTA (wgmma M)
+constexpr int kKeys = kSparseMlaWgmmaTileKeys;
+constexpr int kThreads = 256;
+constexpr int kDataBytes = kNope + 128;        // 576: e4m3 nope + bf16 rope
+constexpr int kScaleBytes = 8;                 // 7 ue8m0 scales + pad
+constexpr int kBlockBytes = 64 * 128;          // one column block: 64 rows x 64 bf16
+constexpr int kTileBytes = 8 * kBlockBytes;    // 64 rows x 512 bf16
+constexpr int kStageStride = kDataBytes + 16;  // 592: rows 16 bytes apart mod 128 (no conflicts)
+constexpr int kStageScaleSlot = 16;  // 4 bytes per (warpgroup, half): own copies, own reads
+constexpr int kStageBytes = kKeys * (kStageStride + kStageScaleSlot);
+constexpr int kStages = 2;
+constexpr int kAddrTiles = 10;  // tiles per resolved address chunk (640 keys: one at Flash widths)
+constexpr int kAddrKeys = kAddrTiles * kKeys;
+constexpr int kResolveIters = (kAddrKeys + kThreads - 1) / kThreads;
+constexpr int kOffQ = 0;
+constexpr int kOffKv = kOffQ + kTileBytes;
+constexpr int kOffP = kOffKv + kTileBytes;
+constexpr int kOffStage = kOffP + kBlockBytes;
+constexpr int kOffStat = kOffStage + kStages * kStageBytes;  // max[2][64], sum[2][64]
+constexpr int kOffAddr = kOffStat + 4 * kHeads * 4;
+constexpr int kSmemBytes = 1024 + kOffAddr + kAddrKeys * 8;  // + 1024: base alignment
+static_assert(kSmemBytes <= 227 * 1024, "sm_90: at most 227 KB of shared memory per CTA");
+
+// Byte offset of 16-byte chunk `c` (0..7) of row `r` in a column block: the 128-byte swizzle of
+// wgmma (chunk XOR row % 8; blocks are 1024-byte aligned).
+__device__ __forceinline__ uint32_t swz(int r, int c) {
+  return uint32_t(r * 128 + ((c ^ (r & 7)) << 4));
+}
+
+#if DS_SPARSE_MLA_WGMMA_PATH
+// Shared-memory matrix descriptor (PTX ISA, wgmma matrix descriptor): start address >> 4, leading
+// and stride byte offsets >> 4, swizzle mode 1 = 128 bytes. K-major operands (q, keys for QK^T, P)
+// use only the stride offset (1024: 8 rows of 128 bytes; a K step of 16 adds 32 bytes to the
+// start). The MN-major V operand of PV spans 64 dims = one swizzle width, so only the 8-row stride
+// along K (keys) is used; both offsets are set to 1024, which is that stride under either field's
+// meaning.
+__device__ __forceinline__ uint64_t desc(uint32_t saddr, uint32_t lbo) {
+  return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(lbo >> 4) << 16) |
+         (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+__device__ __forceinline__ void fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wait0() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void wait1() {
+  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_bar(int wg) {
+  if (wg == 0)
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+  else
+    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_operand(float& x) {
+  asm volatile("" : "+f"(x)::"memory");
+}
+
+// S[64 x 32] (+)= A[64 x 16] B[16 x 32]: bf16, both K-major in shared memory, fp32 accumulators.
+__device__ __forceinline__ void mma_qk(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// O_t[64 x 64] (+)= P[64 x 16] V[16 x 64]: P K-major, V MN-major (transposed B), shared memory.
+__device__ __forceinline__ void mma_pv(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+// O_t[64 x 128] (+)= P[64 x 16] V[16 x 128]: as mma_pv over two column blocks (the leading byte
+// offset is the 8 KB from one block to the next along N).
+__device__ __forceinline__ void mma_pv128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// O_t[64 x 32] (+)= P[64 x 16] V[16 x 32]: as mma_pv with 32 output dims (a half of a column
+// block: the start address moves 64 bytes along the swizzled row, as K steps move 32 bytes in the
+// K-major operands).
+__device__ __forceinline__ void mma_pv32(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+#endif  // DS_SPARSE_MLA_WGMMA_PATH
+
+}  // namespace wgp
+
+__global__ void __launch_bounds__(wgp::kThreads, 1)
+    sparse_mla_decode_wgmma_kernel(const SparseMlaParams p) {
+#if DS_SPARSE_MLA_WGMMA_PATH
+  using namespace wgp;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  uint8_t* q_s = smem + kOffQ;
+  uint8_t* kv_s = smem + kOffKv;
+  uint8_t* p_s = smem + kOffP;
+  uint8_t* stage = smem + kOffStage;
+  float* x_max = reinterpret_cast<float*>(smem + kOffStat);  // [warpgroup][row]
+  float* x_sum = x_max + 2 * kHeads;                         // [warpgroup][row]
+  int2* addr = reinterpret_cast<int2*>(smem + kOffAddr);     // {page or -1, slot | window << 31}
+
+  const int split = blockIdx.x;
+  const int q = blockIdx.y;
+  const int h0 = blockIdx.z * kHeads;
+  const int tid = threadIdx.x;
+  const int wg = tid >> 7;        // warpgroup
+  const int w4 = (tid >> 5) & 3;  // warp in the warpgroup
+  const int lane = tid & 31;
+  const int g = lane >> 2, c4 = lane & 3;  // accumulator row g (+ 8) and column pair c4
+
+  if (p.pdl || fast_combine(p)) pdl_wait_then_trigger();
+  const QuerySplit qs = query_split<kKeys>(p, q);
+  if (split >= qs.splits) return;
+  const int t_begin = split_begin(qs, split);
+  const int t_end = split_begin(qs, split + 1);
+  const bool fold = split == 0;
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  const int wn = p.window_len[q];
+  const int seq = p.query_seq[q];
+  const int64_t slot_base = int64_t(q) * p.plan.max_tiles;
+  float* ws_o = p.workspace;
+  float* ws_ml = p.workspace + int64_t(p.num_queries) * p.plan.max_tiles * p.num_heads * kD;
+
+  // q of the 64 heads into the 8 swizzled column blocks (K-major A operand of QK^T).
+  {
+    const uint16_t* qb = p.q + (int64_t(q) * p.num_heads + h0) * kD;
+    for (int i = tid; i < kHeads * (kD / 8); i += kThreads) {
+      const int h = i / (kD / 8), c = i % (kD / 8);
+      const uint4 v = *reinterpret_cast<const uint4*>(qb + int64_t(h) * kD + c * 8);
+      *reinterpret_cast<uint4*>(q_s + (c / 8) * kBlockBytes + swz(h, c % 8)) = v;
+    }
+  }
+
+  // Copy / dequantize role: warp w4 of warpgroup wg owns entries [16 w4, 16 w4 + 16) of a tile;
+  // lane -> entry 16 w4 + lane % 16, half lane / 16 of the warpgroup's bytes of that entry.
+  //   wg 0, half h: e4m3 dims [128h, 128h + 128)            (scale word 0: scales 0..3)
+  //   wg 1, half 0: e4m3 dims [256, 384)                    (scale word 1: scales 4..6)
+  //   wg 1, half 1: e4m3 dims [384, 448) + bf16 rope dims [448, 512)
+  const int ld_entry = 16 * w4 + (lane & 15);
+  const int ld_half = lane >> 4;
+  const int fp8_begin = wg == 0 ? 128 * ld_half : 256 + 128 * ld_half;
+  const int fp8_chunks = (wg == 1 && ld_half == 1) ? 4 : 8;  // 16-byte chunks of e4m3
+  const bool has_rope = wg == 1 && ld_half == 1;
+  const int scale_slot = 4 * (2 * wg + ld_half);
+
+  auto page_ptr_of = [&](int2 a, int& slot, int& page_size) {
+    const bool from_window = a.y < 0;
+    slot = a.y & 0x7FFFFFFF;
+    page_size = from_window ? p.window.page_size : p.compressed.page_size;
+    const uint8_t* pool = from_window ? p.window.pool : p.compressed.pool;
+    const int64_t page_bytes = from_window ? p.window.page_bytes : p.compressed.page_bytes;
+    return pool + int64_t(a.x) * page_bytes;
+  };
+
+  // Indices and page-table entries of keys [64 c0, 64 c1) into `addr` (all threads); keys past
+  // the query's end and -1 indices get page -1.
+  auto resolve = [&](int c0, int c1) {
+    const int count = (c1 - c0) * kKeys;
+    int idx[kResolveIters];
+#pragma unroll
+    for (int i = 0; i < kResolveIters; ++i) {
+      const int k = tid + i * kThreads;
+      const int j = c0 * kKeys + k;
+      idx[i] = -1;
+      if (k >= count) continue;
+      if (j < wn)
+        idx[i] = p.window_idx[int64_t(q) * p.window_width + j];
+      else if (j < qs.n)
+        idx[i] = p.compressed_idx[int64_t(q) * p.compressed_width + (j - wn)];
+    }
+#pragma unroll
+    for (int i = 0; i < kResolveIters; ++i) {
+      const int k = tid + i * kThreads;
+      if (k >= count) continue;
+      const bool from_window = c0 * kKeys + k < wn;
+      int2 a = make_int2(-1, 0);
+      if (idx[i] >= 0) {
+        const int32_t* table = from_window ? p.window.page_table : p.compressed.page_table;
+        const int stride =
+            from_window ? p.window.page_table_stride : p.compressed.page_table_stride;
+        const int page_size = from_window ? p.window.page_size : p.compressed.page_size;
+        a.x = table[int64_t(seq) * stride + idx[i] / page_size];
+        a.y = (idx[i] % page_size) | (from_window ? int(0x80000000u) : 0);
+      }
+      addr[k] = a;
+    }
+  };
+
+  // This thread's bytes of its entry of tile t into raw stage st.
+  auto issue = [&](int t, int c0, int st) {
+    const int2 a = addr[(t - c0) * kKeys + ld_entry];
+    if (a.x < 0 || DS_SPARSE_MLA_WG_ABLATE == 4) return;
+    int slot, page_size;
+    const uint8_t* page_ptr = page_ptr_of(a, slot, page_size);
+    const uint8_t* data = page_ptr + int64_t(slot) * kDataBytes;
+    uint8_t* dst = stage + st * kStageBytes + ld_entry * kStageStride;
+    for (int c = 0; c < fp8_chunks; ++c)
+      cp_async16(dst + fp8_begin + 16 * c, data + fp8_begin + 16 * c);
+    if (has_rope)
+      for (int c = 0; c < 8; ++c) cp_async16(dst + kNope + 16 * c, data + kNope + 16 * c);
+    cp_async4(
+        stage + st * kStageBytes + kKeys * kStageStride + ld_entry * kStageScaleSlot + scale_slot,
+        page_ptr + int64_t(page_size) * kDataBytes + int64_t(slot) * kScaleBytes + 4 * wg);
+  };
+
+  // This thread's bytes of tile t (raw stage st) -> bf16 in the swizzled tile; zeros for a
+  // missing key (its P is 0, and 0 x NaN would poison the output).
+  auto dequant = [&](int t, int c0, int st) {
+    const int2 a = addr[(t - c0) * kKeys + ld_entry];
+    const uint8_t* src = stage + st * kStageBytes + ld_entry * kStageStride;
+    if (DS_SPARSE_MLA_WG_ABLATE == 1) return;
+    if (a.x < 0) {
+      for (int c = 0; c < 2 * fp8_chunks; ++c) {
+        const int d = fp8_begin + 8 * c;
+        *reinterpret_cast<uint4*>(kv_s + (d / 64) * kBlockBytes + swz(ld_entry, (d % 64) / 8)) =
+            make_uint4(0, 0, 0, 0);
+      }
+      if (has_rope)
+        for (int c = 0; c < 8; ++c)
+          *reinterpret_cast<uint4*>(kv_s + 7 * kBlockBytes + swz(ld_entry, c)) =
+              make_uint4(0, 0, 0, 0);
+      return;
+    }
+    const uint32_t sword = *reinterpret_cast<const uint32_t*>(
+        stage + st * kStageBytes + kKeys * kStageStride + ld_entry * kStageScaleSlot + scale_slot);
+#pragma unroll 2
+    for (int c = 0; c < fp8_chunks; ++c) {
+      const int d0 = fp8_begin + 16 * c;  // 16 e4m3 dims, one scale block
+      const uint32_t sbyte = (sword >> (8 * ((d0 / 64) - 4 * wg))) & 0xFFu;
+      const float scale = __uint_as_float(sbyte << 23);  // 2^(byte - 127)
+      const uint4 raw = *reinterpret_cast<const uint4*>(src + d0);
+      const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        uint32_t out[4];
+#pragma unroll
+        for (int h = 0; h < 4; ++h) {
+          const uint32_t word = w[half * 2 + h / 2];
+          const __nv_fp8x2_storage_t pair =
+              __nv_fp8x2_storage_t((h & 1) ? (word >> 16) : (word & 0xFFFF));
+          const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
+          out[h] = pack_bf16x2(f.x * scale, f.y * scale);  // exact: e4m3 * 2^k fits bf16
+        }
+        const int d = d0 + 8 * half;
+        *reinterpret_cast<uint4*>(kv_s + (d / 64) * kBlockBytes + swz(ld_entry, (d % 64) / 8)) =
+            make_uint4(out[0], out[1], out[2], out[3]);
+      }
+    }
+    if (has_rope)
+#pragma unroll
+      for (int c = 0; c < 8; ++c)
+        *reinterpret_cast<uint4*>(kv_s + 7 * kBlockBytes + swz(ld_entry, c)) =
+            *reinterpret_cast<const uint4*>(src + kNope + 16 * c);
+  };
+
+  // Accumulator rows of this thread: r[hh] = 16 w4 + g + 8 hh (heads h0 + r[hh]).
+  const int r0 = 16 * w4 + g;
+  float run_m[2] = {kNegInf, kNegInf}, run_l[2] = {0.0f, 0.0f};
+  float o[4][32];
+#pragma unroll
+  for (int cc = 0; cc < 4; ++cc)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[cc][i] = 0.0f;
+
+  const uint32_t q_addr = smem_addr(q_s), kv_addr = smem_addr(kv_s), p_addr = smem_addr(p_s);
+  fence_proxy_async();  // q for the tensor cores (the first barrier below publishes it)
+
+  for (int c0 = t_begin; c0 < t_end; c0 += kAddrTiles) {
+    const int c1 = min(t_end, c0 + kAddrTiles);
+    __syncthreads();  // earlier readers of addr are done
+    resolve(c0, c1);
+    __syncthreads();
+    issue(c0, c0, 0);
+    cp_async_commit();
+    for (int t = c0; t < c1; ++t) {
+      const int st = (t - c0) & 1;
+      if (t + 1 < c1) issue(t + 1, c0, st ^ 1);  // stage st ^ 1: this thread's tile t - 1 bytes
+      cp_async_commit();
+      cp_async_wait<1>();  // this thread's bytes of tile t have landed
+      wg_bar(wg);          // the warpgroup's PV of tile t - 1 no longer reads its half of kv_s
+      dequant(t, c0, st);
+      fence_proxy_async();
+      __syncthreads();  // the whole tile (both halves) visible to both warpgroups
+
+      // ---- QK^T: keys [32 wg, 32 wg + 32) x 64 heads over 512 dims ----
+      float s[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) s[i] = 0.0f;
+      fence();
+#pragma unroll
+      for (int b = 0; b < 8; ++b)
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          if (DS_SPARSE_MLA_WG_ABLATE != 2)
+            mma_qk(s, desc(q_addr + uint32_t(b * kBlockBytes + 32 * kk), 16),
+                   desc(kv_addr + uint32_t(b * kBlockBytes + 4096 * wg + 32 * kk), 16),
+                   (b | kk) != 0);
+      commit();
+      wait0();
+#pragma unroll
+      for (int i = 0; i < 16; ++i) fence_operand(s[i]);
+
+      // ---- softmax: masks, tile max over both warpgroups, P, partial sums ----
+      float mloc[2] = {kNegInf, kNegInf};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = 32 * wg + 8 * j + 2 * c4 + e;
+          const bool ok = addr[(t - c0) * kKeys + key].x >= 0;
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            float& x = s[4 * j + 2 * hh + e];
+            x = ok ? __fmul_rn(x, scale_log2) : kNegInf;
+            mloc[hh] = fmaxf(mloc[hh], x);
+          }
+        }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        mloc[hh] = fmaxf(mloc[hh], __shfl_xor_sync(0xFFFFFFFFu, mloc[hh], 1));
+        mloc[hh] = fmaxf(mloc[hh], __shfl_xor_sync(0xFFFFFFFFu, mloc[hh], 2));
+      }
+      if (c4 == 0) {
+        x_max[wg * kHeads + r0] = mloc[0];
+        x_max[wg * kHeads + r0 + 8] = mloc[1];
+      }
+      __syncthreads();
+      float m_t[2], l_t[2];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+        m_t[hh] = fmaxf(x_max[r0 + 8 * hh], x_max[kHeads + r0 + 8 * hh]);
+      float lsum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float e0 = m_t[hh] == kNegInf ? 0.0f : exp2f(s[4 * j + 2 * hh] - m_t[hh]);
+          const float e1 = m_t[hh] == kNegInf ? 0.0f : exp2f(s[4 * j + 2 * hh + 1] - m_t[hh]);
+          const __nv_bfloat162 pb = __floats2bfloat162_rn(e0, e1);
+          const float2 pr = __bfloat1622float2(pb);
+          lsum[hh] = __fadd_rn(__fadd_rn(lsum[hh], pr.x), pr.y);
+          const int row = r0 + 8 * hh;
+          *reinterpret_cast<__nv_bfloat162*>(p_s + swz(row, 4 * wg + j) + 4 * c4) = pb;
+        }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        lsum[hh] = __fadd_rn(lsum[hh], __shfl_xor_sync(0xFFFFFFFFu, lsum[hh], 1));
+        lsum[hh] = __fadd_rn(lsum[hh], __shfl_xor_sync(0xFFFFFFFFu, lsum[hh], 2));
+      }
+      if (c4 == 0) {
+        x_sum[wg * kHeads + r0] = lsum[0];
+        x_sum[wg * kHeads + r0 + 8] = lsum[1];
+      }
+      fence_proxy_async();  // P for the tensor cores
+      __syncthreads();
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+        l_t[hh] = __fadd_rn(x_sum[r0 + 8 * hh], x_sum[kHeads + r0 + 8 * hh]);
+
+      // ---- fold coefficients (split 0) or the tile's statistics (other splits) ----
+      float ca[2] = {0.0f, 0.0f}, cb[2] = {1.0f, 1.0f};
+      if (fold) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          float m_new;
+          merge_coeffs(run_m[hh], m_t[hh], m_new, ca[hh], cb[hh]);
+          run_l[hh] = merge_value(run_l[hh], ca[hh], l_t[hh], cb[hh]);
+          run_m[hh] = m_new;
+        }
+      } else if (wg == 0 && c4 == 0) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int h = h0 + r0 + 8 * hh;
+          float* ml = ws_ml + ((slot_base + t) * p.num_heads + h) * 2;
+          ml[0] = m_t[hh];
+          ml[1] = l_t[hh];
+        }
+      }
+
+      // ---- PV: dims [256 wg + 64 cc, + 64) from zero per tile, then fold or store. Two
+      // chunks in flight: chunk cc + 1's wgmma run while chunk cc is folded. ----
+#if DS_SPARSE_MLA_PV_N == 128
+      // (variant) two chunks of 128 dims, one after the other.
+#pragma unroll
+      for (int c2 = 0; c2 < 2; ++c2) {
+        float ot[64];
+#pragma unroll
+        for (int i = 0; i < 64; ++i) ot[i] = 0.0f;
+        fence();
+        const int blk0 = 4 * wg + 2 * c2;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          mma_pv128(ot, desc(p_addr + uint32_t(32 * kk), 16),
+                    desc(kv_addr + uint32_t(blk0 * kBlockBytes + 2048 * kk), kBlockBytes), kk != 0);
+        commit();
+        wait0();
+#pragma unroll
+        for (int i = 0; i < 64; ++i) fence_operand(ot[i]);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int cc = 2 * c2 + half;
+          if (fold) {
+#pragma unroll
+            for (int i = 0; i < 32; ++i) {
+              const int hh = (i >> 1) & 1;
+              o[cc][i] = merge_value(o[cc][i], ca[hh], ot[32 * half + i], cb[hh]);
+            }
+          } else {
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+              const int h = h0 + r0 + 8 * hh;
+              float* dst =
+                  ws_o + ((slot_base + t) * p.num_heads + h) * kD + (4 * wg + cc) * 64 + 2 * c4;
+#pragma unroll
+              for (int j = 0; j < 8; ++j)
+                *reinterpret_cast<float2*>(dst + 8 * j) =
+                    make_float2(ot[32 * half + 4 * j + 2 * hh], ot[32 * half + 4 * j + 2 * hh + 1]);
+            }
+          }
+        }
+      }
+#else
+      float ot2[2][32];
+      auto issue_pv = [&](int cc) {
+        float(&ot)[32] = ot2[cc & 1];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) ot[i] = 0.0f;
+        fence();
+        const int blk = 4 * wg + cc;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          if (DS_SPARSE_MLA_WG_ABLATE != 3)
+            mma_pv(ot, desc(p_addr + uint32_t(32 * kk), 16),
+                   desc(kv_addr + uint32_t(blk * kBlockBytes + 2048 * kk), 1024), kk != 0);
+        commit();
+      };
+      issue_pv(0);
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) {
+        if (cc + 1 < 4) {
+          issue_pv(cc + 1);
+          wait1();
+        } else {
+          wait0();
+        }
+        float(&ot)[32] = ot2[cc & 1];
+        const int blk = 4 * wg + cc;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) fence_operand(ot[i]);
+        if (fold) {
+#pragma unroll
+          for (int i = 0; i < 32; ++i) {
+            const int hh = (i >> 1) & 1;
+            o[cc][i] = merge_value(o[cc][i], ca[hh], ot[i], cb[hh]);
+          }
+        } else {
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int h = h0 + r0 + 8 * hh;
+            float* dst = ws_o + ((slot_base + t) * p.num_heads + h) * kD + blk * 64 + 2 * c4;
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+              *reinterpret_cast<float2*>(dst + 8 * j) =
+                  make_float2(ot[4 * j + 2 * hh], ot[4 * j + 2 * hh + 1]);
+          }
+        }
+      }
+#endif
+    }
+  }
+  cp_async_wait<0>();
+  if (!fold) return;
+
+  if (qs.splits > 1) {  // split 0's fold state -> slot 0, continued by the combine kernel
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int h = h0 + r0 + 8 * hh;
+        float* dst = ws_o + (slot_base * p.num_heads + h) * kD + (4 * wg + cc) * 64 + 2 * c4;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          *reinterpret_cast<float2*>(dst + 8 * j) =
+              make_float2(o[cc][4 * j + 2 * hh], o[cc][4 * j + 2 * hh + 1]);
+      }
+    if (wg == 0 && c4 == 0)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float* ml = ws_ml + (slot_base * p.num_heads + h0 + r0 + 8 * hh) * 2;
+        ml[0] = run_m[hh];
+        ml[1] = run_l[hh];
+      }
+    return;
+  }
+  // Single split: normalize and write the output directly.
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int h = h0 + r0 + 8 * hh;
+    const float inv = final_scale(run_m[hh], run_l[hh], p.sink, h);
+    uint16_t* dst = p.out + (int64_t(q) * p.num_heads + h) * kD + 256 * wg + 2 * c4;
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        *reinterpret_cast<uint32_t*>(dst + 64 * cc + 8 * j) = pack_bf16x2(
+            __fmul_rn(o[cc][4 * j + 2 * hh], inv), __fmul_rn(o[cc][4 * j + 2 * hh + 1], inv));
+    if (p.lse && wg == 0 && c4 == 0)
+      p.lse[int64_t(q) * p.num_heads + h] = final_lse(run_m[hh], run_l[hh]);
+  }
+#else
+  __trap();  // launched only on sm_90 devices (sparse_mla_wgmma_available)
+#endif  // DS_SPARSE_MLA_WGMMA_PATH
+}
+
+// ---- v8: warp-specialized (NOTES.md v8) ---------------------------------------------------------
+// The same tile math and bits as the kernel above, with the copy and dequantization moved to a
+// producer warpgroup: CTA = 3 warpgroups (384 threads). Warpgroup 0 loads tile t's entries
+// straight into registers (ld.global, 288 bytes per thread), dequantizes them into one of two bf16
+// tile buffers and signals it full; warpgroups 1 and 2 run QK^T, the softmax and PV of the other
+// buffer meanwhile and signal it empty. Named barriers: 1 = the consumers' exchanges (256
+// threads), 2 + b = buffer b full, 4 + b = buffer b empty (384 threads each). Registers are
+// rebalanced with setmaxnreg (producer 104, consumers 200).
+namespace wgp {
+constexpr int kWsThreads = 384;
+constexpr int kWsOffQ = 0;
+constexpr int kWsOffKv = kWsOffQ + kTileBytes;  // two buffers
+constexpr int kWsOffP = kWsOffKv + 2 * kTileBytes;
+constexpr int kWsOffStat = kWsOffP + kBlockBytes;
+constexpr int kWsOffAddr = kWsOffStat + 4 * kHeads * 4;
+constexpr int kWsSmemBytes = 1024 + kWsOffAddr + kAddrKeys * 8;
+static_assert(kWsSmemBytes <= 227 * 1024, "sm_90: at most 227 KB of shared memory per CTA");
+constexpr int kWsChunks = 18;  // 16-byte chunks of an entry's 576 data bytes per producer thread
+
+#if DS_SPARSE_MLA_WGMMA_PATH
+template <int kId>
+__device__ __forceinline__ void nbar_sync(int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "r"(count) : "memory");
+}
+template <int kId>
+__device__ __forceinline__ void nbar_arrive(int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "r"(count) : "memory");
+}
+// Buffer b's full / empty barrier (b = 0 or 1; immediate ids, so ptxas reserves 6 barriers).
+__device__ __forceinline__ void full_sync(int b) {
+  if (b == 0)
+    nbar_sync<2>(kWsThreads);
+  else
+    nbar_sync<3>(kWsThreads);
+}
+__device__ __forceinline__ void full_arrive(int b) {
+  if (b == 0)
+    nbar_arrive<2>(kWsThreads);
+  else
+    nbar_arrive<3>(kWsThreads);
+}
+__device__ __forceinline__ void empty_sync(int b) {
+  if (b == 0)
+    nbar_sync<4>(kWsThreads);
+  else
+    nbar_sync<5>(kWsThreads);
+}
+__device__ __forceinline__ void empty_arrive(int b) {
+  if (b == 0)
+    nbar_arrive<4>(kWsThreads);
+  else
+    nbar_arrive<5>(kWsThreads);
+}
+#endif
+}  // namespace wgp
+
+__global__ void __launch_bounds__(wgp::kWsThreads, 1)
+    sparse_mla_decode_wgmma_ws_kernel(const SparseMlaParams p) {
+#if DS_SPARSE_MLA_WGMMA_PATH
+  using namespace wgp;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  uint8_t* q_s = smem + kWsOffQ;
+  uint8_t* kv_s = smem + kWsOffKv;
+  uint8_t* p_s = smem + kWsOffP;
+  float* x_max = reinterpret_cast<float*>(smem + kWsOffStat);
+  float* x_sum = x_max + 2 * kHeads;
+  int2* addr = reinterpret_cast<int2*>(smem + kWsOffAddr);
+
+  const int split = blockIdx.x;
+  const int q = blockIdx.y;
+  const int h0 = blockIdx.z * kHeads;
+  const int tid = threadIdx.x;
+  const bool producer = tid < 128;
+  const int cwg = (tid >> 7) - 1;  // consumer warpgroup (0, 1); -1 for the producer
+  const int w4 = (tid >> 5) & 3;
+  const int lane = tid & 31;
+  const int g = lane >> 2, c4 = lane & 3;
+
+  if (p.pdl || fast_combine(p)) pdl_wait_then_trigger();
+  const QuerySplit qs = query_split<kKeys>(p, q);
+  if (split >= qs.splits) return;
+  const int t_begin = split_begin(qs, split);
+  const int t_end = split_begin(qs, split + 1);
+  const bool fold = split == 0;
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  const int wn = p.window_len[q];
+  const int seq = p.query_seq[q];
+  const int64_t slot_base = int64_t(q) * p.plan.max_tiles;
+  float* ws_o = p.workspace;
+  float* ws_ml = p.workspace + int64_t(p.num_queries) * p.plan.max_tiles * p.num_heads * kD;
+
+  {
+    const uint16_t* qb = p.q + (int64_t(q) * p.num_heads + h0) * kD;
+    for (int i = tid; i < kHeads * (kD / 8); i += kWsThreads) {
+      const int h = i / (kD / 8), c = i % (kD / 8);
+      const uint4 v = *reinterpret_cast<const uint4*>(qb + int64_t(h) * kD + c * 8);
+      *reinterpret_cast<uint4*>(q_s + (c / 8) * kBlockBytes + swz(h, c % 8)) = v;
+    }
+  }
+  fence_proxy_async();
+
+  auto resolve = [&](int c0, int c1) {
+    const int count = (c1 - c0) * kKeys;
+    constexpr int kIters = (kAddrKeys + kWsThreads - 1) / kWsThreads;
+    int idx[kIters];
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int k = tid + i * kWsThreads;
+      const int j = c0 * kKeys + k;
+      idx[i] = -1;
+      if (k >= count) continue;
+      if (j < wn)
+        idx[i] = p.window_idx[int64_t(q) * p.window_width + j];
+      else if (j < qs.n)
+        idx[i] = p.compressed_idx[int64_t(q) * p.compressed_width + (j - wn)];
+    }
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int k = tid + i * kWsThreads;
+      if (k >= count) continue;
+      const bool from_window = c0 * kKeys + k < wn;
+      int2 a = make_int2(-1, 0);
+      if (idx[i] >= 0) {
+        const int32_t* table = from_window ? p.window.page_table : p.compressed.page_table;
+        const int stride =
+            from_window ? p.window.page_table_stride : p.compressed.page_table_stride;
+        const int page_size = from_window ? p.window.page_size : p.compressed.page_size;
+        a.x = table[int64_t(seq) * stride + idx[i] / page_size];
+        a.y = (idx[i] % page_size) | (from_window ? int(0x80000000u) : 0);
+      }
+      addr[k] = a;
+    }
+  };
+
+  int iter = 0;  // tiles of this CTA so far: buffer iter & 1, across address chunks
+  if (producer) {
+    // Entry 16 w4 + lane % 16 of each tile, half lane / 16: data bytes [288 half, + 288).
+    const int ld_entry = 16 * w4 + (lane & 15);
+    const int ld_half = lane >> 4;
+    for (int c0 = t_begin; c0 < t_end; c0 += kAddrTiles) {
+      const int c1 = min(t_end, c0 + kAddrTiles);
+      __syncthreads();
+      resolve(c0, c1);
+      __syncthreads();
+      for (int t = c0; t < c1; ++t, ++iter) {
+        const int b = iter & 1;
+        const int2 a = addr[(t - c0) * kKeys + ld_entry];
+        const uint8_t* page_ptr = nullptr;
+        int slot = 0, page_size = 1;
+        if (a.x >= 0) {
+          const bool from_window = a.y < 0;
+          slot = a.y & 0x7FFFFFFF;
+          page_size = from_window ? p.window.page_size : p.compressed.page_size;
+          const uint8_t* pool = from_window ? p.window.pool : p.compressed.pool;
+          const int64_t page_bytes = from_window ? p.window.page_bytes : p.compressed.page_bytes;
+          page_ptr = pool + int64_t(a.x) * page_bytes;
+        }
+        const bool live = a.x >= 0 && DS_SPARSE_MLA_WG_ABLATE != 4;
+        const uint4* src =
+            reinterpret_cast<const uint4*>(page_ptr + int64_t(slot) * kDataBytes + 288 * ld_half);
+        uint2 sc = make_uint2(0, 0);
+        if (live)
+          sc = __ldg(reinterpret_cast<const uint2*>(page_ptr + int64_t(page_size) * kDataBytes +
+                                                    int64_t(slot) * kScaleBytes));
+        uint8_t* kvb = kv_s + b * kTileBytes;
+        // Two passes of 9 chunks (36 registers of raw bytes each); the second pass's loads are
+        // issued before the first pass is converted.
+        uint4 raw[2][kWsChunks / 2];
+#pragma unroll
+        for (int c = 0; c < kWsChunks / 2; ++c)
+          raw[0][c] = live ? __ldg(src + c) : make_uint4(0, 0, 0, 0);
+        if (iter >= 2) empty_sync(b);  // the consumers' PV of tile iter - 2 read buffer b
+#pragma unroll
+        for (int pass = 0; pass < 2; ++pass) {
+          if (pass == 0) {
+#pragma unroll
+            for (int c = 0; c < kWsChunks / 2; ++c)
+              raw[1][c] = live ? __ldg(src + kWsChunks / 2 + c) : make_uint4(0, 0, 0, 0);
+          }
+          if (DS_SPARSE_MLA_WG_ABLATE == 1) continue;
+#pragma unroll
+          for (int cc = 0; cc < kWsChunks / 2; ++cc) {
+            const int c = pass * (kWsChunks / 2) + cc;
+            const uint4 r = raw[pass][cc];
+            const int off = 288 * ld_half + 16 * c;  // data byte of the chunk
+            if (off < kNope) {                       // 16 e4m3 dims [off, off + 16)
+              const int blk = off / 64;
+              const uint32_t sbyte =
+                  (blk < 4 ? sc.x >> (8 * blk) : sc.y >> (8 * (blk - 4))) & 0xFFu;
+              const float scale = __uint_as_float(sbyte << 23);
+              const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                uint32_t out[4];
+#pragma unroll
+                for (int h = 0; h < 4; ++h) {
+                  const uint32_t word = w[half * 2 + h / 2];
+                  const __nv_fp8x2_storage_t pair =
+                      __nv_fp8x2_storage_t((h & 1) ? (word >> 16) : (word & 0xFFFF));
+                  const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+                  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
+                  out[h] = pack_bf16x2(f.x * scale, f.y * scale);  // 0 x 0 for a missing key
+                }
+                const int d = off + 8 * half;
+                *reinterpret_cast<uint4*>(kvb + (d / 64) * kBlockBytes +
+                                          swz(ld_entry, (d % 64) / 8)) =
+                    make_uint4(out[0], out[1], out[2], out[3]);
+              }
+            } else {  // 8 bf16 rope dims, as stored (zeros for a missing key)
+              *reinterpret_cast<uint4*>(kvb + 7 * kBlockBytes + swz(ld_entry, (off - kNope) / 16)) =
+                  r;
+            }
+          }
+        }
+        fence_proxy_async();
+        full_arrive(b);
+      }
+    }
+    // Pair the consumers' last empty arrivals before leaving.
+    for (int j = max(0, iter - 2); j < iter; ++j) empty_sync(j & 1);
+    return;
+  }
+
+  const int r0 = 16 * w4 + g;
+  float run_m[2] = {kNegInf, kNegInf}, run_l[2] = {0.0f, 0.0f};
+  float o[4][32];
+#pragma unroll
+  for (int cc = 0; cc < 4; ++cc)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[cc][i] = 0.0f;
+  const uint32_t q_addr = smem_addr(q_s), p_addr = smem_addr(p_s);
+
+  for (int c0 = t_begin; c0 < t_end; c0 += kAddrTiles) {
+    const int c1 = min(t_end, c0 + kAddrTiles);
+    __syncthreads();
+    resolve(c0, c1);
+    __syncthreads();
+    for (int t = c0; t < c1; ++t, ++iter) {
+      const int b = iter & 1;
+      const uint32_t kv_addr = smem_addr(kv_s + b * kTileBytes);
+      full_sync(b);
+
+      float s[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) s[i] = 0.0f;
+      fence();
+#pragma unroll
+      for (int bb = 0; bb < 8; ++bb)
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          if (DS_SPARSE_MLA_WG_ABLATE != 2)
+            mma_qk(s, desc(q_addr + uint32_t(bb * kBlockBytes + 32 * kk), 16),
+                   desc(kv_addr + uint32_t(bb * kBlockBytes + 4096 * cwg + 32 * kk), 16),
+                   (bb | kk) != 0);
+      commit();
+      wait0();
+#pragma unroll
+      for (int i = 0; i < 16; ++i) fence_operand(s[i]);
+
+      float mloc[2] = {kNegInf, kNegInf};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = 32 * cwg + 8 * j + 2 * c4 + e;
+          const bool ok = addr[(t - c0) * kKeys + key].x >= 0;
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            float& x = s[4 * j + 2 * hh + e];
+            x = ok ? __fmul_rn(x, scale_log2) : kNegInf;
+            mloc[hh] = fmaxf(mloc[hh], x);
+          }
+        }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        mloc[hh] = fmaxf(mloc[hh], __shfl_xor_sync(0xFFFFFFFFu, mloc[hh], 1));
+        mloc[hh] = fmaxf(mloc[hh], __shfl_xor_sync(0xFFFFFFFFu, mloc[hh], 2));
+      }
+      if (c4 == 0) {
+        x_max[cwg * kHeads + r0] = mloc[0];
+        x_max[cwg * kHeads + r0 + 8] = mloc[1];
+      }
+      nbar_sync<1>(256);
+      float m_t[2], l_t[2];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+        m_t[hh] = fmaxf(x_max[r0 + 8 * hh], x_max[kHeads + r0 + 8 * hh]);
+      float lsum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float e0 = m_t[hh] == kNegInf ? 0.0f : exp2f(s[4 * j + 2 * hh] - m_t[hh]);
+          const float e1 = m_t[hh] == kNegInf ? 0.0f : exp2f(s[4 * j + 2 * hh + 1] - m_t[hh]);
+          const __nv_bfloat162 pb = __floats2bfloat162_rn(e0, e1);
+          const float2 pr = __bfloat1622float2(pb);
+          lsum[hh] = __fadd_rn(__fadd_rn(lsum[hh], pr.x), pr.y);
+          *reinterpret_cast<__nv_bfloat162*>(p_s + swz(r0 + 8 * hh, 4 * cwg + j) + 4 * c4) = pb;
+        }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        lsum[hh] = __fadd_rn(lsum[hh], __shfl_xor_sync(0xFFFFFFFFu, lsum[hh], 1));
+        lsum[hh] = __fadd_rn(lsum[hh], __shfl_xor_sync(0xFFFFFFFFu, lsum[hh], 2));
+      }
+      if (c4 == 0) {
+        x_sum[cwg * kHeads + r0] = lsum[0];
+        x_sum[cwg * kHeads + r0 + 8] = lsum[1];
+      }
+      fence_proxy_async();
+      nbar_sync<1>(256);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+        l_t[hh] = __fadd_rn(x_sum[r0 + 8 * hh], x_sum[kHeads + r0 + 8 * hh]);
+
+      float ca[2] = {0.0f, 0.0f}, cb[2] = {1.0f, 1.0f};
+      if (fold) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          float m_new;
+          merge_coeffs(run_m[hh], m_t[hh], m_new, ca[hh], cb[hh]);
+          run_l[hh] = merge_value(run_l[hh], ca[hh], l_t[hh], cb[hh]);
+          run_m[hh] = m_new;
+        }
+      } else if (cwg == 0 && c4 == 0) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          float* ml = ws_ml + ((slot_base + t) * p.num_heads + h0 + r0 + 8 * hh) * 2;
+          ml[0] = m_t[hh];
+          ml[1] = l_t[hh];
+        }
+      }
+
+      // PV in 8 chunks of 32 dims (16 accumulator registers each: the consumers stay within
+      // the 168 registers of a 384-thread CTA). Chunk u: dims 256 cwg + 32 u, + 32; o[u / 2] holds
+      // them at accumulator columns 32 (u % 2) + ...: o[cc][4 j + ...] is dim 64 cc + 8 j + ...
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        float ot[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) ot[i] = 0.0f;
+        fence();
+        const int blk = 4 * cwg + u / 2;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          if (DS_SPARSE_MLA_WG_ABLATE != 3)
+            mma_pv32(ot, desc(p_addr + uint32_t(32 * kk), 16),
+                     desc(kv_addr + uint32_t(blk * kBlockBytes + 64 * (u % 2) + 2048 * kk), 1024),
+                     kk != 0);
+        commit();
+        wait0();
+#pragma unroll
+        for (int i = 0; i < 16; ++i) fence_operand(ot[i]);
+        if (u == 7) empty_arrive(b);  // every wgmma of this tile has read buffer b
+        if (fold) {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {
+            const int hh = (i >> 1) & 1;
+            float& x = o[u / 2][16 * (u % 2) + i];
+            x = merge_value(x, ca[hh], ot[i], cb[hh]);
+          }
+        } else {
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int h = h0 + r0 + 8 * hh;
+            float* dst =
+                ws_o + ((slot_base + t) * p.num_heads + h) * kD + blk * 64 + 32 * (u % 2) + 2 * c4;
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              *reinterpret_cast<float2*>(dst + 8 * j) =
+                  make_float2(ot[4 * j + 2 * hh], ot[4 * j + 2 * hh + 1]);
+          }
+        }
+      }
+    }
+  }
+  if (!fold) return;
+  if (qs.splits > 1) {
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int h = h0 + r0 + 8 * hh;
+        float* dst = ws_o + (slot_base * p.num_heads + h) * kD + (4 * cwg + cc) * 64 + 2 * c4;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          *reinterpret_cast<float2*>(dst + 8 * j) =
+              make_float2(o[cc][4 * j + 2 * hh], o[cc][4 * j + 2 * hh + 1]);
+      }
+    if (cwg == 0 && c4 == 0)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float* ml = ws_ml + (slot_base * p.num_heads + h0 + r0 + 8 * hh) * 2;
+        ml[0] = run_m[hh];
+        ml[1] = run_l[hh];
+      }
+    return;
+  }
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int h = h0 + r0 + 8 * hh;
+    const float inv = final_scale(run_m[hh], run_l[hh], p.sink, h);
+    uint16_t* dst = p.out + (int64_t(q) * p.num_heads + h) * kD + 256 * cwg + 2 * c4;
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        *reinterpret_cast<uint32_t*>(dst + 64 * cc + 8 * j) = pack_bf16x2(
+            __fmul_rn(o[cc][4 * j + 2 * hh], inv), __fmul_rn(o[cc][4 * j + 2 * hh + 1], inv));
+    if (p.lse && cwg == 0 && c4 == 0)
+      p.lse[int64_t(q) * p.num_heads + h] = final_lse(run_m[hh], run_l[hh]);
+  }
+#else
+  __trap();
+#endif  // DS_SPARSE_MLA_WGMMA_PATH
+}
