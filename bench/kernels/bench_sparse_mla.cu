@@ -11,7 +11,9 @@
 // SparseMlaParams::pdl set (each attention launch a programmatic dependent of the previous
 // kernel in the graph).
 // Correctness of the same run: the first 4 queries against the CPU reference (max error relative to
-// the test tolerance 2^-7 max|v| + 2^-8 |ref|; <= 1 passes).
+// the test tolerance 2^-7 max|v| + 2^-8 |ref|; <= 1 passes). On compute capability 9.0 every case
+// also times the sm_90a kernel's plan ("sparse_mla_decode_wgmma", checked the same way) and sweeps
+// its split count ("wgmma split sweep").
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 

@@ -280,6 +280,18 @@ struct Result {
   std::vector<float> lse;
 };
 
+// Output elements and lse values whose bits differ between two results.
+struct BitDiffs {
+  int64_t out = 0, lse = 0;
+};
+BitDiffs bit_diffs(const Result& a, const Result& b) {
+  BitDiffs d;
+  for (size_t i = 0; i < a.out.size(); ++i) d.out += a.out[i] != b.out[i];
+  for (size_t i = 0; i < a.lse.size(); ++i)
+    d.lse += std::memcmp(&a.lse[i], &b.lse[i], sizeof(float)) != 0;
+  return d;
+}
+
 // Runs one launch with `plan` (poisoned outputs and workspace) and downloads the results.
 void run_plan(const Problem& pr, DeviceProblem& dp, const cuda::SparseMlaPlan& plan, Result& res) {
   const size_t ws_bytes =
@@ -362,16 +374,12 @@ void check_problem(const Shape& s, uint64_t seed, const std::vector<int>& split_
         plan.tiles_per_step = step;
         Result res;
         run_plan(pr, dp, plan, res);
-        int64_t diff = 0;
-        for (size_t i = 0; i < res.out.size(); ++i) diff += res.out[i] != first.out[i];
-        int64_t diff_lse = 0;
-        for (size_t i = 0; i < res.lse.size(); ++i)
-          diff_lse += std::memcmp(&res.lse[i], &first.lse[i], sizeof(float)) != 0;
-        EXPECT_EQ(diff, 0) << "splits " << plan.max_splits << " heads/CTA " << hg << " tiles/step "
-                           << step << " (default: " << base.max_splits << ", " << base.heads_per_cta
-                           << ", " << base.tiles_per_step << ")";
-        EXPECT_EQ(diff_lse, 0) << "lse, splits " << plan.max_splits << " heads/CTA " << hg
-                               << " tiles/step " << step;
+        const BitDiffs bd = bit_diffs(res, first);
+        EXPECT_EQ(bd.out, 0) << "splits " << plan.max_splits << " heads/CTA " << hg
+                             << " tiles/step " << step << " (default: " << base.max_splits << ", "
+                             << base.heads_per_cta << ", " << base.tiles_per_step << ")";
+        EXPECT_EQ(bd.lse, 0) << "lse, splits " << plan.max_splits << " heads/CTA " << hg
+                             << " tiles/step " << step;
       }
   // The sm_90a kernel (64-key tiles: its own bits) where the device and the shape allow it: its
   // default plan against the reference, then every split cap for identical bits.
@@ -388,14 +396,10 @@ void check_problem(const Shape& s, uint64_t seed, const std::vector<int>& split_
     Result res;
     run_plan(pr, dp, plan, res);
     expect_close(pr, ref, res, "wgmma split cap");
-    int64_t diff = 0;
-    for (size_t i = 0; i < res.out.size(); ++i) diff += res.out[i] != wfirst.out[i];
-    int64_t diff_lse = 0;
-    for (size_t i = 0; i < res.lse.size(); ++i)
-      diff_lse += std::memcmp(&res.lse[i], &wfirst.lse[i], sizeof(float)) != 0;
-    EXPECT_EQ(diff, 0) << "wgmma, splits " << plan.max_splits << " (default " << wbase.max_splits
-                       << ")";
-    EXPECT_EQ(diff_lse, 0) << "wgmma lse, splits " << plan.max_splits;
+    const BitDiffs bd = bit_diffs(res, wfirst);
+    EXPECT_EQ(bd.out, 0) << "wgmma, splits " << plan.max_splits << " (default " << wbase.max_splits
+                         << ")";
+    EXPECT_EQ(bd.lse, 0) << "wgmma lse, splits " << plan.max_splits;
   }
 }
 
@@ -686,13 +690,9 @@ TEST(SparseMlaCuda, ProgrammaticLaunchWaitsForTheProducer) {
       Result got;
       DS_CUDA_ASSERT(dp.out.download(got.out));
       DS_CUDA_ASSERT(dp.lse.download(got.lse));
-      int64_t diff = 0;
-      for (size_t i = 0; i < got.out.size(); ++i) diff += got.out[i] != want.out[i];
-      int64_t diff_lse = 0;
-      for (size_t i = 0; i < got.lse.size(); ++i)
-        diff_lse += std::memcmp(&got.lse[i], &want.lse[i], sizeof(float)) != 0;
-      EXPECT_EQ(diff, 0);
-      EXPECT_EQ(diff_lse, 0);
+      const BitDiffs bd = bit_diffs(got, want);
+      EXPECT_EQ(bd.out, 0);
+      EXPECT_EQ(bd.lse, 0);
     }
     DS_CUDA_ASSERT(cudaStreamDestroy(stream));
   }

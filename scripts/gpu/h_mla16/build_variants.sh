@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds bench_sparse_mla (and test_sparse_mla_cuda) variants of the sm_90a kernels into
 # build/carry/{bench_sparse_mla,test_sparse_mla_cuda}_abN, next to pack_backend.sh's tar.
-# VARIANTS: 1..4 = -DDS_SPARSE_MLA_WG_ABLATE=N (timing only, results wrong); 5 = the
-# warp-specialized kernel (-DDS_SPARSE_MLA_WG_SPECIALIZED=1); 6 = PV in 128-dim wgmma
-# (-DDS_SPARSE_MLA_PV_N=128). TESTS: variants whose test binary is built too.
+# VARIANTS: 1..4 = -DDS_SPARSE_MLA_WG_ABLATE=N (timing only, results wrong); in eb475ca also
+# 5 = the warp-specialized v8 kernel and 6 = PV in 128-dim wgmma (both removed since, NOTES.md v7).
+# TESTS: variants whose test binary is built too.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 b=build/cuda90
@@ -12,8 +12,6 @@ tobj=$b/tests/kernels/CMakeFiles/test_sparse_mla_cuda.dir/test_sparse_mla_cuda.c
 libs="$b/src/kernels/cuda/libds_kernels_cuda.a $b/src/kernels/cpu/libds_kernels_cpu.a"
 for v in ${VARIANTS:-1 2 3 4}; do
   case $v in
-    5) flag="-DDS_SPARSE_MLA_WG_SPECIALIZED=1" ;;
-    6) flag="-DDS_SPARSE_MLA_PV_N=128" ;;
     *) flag="-DDS_SPARSE_MLA_WG_ABLATE=$v" ;;
   esac
   /usr/local/cuda/bin/nvcc -Isrc -Iinclude -O2 -DNDEBUG -lineinfo --expt-relaxed-constexpr \

@@ -170,6 +170,73 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
         "f"(c[2]), "f"(c[3]));
 }
 
+// 8 e4m3 values (two 32-bit words, in dim order) times the block scale 2^k -> 8 bf16 (exact:
+// e4m3 x 2^k fits bf16). Shared by both kernels' dequantization.
+__device__ __forceinline__ uint4 e4m3x8_to_bf16x8(uint32_t w0, uint32_t w1, float scale) {
+  uint32_t out[4];
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+    const uint32_t word = h < 2 ? w0 : w1;
+    const __nv_fp8x2_storage_t pair =
+        __nv_fp8x2_storage_t((h & 1) ? (word >> 16) : (word & 0xFFFF));
+    const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
+    out[h] = pack_bf16x2(f.x * scale, f.y * scale);
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// Page of key `a` (from an address table) -> the byte address of its page; its slot and the
+// pool's page size. Shared by both kernels.
+__device__ __forceinline__ const uint8_t* kv_page_of(const SparseMlaParams& p, int2 a, int& slot,
+                                                     int& page_size) {
+  const bool from_window = a.y < 0;
+  slot = a.y & 0x7FFFFFFF;
+  page_size = from_window ? p.window.page_size : p.compressed.page_size;
+  const uint8_t* pool = from_window ? p.window.pool : p.compressed.pool;
+  const int64_t page_bytes = from_window ? p.window.page_bytes : p.compressed.page_bytes;
+  return pool + int64_t(a.x) * page_bytes;
+}
+
+// Resolves the indices and page-table entries of keys [kTileKeys c0, kTileKeys c1) of query q
+// into `addr` ({page or -1, slot | window << 31}; keys past the query's n keys and -1 indices get
+// page -1), by all kThreads threads of the CTA. All index loads are issued before the page-table
+// loads that depend on them (two memory round trips per chunk). Shared by both kernels.
+template <int kTileKeys, int kThreads, int kIters>
+__device__ __forceinline__ void resolve_addresses(const SparseMlaParams& p, int q, int seq, int wn,
+                                                  int n, int c0, int c1, int tid, int2* addr) {
+  const int count = (c1 - c0) * kTileKeys;
+  int idx[kIters];
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int k = tid + i * kThreads;
+    const int j = c0 * kTileKeys + k;
+    idx[i] = -1;
+    if (k >= count) continue;
+    if (j < wn)
+      idx[i] = p.window_idx[int64_t(q) * p.window_width + j];
+    else if (j < n)
+      idx[i] = p.compressed_idx[int64_t(q) * p.compressed_width + (j - wn)];
+  }
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int k = tid + i * kThreads;
+    if (k >= count) continue;
+    const bool from_window = c0 * kTileKeys + k < wn;
+    int2 a = make_int2(-1, 0);
+    if (idx[i] >= 0) {
+      // Fields picked by value (taking the address of the kernel parameter would copy it to the
+      // stack).
+      const int32_t* table = from_window ? p.window.page_table : p.compressed.page_table;
+      const int stride = from_window ? p.window.page_table_stride : p.compressed.page_table_stride;
+      const int page_size = from_window ? p.window.page_size : p.compressed.page_size;
+      a.x = table[int64_t(seq) * stride + idx[i] / page_size];
+      a.y = (idx[i] % page_size) | (from_window ? int(0x80000000u) : 0);
+    }
+    addr[k] = a;
+  }
+}
+
 __device__ __forceinline__ int spart_swizzle(int row) {
   return ((row >> 1) & 1) << 3;
 }
@@ -316,51 +383,11 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
   const int ld_off = ld_nope ? ld_part * 32 : C::kNope + 2 * (ld_part * 32 - C::kNope);
   const int ld_chunks = ld_nope ? 2 : 4;
 
-  // Page of key `a` (from the address table) -> the byte address of its page and slot.
   auto page_ptr_of = [&](int2 a, int& slot, int& page_size) {
-    const bool from_window = a.y < 0;
-    slot = a.y & 0x7FFFFFFF;
-    page_size = from_window ? p.window.page_size : p.compressed.page_size;
-    const uint8_t* pool = from_window ? p.window.pool : p.compressed.pool;
-    const int64_t page_bytes = from_window ? p.window.page_bytes : p.compressed.page_bytes;
-    return pool + int64_t(a.x) * page_bytes;
+    return kv_page_of(p, a, slot, page_size);
   };
-
-  // Resolves indices and page-table entries of tiles [c0, c1) into `addr` (all threads).
-  // All index loads are issued before the page-table loads that depend on them (two memory
-  // round trips per chunk, not two per loop iteration).
   auto resolve = [&](int c0, int c1) {
-    const int count = (c1 - c0) * kTile;
-    int idx[C::kResolveIters];
-#pragma unroll
-    for (int i = 0; i < C::kResolveIters; ++i) {
-      const int k = tid + i * C::kThreads;
-      const int j = c0 * kTile + k;
-      idx[i] = -1;
-      if (k >= count) continue;
-      if (j < wn)
-        idx[i] = p.window_idx[int64_t(q) * p.window_width + j];
-      else if (j < qs.n)
-        idx[i] = p.compressed_idx[int64_t(q) * p.compressed_width + (j - wn)];
-    }
-#pragma unroll
-    for (int i = 0; i < C::kResolveIters; ++i) {
-      const int k = tid + i * C::kThreads;
-      if (k >= count) continue;
-      const bool from_window = c0 * kTile + k < wn;
-      int2 a = make_int2(-1, 0);
-      if (idx[i] >= 0) {
-        // Fields picked by value (taking the address of the kernel parameter would copy it to
-        // the stack).
-        const int32_t* table = from_window ? p.window.page_table : p.compressed.page_table;
-        const int stride =
-            from_window ? p.window.page_table_stride : p.compressed.page_table_stride;
-        const int page_size = from_window ? p.window.page_size : p.compressed.page_size;
-        a.x = table[int64_t(seq) * stride + idx[i] / page_size];
-        a.y = (idx[i] % page_size) | (from_window ? int(0x80000000u) : 0);
-      }
-      addr[k] = a;
-    }
+    resolve_addresses<kTile, C::kThreads, C::kResolveIters>(p, q, seq, wn, qs.n, c0, c1, tid, addr);
   };
 
   auto issue_tile = [&](int t, int c0, int st) {
@@ -406,20 +433,9 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
                             reinterpret_cast<const uint4*>(src + ld_off)[1]};
       const uint32_t* w = reinterpret_cast<const uint32_t*>(raw);
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {  // 8 fp8 values -> 8 bf16 per 16-byte chunk
-        uint32_t out[4];
-#pragma unroll
-        for (int h = 0; h < 4; ++h) {
-          const uint32_t word = w[c * 2 + h / 2];
-          const __nv_fp8x2_storage_t pair =
-              __nv_fp8x2_storage_t((h & 1) ? (word >> 16) : (word & 0xFFFF));
-          const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
-          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
-          out[h] = pack_bf16x2(f.x * scale, f.y * scale);  // exact: e4m3 * 2^k fits bf16
-        }
+      for (int c = 0; c < 4; ++c)  // 8 fp8 values -> 8 bf16 per 16-byte chunk
         *reinterpret_cast<uint4*>(kvu + kv_offset<kD>(ld_entry, chunk0 + c)) =
-            make_uint4(out[0], out[1], out[2], out[3]);
-      }
+            e4m3x8_to_bf16x8(w[c * 2], w[c * 2 + 1], scale);
     } else {
 #pragma unroll
       for (int c = 0; c < 4; ++c)
@@ -997,26 +1013,13 @@ Status launch_impl(const SparseMlaParams& p, cudaStream_t stream) {
   return ok_status();
 }
 
-// 0 (default): the two-warpgroup sm_90a kernel (v7); 1: the warp-specialized one (v8: slower on
-// the H200, NOTES.md), kept for timing comparisons. Same bits.
-#ifndef DS_SPARSE_MLA_WG_SPECIALIZED
-#define DS_SPARSE_MLA_WG_SPECIALIZED 0
-#endif
-
 Status launch_wgmma(const SparseMlaParams& p, cudaStream_t stream) {
+  DS_CUDA_RETURN_IF_ERROR(
+      ensure_max_dynamic_smem(sparse_mla_decode_wgmma_kernel, int(wgp::kSmemBytes)));
   const dim3 grid(unsigned(p.plan.max_splits), unsigned(p.num_queries),
                   unsigned(p.num_heads / wgp::kHeads));
-  if (DS_SPARSE_MLA_WG_SPECIALIZED) {
-    DS_CUDA_RETURN_IF_ERROR(
-        ensure_max_dynamic_smem(sparse_mla_decode_wgmma_ws_kernel, int(wgp::kWsSmemBytes)));
-    DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_decode_wgmma_ws_kernel, grid, wgp::kWsThreads,
-                                          wgp::kWsSmemBytes, p.pdl, p, stream));
-  } else {
-    DS_CUDA_RETURN_IF_ERROR(
-        ensure_max_dynamic_smem(sparse_mla_decode_wgmma_kernel, int(wgp::kSmemBytes)));
-    DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_decode_wgmma_kernel, grid, wgp::kThreads,
-                                          wgp::kSmemBytes, p.pdl, p, stream));
-  }
+  DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_decode_wgmma_kernel, grid, wgp::kThreads,
+                                        wgp::kSmemBytes, p.pdl, p, stream));
   if (p.plan.max_splits > 1) {
     const dim3 cgrid(unsigned(p.num_queries), unsigned(p.num_heads));
     constexpr int kD = wgp::kD, kTK = wgp::kKeys;
