@@ -168,13 +168,24 @@ __global__ void __launch_bounds__(wgp::kThreads, 1)
   float* ws_o = p.workspace;
   float* ws_ml = p.workspace + int64_t(p.num_queries) * p.plan.max_tiles * p.num_heads * kD;
 
-  // q of the 64 heads into the 8 swizzled column blocks (K-major A operand of QK^T).
+  // q of the 64 heads into the 8 swizzled column blocks (K-major A operand of QK^T): all 16 loads
+  // of a thread in flight before its stores (one load-store round trip per thread, not 16: -0.4 to
+  // -1.1 us, NOTES.md v7; issuing them between the first address chunk's index and page-table
+  // loads gained nothing more).
   {
     const uint16_t* qb = p.q + (int64_t(q) * p.num_heads + h0) * kD;
-    for (int i = tid; i < kHeads * (kD / 8); i += kThreads) {
-      const int h = i / (kD / 8), c = i % (kD / 8);
-      const uint4 v = *reinterpret_cast<const uint4*>(qb + int64_t(h) * kD + c * 8);
-      *reinterpret_cast<uint4*>(q_s + (c / 8) * kBlockBytes + swz(h, c % 8)) = v;
+    constexpr int kQLoads = kHeads * (kD / 8) / kThreads;
+    static_assert(kQLoads * kThreads == kHeads * (kD / 8), "q: whole 16-byte vectors per thread");
+    uint4 v[kQLoads];
+#pragma unroll
+    for (int k = 0; k < kQLoads; ++k) {
+      const int i = tid + k * kThreads, h = i / (kD / 8), c = i % (kD / 8);
+      v[k] = __ldg(reinterpret_cast<const uint4*>(qb + int64_t(h) * kD + c * 8));
+    }
+#pragma unroll
+    for (int k = 0; k < kQLoads; ++k) {
+      const int i = tid + k * kThreads, h = i / (kD / 8), c = i % (kD / 8);
+      *reinterpret_cast<uint4*>(q_s + (c / 8) * kBlockBytes + swz(h, c % 8)) = v[k];
     }
   }
 
