@@ -466,10 +466,11 @@ TEST(SparseMlaPlan, WgmmaPlan) {
   EXPECT_EQ(cuda::plan_sparse_mla_decode(16, kHeads, kWindow, kTopk, kSms, 0, true).max_splits, 8);
   EXPECT_EQ(cuda::plan_sparse_mla_decode(2, 128, kWindow, kTopk, kSms, 3, true).max_splits, 3);
   EXPECT_FALSE(cuda::plan_sparse_mla_decode(1, 4, 16, 8, kSms, 0, true).wgmma);
-  // The backend's choice between the kernels: 16 CTAs of 64 heads and up.
-  EXPECT_FALSE(cuda::sparse_mla_wgmma_preferred(15, 64));
-  EXPECT_TRUE(cuda::sparse_mla_wgmma_preferred(16, 64));
-  EXPECT_TRUE(cuda::sparse_mla_wgmma_preferred(8, 128));
+  // The backend's choice between the kernels: 8 CTAs of 64 heads and up.
+  EXPECT_FALSE(cuda::sparse_mla_wgmma_preferred(7, 64));
+  EXPECT_TRUE(cuda::sparse_mla_wgmma_preferred(8, 64));
+  EXPECT_TRUE(cuda::sparse_mla_wgmma_preferred(4, 128));
+  EXPECT_FALSE(cuda::sparse_mla_wgmma_preferred(3, 128));
   EXPECT_FALSE(cuda::sparse_mla_wgmma_preferred(64, 4));
 }
 

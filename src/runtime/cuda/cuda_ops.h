@@ -113,7 +113,7 @@ struct CudaOpsOptions {
   bool fused_norm_rope = true;
   // Sparse MLA decode on the sm_90a wgmma kernel (64-key tiles) where the device is compute
   // capability 9.0, the shape allows it (head_dim 512, a multiple of 64 heads) and the step has
-  // enough query tokens (cuda::sparse_mla_wgmma_preferred: >= 16 at 64 heads); the mma.sync kernel
+  // enough query tokens (cuda::sparse_mla_wgmma_preferred: >= 8 at 64 heads); the mma.sync kernel
   // otherwise. DEEPSERVE_SPARSE_MLA_WGMMA=0 turns it off (A/B switch).
   bool sparse_mla_wgmma = true;
 };

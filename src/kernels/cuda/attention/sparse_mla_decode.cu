@@ -1071,7 +1071,7 @@ bool sparse_mla_wgmma_supported(int32_t num_heads, int32_t head_dim) {
 }
 
 bool sparse_mla_wgmma_preferred(int32_t num_queries, int32_t num_heads) {
-  return int64_t(num_queries) * (num_heads / wgp::kHeads) >= 16;
+  return int64_t(num_queries) * (num_heads / wgp::kHeads) >= 8;
 }
 
 SparseMlaPlan plan_sparse_mla_decode(int32_t num_queries, int32_t num_heads, int32_t window_width,

@@ -106,9 +106,9 @@ bool sparse_mla_wgmma_available();
 bool sparse_mla_wgmma_supported(int32_t num_heads, int32_t head_dim);
 
 // Which kernel a launch of `num_queries` tokens should plan for where both run (H200, NOTES.md
-// v7): the wgmma kernel from 16 CTAs of 64 heads up (batch 16: 29.5 vs 58.4 us at context 32K,
-// batch 128: 70.9 vs 111.5), the mma.sync kernel below (its one-tile CTAs: batch 1 at context
-// 512 10.2 vs 14.1 us). Host arithmetic only.
+// v7): the wgmma kernel from 8 CTAs of 64 heads up (batch 8: 14.9 vs 16.1 us at context 512,
+// 16.9 vs 32.4 at 32K; batch 128: 70.9 vs 111.5 at 32K), the mma.sync kernel below (its one-tile
+// CTAs: batch 4 at context 512 11.7 vs 14.9 us, batch 1 10.2 vs 14.1). Host arithmetic only.
 bool sparse_mla_wgmma_preferred(int32_t num_queries, int32_t num_heads);
 
 // Workspace bytes the launch needs for `plan` (0 when plan.max_splits == 1).
