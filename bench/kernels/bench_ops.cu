@@ -1,10 +1,11 @@
-// Benchmark of the op kernels (norm, rope, mHC, compressors, greedy sampling + logprobs) at
-// DeepSeek-V4-Flash shapes: decode (1, 16, 64 tokens; every launch of a CUDA graph works on its
-// own copy of the buffers, the copies together larger than twice the L2, time per launch) and
-// prefill (4096 tokens, eager, rotating copies). Both ceilings are measured at start: the copy
-// bandwidth (bench_util) and the fp32 FMA peak of the CUDA cores (these kernels use no tensor
-// cores). floor = max(bytes / bandwidth, flops / fp32 peak), bytes = each input read once + each
-// output written once. The correctness error of the run compares copy 0 with the CPU reference.
+// Benchmark of the op kernels (norm, rope, mHC, compressors, greedy sampling + logprobs, random
+// sampling) at DeepSeek-V4-Flash shapes: decode (1, 16, 64 tokens; every launch of a CUDA graph
+// works on its own copy of the buffers, the copies together larger than twice the L2, time per
+// launch) and prefill (4096 tokens, eager, rotating copies). Both ceilings are measured at start:
+// the copy bandwidth (bench_util) and the fp32 FMA peak of the CUDA cores (these kernels use no
+// tensor cores). floor = max(bytes / bandwidth, flops / fp32 peak), bytes = each input read once +
+// each output written once. The correctness error of the run compares copy 0 with the CPU
+// reference.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -23,6 +24,7 @@
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cpu/sampling.h"
 #include "kernels/cuda/compressor/compressor.h"
 #include "kernels/cuda/mhc/mhc.h"
 #include "kernels/cuda/norm/norm.h"
@@ -604,6 +606,51 @@ void bench_sampling(Ctx& c, int64_t rows) {
            3.0 * double(rows * kVocab), launch, check, "rows whose argmax differs from the host");
 }
 
+// launch_sample_rows (the backend's random draws): per row a plain draw (T = 1: the id-order
+// scan), top-p 0.9 (two radix selections) or top-k 50 + top-p 0.95 + min-p 0.01 (four). The
+// floor is one read of the logits; the kernel reads each row 3 (plain) to ~22 times (from L2).
+void bench_sample_rows(Ctx& c, int64_t rows, const char* label, cpu::RowSampling draw) {
+  Rng rng(uint64_t(rows) + 9);
+  std::vector<float> logits = randn(rng, size_t(rows * kVocab), 3.0f);
+  const double bytes = double(rows * kVocab) * 4;
+  const int copies = copies_for(c, bytes, true);
+  std::vector<cpu::RowSampling> params(static_cast<size_t>(rows), draw);
+  for (int64_t r = 0; r < rows; ++r) params[size_t(r)].uniform = double((r * 37) % 101) / 101.0;
+  Frees f;
+  float* dl = f(dev_copy(logits, copies));
+  cpu::RowSampling* dp = f(dev_alloc<cpu::RowSampling>(params.size()));
+  DS_BENCH_CHECK(cudaMemcpy(dp, params.data(), params.size() * sizeof(cpu::RowSampling),
+                            cudaMemcpyHostToDevice));
+  int32_t* dids = f(dev_alloc<int32_t>(static_cast<size_t>(rows) * copies));
+  uint8_t* dfin = f(dev_alloc<uint8_t>(static_cast<size_t>(rows) * copies));
+  auto launch = [&](int k, cudaStream_t s) {
+    cuda::SampleRowsParams p;
+    p.logits = dl + size_t(k) * rows * kVocab;
+    p.rows = rows;
+    p.vocab = p.stride = kVocab;
+    p.params = dp;
+    p.ids = dids + size_t(k) * rows;
+    p.finite = dfin + size_t(k) * rows;
+    cuda::launch_sample_rows(p, s);
+  };
+  auto check = [&] {
+    launch(0, c.stream);
+    DS_BENCH_CHECK(cudaStreamSynchronize(c.stream));
+    const std::vector<int32_t> ids = host_copy(dids, size_t(rows));
+    double wrong = 0;
+    for (int64_t r = 0; r < std::min<int64_t>(rows, 4); ++r) {
+      int32_t want = -1;
+      uint8_t fin = 0;
+      cpu::sample_rows(logits.data() + r * kVocab, 1, kVocab, &params[size_t(r)], &want, &fin);
+      wrong += ids[size_t(r)] != want;
+    }
+    return wrong;
+  };
+  run_case(c, label, std::to_string(rows) + "x129280", true, copies, bytes,
+           3.0 * double(rows * kVocab), launch, check,
+           "rows (of the first 4) whose token differs from cpu::sample_rows");
+}
+
 }  // namespace
 }  // namespace ds
 
@@ -617,7 +664,10 @@ int main(int argc, char** argv) {
   c.copy_gbps = bench::measure_copy_bandwidth_gbps(c.stream);
   c.fp32_tflops = measure_fp32_tflops(c.stream, dev.sm_count);
   std::fprintf(stderr, "copy %.0f GB/s, fp32 FMA %.1f TFLOP/s\n", c.copy_gbps, c.fp32_tflops);
+  // "sampling": only the sampling kernels (a short device call).
+  const bool only_sampling = argc > 2 && std::string(argv[2]) == "sampling";
   for (int64_t n : {1, 16, 64, 4096}) {
+    if (only_sampling) break;
     bench_norm(c, n);
     bench_norm_heads(c, n);
     bench_rope(c, n);
@@ -626,14 +676,22 @@ int main(int argc, char** argv) {
   }
   using Kind = cuda::CompressorEntryKind;
   for (int64_t b : {1, 16, 64}) {
+    if (only_sampling) break;
     bench_compressor(c, "compressor_csa_attn", 4, 512, Kind::kAttention, b, 1, 1003);
     bench_compressor(c, "compressor_csa_index", 4, 128, Kind::kIndexer, b, 1, 1003);
     bench_compressor(c, "compressor_hca", 128, 512, Kind::kAttention, b, 1, 1023);
   }
-  bench_compressor(c, "compressor_csa_attn", 4, 512, Kind::kAttention, 1, 4096, 0);
-  bench_compressor(c, "compressor_csa_index", 4, 128, Kind::kIndexer, 1, 4096, 0);
-  bench_compressor(c, "compressor_hca", 128, 512, Kind::kAttention, 1, 4096, 0);
+  if (!only_sampling) {
+    bench_compressor(c, "compressor_csa_attn", 4, 512, Kind::kAttention, 1, 4096, 0);
+    bench_compressor(c, "compressor_csa_index", 4, 128, Kind::kIndexer, 1, 4096, 0);
+    bench_compressor(c, "compressor_hca", 128, 512, Kind::kAttention, 1, 4096, 0);
+  }
   for (int64_t r : {1, 16, 64}) bench_sampling(c, r);
+  for (int64_t r : {1, 16, 64}) {
+    bench_sample_rows(c, r, "sample_rows_plain", {1.0, 0, 1.0, 0.0, 0.0});
+    bench_sample_rows(c, r, "sample_rows_top_p", {1.0, 0, 0.9, 0.0, 0.0});
+    bench_sample_rows(c, r, "sample_rows_k_p_min", {0.8, 50, 0.95, 0.01, 0.0});
+  }
   bench::write_results(out, "ops", dev, c.copy_gbps, c.records);
   // bench_util writes the copy ceiling only; add the fp32 FMA ceiling next to it.
   {

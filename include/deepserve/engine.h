@@ -266,6 +266,9 @@ struct EngineMetrics {
   // Sampled rows whose token is the backend's argmax (greedy rows that nothing adjusts and that
   // ask for no logprobs: their logits never reach the host; DEEPSERVE_BACKEND_ARGMAX=0: none).
   int64_t step_argmax_rows_total = 0;
+  // Sampled rows whose random draw the backend made (SequenceChunk::backend_sample: temperature >
+  // 0, nothing adjusts the logits, no logprobs, no drafts; DEEPSERVE_BACKEND_SAMPLING=0: none).
+  int64_t step_backend_sampled_rows_total = 0;
   // Speculative decoding: verify steps of one sequence with >= 1 draft token (drafts), draft
   // tokens verified, draft tokens accepted; the k the adaptive policy chose last (0 = off).
   // Acceptance rate = accepted / draft tokens; mean accepted length = 1 + accepted / drafts.

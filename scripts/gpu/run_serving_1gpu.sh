@@ -19,7 +19,10 @@
 # Env: SERVE_THREADS="0 1" serves (and benchmarks) once per --num-threads value (default 0 = all
 # cores; 1 = sampling on the engine thread alone); SERVE_ARGMAX="1 0" once per value of
 # DEEPSERVE_BACKEND_ARGMAX (default 1: greedy rows take their argmax from the GPU; 0: the
-# logits, as before session 11); PARTS="tiny profile serve" picks the parts.
+# logits, as before session 11); SERVE_SAMPLING="1 0" once per value of
+# DEEPSERVE_BACKEND_SAMPLING (default unset = 1 on the GPU: sampled rows that nothing adjusts draw
+# on the GPU; 0: the host sampler on their logits, as before session 17); PARTS="tiny profile
+# serve" picks the parts.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:?usage: run_serving_1gpu.sh OUT [LAYERS]}"
@@ -95,13 +98,15 @@ done
 done
 
 # 3. The server and the load generator.
+for bs in ${SERVE_SAMPLING:-1}; do
 for am in ${SERVE_ARGMAX:-1}; do
 for nt in ${SERVE_THREADS:-0}; do
   has serve || break
   sfx=""; [ "$nt" != 0 ] && sfx="_nt$nt"
   [ "$am" != 1 ] && sfx="${sfx}_argmax$am"
+  [ "$bs" != 1 ] && sfx="${sfx}_sampling$bs"
   port=18231
-  DEEPSERVE_BACKEND_ARGMAX=$am "$ds" serve --device cuda --model "$model" --served-model-name flash$layers --port $port \
+  DEEPSERVE_BACKEND_SAMPLING=$bs DEEPSERVE_BACKEND_ARGMAX=$am "$ds" serve --device cuda --model "$model" --served-model-name flash$layers --port $port \
     --max-model-len 4096 --max-num-seqs 64 --num-threads "$nt" >"$work/serve$sfx.log" 2>&1 &
   pid=$!
   up=0
@@ -110,7 +115,7 @@ for nt in ${SERVE_THREADS:-0}; do
     kill -0 $pid 2>/dev/null || break
     sleep 1
   done
-  say "serve --num-threads $nt (DEEPSERVE_BACKEND_ARGMAX=$am): health after ${i}s: $([ $up -eq 1 ] && echo ok || echo FAILED)"
+  say "serve --num-threads $nt (DEEPSERVE_BACKEND_ARGMAX=$am DEEPSERVE_BACKEND_SAMPLING=$bs): health after ${i}s: $([ $up -eq 1 ] && echo ok || echo FAILED)"
   if [ $up -eq 1 ]; then
     for c in 16 64; do
       for mode in greedy t1; do
@@ -130,11 +135,12 @@ for nt in ${SERVE_THREADS:-0}; do
       done
     done
     python3 scripts/gpu/http_get.py $port /metrics | grep -E \
-      "^deepserve:(generation_tokens_total|num_preemptions_total|engine_steps_total)" | tee -a "$log"
+      "^deepserve:(generation_tokens_total|num_preemptions_total|engine_steps_total|engine_backend_sampled_rows_total)" | tee -a "$log"
   fi
   kill -INT $pid 2>/dev/null
   wait $pid
   say "serve exit rc=$?"
+done
 done
 done
 rm -rf "$model"

@@ -5,6 +5,7 @@
 #   test_x[:FILTER]  a test binary (optionally --gtest_filter=FILTER)
 #   mla[:quick]      bench_sparse_mla -> $OUT/sparse_mla_decode.json
 #   bench_ops        bench_ops -> $OUT/ops.json
+#   sampling         bench_ops, the sampling kernels only -> $OUT/ops_sampling.json
 #   prefetch         bench_gemm_fp8 prefetch mode -> $OUT/gemm_fp8_prefetch.json
 #   ab:VAR           the step A/B of an environment switch (scripts/gpu/ab_switch.sh: Flash 4
 #                    layers, B = 1 / 16 / 64, context 512)
@@ -44,6 +45,11 @@ for st in "$@"; do
     bench_ops)
       timeout 200 "$c/bench_ops" "$out/ops.json" >"$out/bench_ops.log" 2>&1
       say "bench_ops rc=$? ($(el)s)"
+      ;;
+    sampling)
+      timeout 200 "$c/bench_ops" "$out/ops_sampling.json" sampling >"$out/bench_sampling.log" 2>&1
+      say "bench_ops sampling rc=$? ($(el)s)"
+      grep -E "^(copy|sample)" "$out/bench_sampling.log" | tee -a "$S" >/dev/null
       ;;
     prefetch)
       timeout 200 "$c/bench_gemm_fp8" "$out/gemm_fp8_prefetch.json" prefetch >"$out/bench_prefetch.log" 2>&1

@@ -343,6 +343,11 @@ class EngineImpl final : public Engine {
     const char* v = std::getenv("DEEPSERVE_BACKEND_ARGMAX");
     return v == nullptr || std::string_view(v) != "0";
   }();
+  // Random draws that nothing adjusts (no logprobs, no drafts) are made by the backend
+  // (SequenceChunk::backend_sample, cpu::sample_row) when it prefers them (a GPU: the rows stay
+  // there); DEEPSERVE_BACKEND_SAMPLING=0 turns it off, =1 on for any backend (the CPU's host
+  // reference: tests). Set in start() from the runner.
+  bool backend_sampling_ = false;
   std::unique_ptr<sched::SpecPolicy> spec_policy_;
   int64_t spec_k_ = 0;                  // the k the drafts of the running sequences were made for
   double spec_draft_seconds_ = 0;       // drafting time at the end of the last step
@@ -465,6 +470,11 @@ ds::Status EngineImpl::init(const EngineConfig& config) {
     auto runner = ds::runtime::make_model_runner(config_.device, *weights_, fo, limits, parallel);
     if (!runner.ok()) return runner.status().with_context("device " + config_.device);
     runner_ = std::move(runner).value();
+    {
+      const char* v = std::getenv("DEEPSERVE_BACKEND_SAMPLING");
+      const std::string_view mode = v == nullptr ? "" : v;
+      backend_sampling_ = mode == "1" || (mode != "0" && runner_->prefers_backend_sampling());
+    }
     // The CUDA backend sizes its sequence slots from the memory budget: the scheduler never
     // runs more sequences than it holds.
     max_num_seqs_ = config_.max_num_seqs;
@@ -1063,6 +1073,7 @@ void EngineImpl::step() {
   int64_t prompt_tokens = 0;
   int64_t decode_rows = 0, prefill_rows = 0;  // engine_step_tokens_total
   int64_t argmax_rows = 0;                    // engine_argmax_rows_total
+  int64_t sampled_rows = 0;                   // engine_backend_sampled_rows_total
   bool pure_decode = true;  // every chunk feeds one real token (plus drafts) and samples
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const sched::ScheduledChunk& sc = plan.chunks[i];
@@ -1091,6 +1102,11 @@ void EngineImpl::step() {
       chunks[i].argmax_only = backend_argmax_ && sc.samples && r->sampler->raw_argmax() &&
                               r->req.sampling.logprobs < 0 && !r->nan_target;
       argmax_rows += chunks[i].argmax_only ? 1 : 0;
+      if (backend_sampling_ && sc.samples && r->sampler->raw_draw() &&
+          r->req.sampling.logprobs < 0 && !r->nan_target) {
+        chunks[i].backend_sample = r->sampler->backend_draw();
+        ++sampled_rows;
+      }
     }
     // The MTP layer consumes every position the main model consumes (its own window ring).
     if (spec_) {
@@ -1127,6 +1143,7 @@ void EngineImpl::step() {
     metrics_.step_decode_tokens_total += decode_rows;
     metrics_.step_prefill_tokens_total += prefill_rows;
     metrics_.step_argmax_rows_total += argmax_rows;
+    metrics_.step_backend_sampled_rows_total += sampled_rows;
     if (prefill_rows > 0) ++metrics_.prefill_steps_total;
   }
   if (!st.ok()) {

@@ -63,6 +63,9 @@ class LocalRunner final : public ModelRunner {
   std::optional<DeviceKvCapacity> kv_capacity() const override {
     return device_kv_capacity(*backend_);
   }
+  bool prefers_backend_sampling() const override {
+    return forward_.ops()->prefers_backend_sampling();
+  }
   std::string describe() const override { return describe_backend(*backend_); }
 
  private:
@@ -259,6 +262,9 @@ class ShardedRunner final : public ModelRunner {
   int world_size() const override { return world_; }
   const DeepSeekV4Config& config() const override { return full_.config(); }
   SequenceState new_sequence() const override { return ranks_[0].forward->new_sequence(); }
+  bool prefers_backend_sampling() const override {
+    return ranks_[0].forward->ops()->prefers_backend_sampling();
+  }
 
   Status run(std::span<SequenceChunk> batch, std::vector<ChunkOutput>* outputs,
              bool want_streams) override {

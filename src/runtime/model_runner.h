@@ -69,6 +69,8 @@ class ModelRunner {
 
   // The device KV capacity of one rank (every rank holds the same); nullopt on the CPU.
   virtual std::optional<DeviceKvCapacity> kv_capacity() const = 0;
+  // Ops::prefers_backend_sampling of the backend (rank 0's; every rank holds the same kind).
+  virtual bool prefers_backend_sampling() const = 0;
   // One line for logs, e.g. "cuda x2 (tensor parallel ...): rank 0: cuda (NVIDIA H200, ...)".
   virtual std::string describe() const = 0;
 };

@@ -339,6 +339,16 @@ int64_t Sampler::candidates(const float* w, float mx) {
   return keep;
 }
 
+cpu::RowSampling Sampler::backend_draw() {
+  cpu::RowSampling s;
+  s.temperature = params_.temperature;
+  s.top_k = params_.top_k;
+  s.top_p = params_.top_p;
+  s.min_p = params_.min_p;
+  s.uniform = rng_.uniform();
+  return s;
+}
+
 bool Sampler::sample_finite(const float* logits, int32_t* token) {
   if (!adjusts()) {
     // One pass over the raw row for the check and the maximum, which is the greedy answer's value

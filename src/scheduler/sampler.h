@@ -22,6 +22,7 @@
 
 #include "core/rng.h"
 #include "deepserve/engine.h"
+#include "kernels/cpu/sampling.h"
 
 namespace ds::sched {
 
@@ -66,6 +67,12 @@ class Sampler {
   // The next sample() is the argmax of the raw row (greedy and nothing adjusts the logits now):
   // the engine then asks the backend for the argmax alone (SequenceChunk::argmax_only).
   bool raw_argmax() const { return greedy() && !adjusts(); }
+  // A random draw that nothing adjusts: the backend may make it from the raw row
+  // (cpu::sample_row with backend_draw()'s parameters; docs/engine.md "Backend sampling").
+  bool raw_draw() const { return !greedy() && !adjusts(); }
+  // The parameters of that draw, with the uniform taken from this request's generator: the one
+  // draw sample() would have made, so the generator stays in step whichever side samples.
+  cpu::RowSampling backend_draw();
 
   // ---- Speculative decoding (docs/speculative.md) ----
   // The distribution sample() draws from for raw logits [vocab] (steps 1-4, normalized; greedy:

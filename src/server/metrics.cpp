@@ -167,6 +167,10 @@ std::string ServerMetrics::render(const deepserve::EngineMetrics* engine,
           "Sampled rows whose token is the backend's argmax (greedy, nothing adjusts the logits, "
           "no logprobs): their logits stay on the device.",
           double(m.step_argmax_rows_total));
+  counter("deepserve:engine_backend_sampled_rows_total",
+          "Sampled rows whose random draw the backend made (temperature > 0, nothing adjusts the "
+          "logits, no logprobs, no drafts): their logits stay on the device.",
+          double(m.step_backend_sampled_rows_total));
   metric_header(&out, "deepserve:engine_step_seconds_total", "counter",
                 "Engine-thread seconds per step phase (schedule, forward, sample, emit, "
                 "speculate).");

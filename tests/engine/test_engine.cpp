@@ -500,6 +500,84 @@ TEST(EngineConfigs, BackendArgmaxGivesTheHostArgmaxOutputs) {
   }
 }
 
+// Random rows that nothing adjusts take their draw from the backend (SequenceChunk::backend_sample)
+// when DEEPSERVE_BACKEND_SAMPLING=1 (on the CPU backend: cpu::sample_row on the host; the GPU's
+// kernel is the same function, test_sampling_cuda): seeded requests give the same tokens run after
+// run and alone or batched; a draw whose truncation leaves only the maximum (top-k 1) gives the
+// greedy tokens; requests with logprobs or a penalty stay on the host sampler; with MTP drafts the
+// rows without drafts still draw on the backend. DEEPSERVE_BACKEND_SAMPLING=0: no backend draws.
+TEST(EngineConfigs, BackendSamplingDrawsSeededTokensOnTheBackend) {
+  ds::Rng rng(63);
+  std::vector<GenerateRequest> requests;
+  for (int i = 0; i < 8; ++i) {
+    GenerateRequest r = greedy_request(random_prompt(&rng, 5 + 4 * i), 6);
+    r.sampling.seed = 500 + uint64_t(i);
+    r.sampling.temperature = 0.7 + 0.1 * i;
+    if (i == 1) r.sampling.top_p = 0.9;
+    if (i == 2) r.sampling.top_k = 20;
+    if (i == 3) r.sampling.min_p = 0.05;
+    if (i == 4) r.sampling.top_k = 1;               // only the maximum survives: the greedy tokens
+    if (i == 5) r.sampling.logprobs = 2;            // host
+    if (i == 6) r.sampling.presence_penalty = 0.5;  // host after the first token
+    requests.push_back(r);
+  }
+  GenerateRequest greedy4 = requests[4];
+  greedy4.sampling.temperature = 0;
+  greedy4.sampling.top_k = 0;
+  requests.push_back(greedy4);
+  struct Run {
+    std::vector<Outcome> out;
+    int64_t sampled = -1;
+  };
+  auto run_all = [&](const char* mode, const std::vector<GenerateRequest>& rs, bool mtp) {
+    setenv("DEEPSERVE_BACKEND_SAMPLING", mode, 1);
+    EngineConfig c;
+    if (mtp) {
+      c.speculative.method = "mtp";
+      c.speculative.num_speculative_tokens = 2;
+      c.speculative.adaptive = false;
+    }
+    auto e = make_engine(c);
+    unsetenv("DEEPSERVE_BACKEND_SAMPLING");
+    Run run;
+    if (!e) return run;
+    run.out = submit_all(e.get(), rs);
+    wait_idle(e.get());
+    run.sampled = e->metrics().step_backend_sampled_rows_total;
+    return run;
+  };
+  const Run a = run_all("1", requests, false), b = run_all("1", requests, false);
+  const Run host = run_all("0", requests, false);
+  ASSERT_EQ(a.out.size(), requests.size());
+  ASSERT_EQ(b.out.size(), requests.size());
+  ASSERT_EQ(host.out.size(), requests.size());
+  // Requests 0-4 and 7 draw every token on the backend, 6 its first one.
+  EXPECT_GE(a.sampled, 6 * 6 + 1);
+  EXPECT_EQ(host.sampled, 0);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(a.out[i].ids.size(), 6u) << "request " << i;
+    EXPECT_EQ(a.out[i].ids, b.out[i].ids) << "request " << i;
+  }
+  EXPECT_EQ(a.out[4].ids, a.out[8].ids);     // top-k 1 = greedy
+  EXPECT_EQ(host.out[4].ids, a.out[4].ids);  // on the host too
+  EXPECT_EQ(host.out[5].ids, a.out[5].ids);  // logprobs: the host sampler on both
+  for (size_t t = 0; t < a.out[5].tokens.size(); ++t) {
+    EXPECT_EQ(a.out[5].tokens[t].logprob, host.out[5].tokens[t].logprob);
+  }
+  // Alone, request 1 draws what it drew in the batch.
+  const Run alone = run_all("1", {requests[1]}, false);
+  ASSERT_EQ(alone.out.size(), 1u);
+  EXPECT_EQ(alone.out[0].ids, a.out[1].ids);
+  // With MTP: verify rows stay on the host, the others draw on the backend; seeded, repeatable.
+  const Run m1 = run_all("1", requests, true), m2 = run_all("1", requests, true);
+  ASSERT_EQ(m1.out.size(), requests.size());
+  EXPECT_GT(m1.sampled, 0);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(m1.out[i].ids.size(), 6u) << "request " << i;
+    EXPECT_EQ(m1.out[i].ids, m2.out[i].ids) << "request " << i;
+  }
+}
+
 TEST(EngineConfigs, ParallelSamplingGivesTheSingleThreadOutputs) {
   ds::Rng rng(57);
   std::vector<GenerateRequest> requests;

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "kernels/cpu/sampling.h"
 #include "model/deepseek_v4/cpu_ops.h"
 #include "model/deepseek_v4/forwarding_ops.h"
 #include "model/synthetic.h"
@@ -63,7 +64,7 @@ std::vector<int32_t> random_tokens(int64_t n, uint64_t seed, int64_t vocab) {
   return out;
 }
 
-void expect_argmax_only_like_logits(const Forward& fwd) {
+void expect_backend_tokens_like_logits(const Forward& fwd) {
   const std::vector<int32_t> p0 = random_tokens(37, 81), p1 = random_tokens(50, 82);
   const std::vector<int32_t> next = random_tokens(12, 83);
   struct Row {
@@ -72,20 +73,32 @@ void expect_argmax_only_like_logits(const Forward& fwd) {
     std::vector<uint8_t> finite;
   };
   constexpr int kSteps = 7;  // the prefills, then 6 decode steps
-  auto argmax_wanted = [](int step, int seq) { return seq == 0 || step % 2 == 1; };
-  auto run = [&](bool argmax_mode) {
+  enum Mode { kLogits, kArgmax, kSample };
+  auto token_wanted = [](int step, int seq) { return seq == 0 || step % 2 == 1; };
+  // Sequence 0's draws: plain, top-p, top-k, min-p, all three, temperature 0, a large top-k.
+  auto draw = [](int step, int seq) {
+    cpu::RowSampling s;
+    s.temperature = step == 5 ? 0.0 : 0.6 + 0.15 * step;
+    s.top_p = step == 1 || step == 4 ? 0.85 : 1.0;
+    s.top_k = step == 2 || step == 4 ? 7 : step == 6 ? 5000 : 0;
+    s.min_p = step == 3 || step == 4 ? 0.02 : 0.0;
+    s.uniform = double((step * 7 + seq * 3) % 11) / 11.0 + 0.031;
+    return s;
+  };
+  auto run = [&](Mode mode) {
     std::vector<Row> rows;  // step-major, 2 per step
     SequenceState s[2] = {fwd.new_sequence(), fwd.new_sequence()};
     for (int step = 0; step < kSteps; ++step) {
       std::vector<SequenceChunk> batch(2);
       for (int q = 0; q < 2; ++q) {
         const std::vector<int32_t>& prompt = q == 0 ? p0 : p1;
-        batch[size_t(q)].state = &s[q];
-        batch[size_t(q)].tokens =
-            step == 0 ? std::span<const int32_t>(prompt)
-                      : std::span<const int32_t>(next.data() + 2 * (step - 1) + q, 1);
-        batch[size_t(q)].logit_rows = {int64_t(batch[size_t(q)].tokens.size()) - 1};
-        batch[size_t(q)].argmax_only = argmax_mode && argmax_wanted(step, q);
+        SequenceChunk& ch = batch[size_t(q)];
+        ch.state = &s[q];
+        ch.tokens = step == 0 ? std::span<const int32_t>(prompt)
+                              : std::span<const int32_t>(next.data() + 2 * (step - 1) + q, 1);
+        ch.logit_rows = {int64_t(ch.tokens.size()) - 1};
+        if (token_wanted(step, q) && mode == kArgmax) ch.argmax_only = true;
+        if (token_wanted(step, q) && mode == kSample) ch.backend_sample = draw(step, q);
       }
       std::vector<ChunkOutput> out;
       const Status st = fwd.run(batch, &out);
@@ -98,27 +111,40 @@ void expect_argmax_only_like_logits(const Forward& fwd) {
     for (SequenceState& st : s) fwd.ops()->release_sequence(&st);
     return rows;
   };
-  const std::vector<Row> full = run(false), am = run(true);
+  const std::vector<Row> full = run(kLogits), am = run(kArgmax), sm = run(kSample);
   ASSERT_EQ(full.size(), size_t(2 * kSteps));
   ASSERT_EQ(am.size(), full.size());
+  ASSERT_EQ(sm.size(), full.size());
   const int64_t vocab = fwd.config().vocab_size;
+  int draws_off_argmax = 0;
   for (size_t k = 0; k < full.size(); ++k) {
-    SCOPED_TRACE("step " + std::to_string(k / 2) + " sequence " + std::to_string(k % 2));
+    const int step = int(k / 2), seq = int(k % 2);
+    SCOPED_TRACE("step " + std::to_string(step) + " sequence " + std::to_string(seq));
     ASSERT_EQ(full[k].logits.size(), size_t(vocab));
     EXPECT_TRUE(full[k].argmax.empty());
-    if (!argmax_wanted(int(k / 2), int(k % 2))) {
+    if (!token_wanted(step, seq)) {
       EXPECT_TRUE(am[k].argmax.empty());
       EXPECT_EQ(am[k].logits, full[k].logits);
+      EXPECT_TRUE(sm[k].argmax.empty());
+      EXPECT_EQ(sm[k].logits, full[k].logits);
       continue;
     }
-    EXPECT_TRUE(am[k].logits.empty());
-    ASSERT_EQ(am[k].argmax.size(), 1u);
-    ASSERT_EQ(am[k].finite.size(), 1u);
     const std::vector<float>& l = full[k].logits;
-    const int32_t want = int32_t(std::max_element(l.begin(), l.end()) - l.begin());  // first max
-    EXPECT_EQ(am[k].argmax[0], want);
-    EXPECT_EQ(am[k].finite[0], 1);
+    for (const Row* r : {&am[k], &sm[k]}) {
+      EXPECT_TRUE(r->logits.empty());
+      ASSERT_EQ(r->argmax.size(), 1u);
+      ASSERT_EQ(r->finite.size(), 1u);
+      EXPECT_EQ(r->finite[0], 1);
+    }
+    const int32_t first_max = int32_t(std::max_element(l.begin(), l.end()) - l.begin());
+    EXPECT_EQ(am[k].argmax[0], first_max);
+    int32_t want = -1;
+    ASSERT_TRUE(cpu::sample_row(l.data(), vocab, draw(step, seq), &want));
+    EXPECT_EQ(sm[k].argmax[0], want);
+    draws_off_argmax += want != first_max ? 1 : 0;
   }
+  // The draws are not all the argmax (else the comparison above could not tell them apart).
+  EXPECT_GE(draws_off_argmax, 2);
 }
 
 std::vector<float> run_chunked(const Forward& fwd, const std::vector<int32_t>& tokens,

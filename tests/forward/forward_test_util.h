@@ -33,12 +33,14 @@ std::vector<int32_t> random_tokens(int64_t n, uint64_t seed, int64_t vocab = kTi
 
 // Runs `tokens` through a fresh sequence with the given chunk sizes (cycled; the last chunk is
 // cut to fit) and returns the logits of every position [n, vocab].
-// Runs two sequences (prefills of 37 and 50 tokens, then 6 decode steps together) twice on
-// `fwd`: with every row's logits, and with SequenceChunk::argmax_only on sequence 0 in every step
-// and on sequence 1 in odd steps (a batch mixing both kinds of output in even steps). Expects each
-// argmax-only output to hold no logits, finite = 1 and the lowest-index argmax of the same row's
-// logits in the first run, and the other outputs the first run's logits bit for bit.
-void expect_argmax_only_like_logits(const Forward& fwd);
+// Runs two sequences (prefills of 37 and 50 tokens, then 6 decode steps together) three times on
+// `fwd`: with every row's logits, with SequenceChunk::argmax_only, and with
+// SequenceChunk::backend_sample (plain, top-p, top-k, min-p and combined draws, temperature 0),
+// each on sequence 0 in every step and on sequence 1 in odd steps (batches mixing both kinds of
+// output in even steps). Expects each token output to hold no logits, finite = 1 and the token of
+// the same row's logits in the first run (the lowest-index argmax; cpu::sample_row's draw), and
+// the other outputs the first run's logits bit for bit.
+void expect_backend_tokens_like_logits(const Forward& fwd);
 
 std::vector<float> run_chunked(const Forward& fwd, const std::vector<int32_t>& tokens,
                                const std::vector<int64_t>& chunk_sizes);

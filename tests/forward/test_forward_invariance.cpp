@@ -127,10 +127,11 @@ TEST_P(ForwardInvariance, BatchEqualsEachSequenceAlone) {
   EXPECT_EQ(first_difference(b_alone, b_logits, kTinyVocab), -1);
 }
 
-// SequenceChunk::argmax_only (the engine's greedy rows) against the argmax of the same rows'
-// logits, alone and mixed in one batch with chunks that take logits (CpuOps::argmax_rows).
-TEST_P(ForwardInvariance, ArgmaxOnlyChunksGetTheArgmaxOfTheirLogits) {
-  expect_argmax_only_like_logits(fwd());
+// SequenceChunk::argmax_only and backend_sample (the engine's greedy and plain random rows)
+// against the argmax / cpu::sample_row draw of the same rows' logits, alone and mixed in one batch
+// with chunks that take logits (CpuOps::argmax_rows / sample_rows).
+TEST_P(ForwardInvariance, BackendTokenChunksGetTheTokensOfTheirLogits) {
+  expect_backend_tokens_like_logits(fwd());
 }
 
 TEST_P(ForwardInvariance, MtpChunkingInvariance) {

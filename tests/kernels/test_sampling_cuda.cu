@@ -4,6 +4,7 @@
 // exps in a different order: relative error ~1e-6 in the sum, i.e. ~1e-6 in the log, plus the
 // fp32 rounding of x - lse for |x - lse| up to ~30). Logits are bf16-valued so that exact ties are
 // common, and rows with planted ties at the maximum check the tie rule. Outputs are poisoned.
+// Random sampling (launch_sample_rows) against cpu::sample_rows, token for token.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <numeric>
 #include <vector>
 
+#include "kernels/cpu/sampling.h"
 #include "kernels/cuda/sampling/sampling.h"
 #include "kernels/ops_test_util.h"
 
@@ -153,6 +155,107 @@ void check_finite_flags(int64_t rows, int64_t vocab, uint64_t seed) {
   EXPECT_EQ(d_finite.host(), want_finite);
   const std::vector<int32_t> arg = d_arg.host();
   for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(arg[size_t(r)], want_arg[size_t(r)]) << "row " << r;
+}
+
+// launch_sample_rows against cpu::sample_rows: the same token and finite flag bit for bit (the
+// kernel follows the reference's fixed-point arithmetic). Rows cycle through greedy, plain,
+// top-k, top-p, min-p and combined draws at several temperatures and draws; logits of four kinds:
+// 0 normal (sigma 3: every token has mass, the radix search runs over the whole row), 1 bf16
+// values (ties), 2 peaked (a few tokens far above the rest: most masses are 0), 3 integers in
+// [-3, 3] (tens of thousands of ties at each value: the tie walk in id order). Row 5 holds a NaN.
+void check_sample_rows(int64_t rows, int64_t vocab, int kind, uint64_t seed, bool graph = false) {
+  SCOPED_TRACE("sample_rows: rows " + std::to_string(rows) + " vocab " + std::to_string(vocab) +
+               " kind " + std::to_string(kind));
+  Rng rng(seed);
+  const int64_t stride = vocab + (vocab % 2 == 0 ? 5 : 0);
+  std::vector<float> logits(static_cast<size_t>(rows * stride));
+  for (float& v : logits) {
+    const float g = rng.normal();
+    v = kind == 0   ? 3.0f * g
+        : kind == 1 ? bf16_to_float(float_to_bf16(3.0f * g))
+        : kind == 2 ? (rng.below(997) == 0 ? 25.0f + g : g)
+                    : float(std::clamp(int(std::lround(1.5f * g)), -3, 3));
+  }
+  if (rows > 5) logits[size_t(5 * stride + vocab / 2)] = std::nanf("");
+  const std::vector<cpu::RowSampling> kinds = {
+      {0.0, 0, 1.0, 0.0, 0.5},    {1.0, 0, 1.0, 0.0, 0.37},  {0.7, 0, 0.9, 0.0, 0.81},
+      {1.2, 40, 1.0, 0.0, 0.05},  {1.0, 0, 1.0, 0.05, 0.66}, {0.8, 50, 0.8, 0.02, 0.999},
+      {1.5, 0, 0.5, 0.0, 0.0},    {0.6, 1, 1.0, 0.0, 0.9},   {2.0, 5000, 0.95, 0.0, 0.42},
+      {1.0, 0, 0.999, 0.1, 0.17}, {0.9, 3, 0.2, 0.0, 0.73}};
+  std::vector<cpu::RowSampling> params(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    params[size_t(r)] = kinds[size_t(r) % kinds.size()];
+    params[size_t(r)].uniform = std::fmod(params[size_t(r)].uniform + 0.113 * double(r), 1.0);
+  }
+  std::vector<int32_t> want_ids(static_cast<size_t>(rows));
+  std::vector<uint8_t> want_finite(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    cpu::sample_rows(logits.data() + r * stride, 1, vocab, &params[size_t(r)], &want_ids[size_t(r)],
+                     &want_finite[size_t(r)]);
+  }
+  Dev<float> d_logits(logits);
+  Dev<cpu::RowSampling> d_params(params);
+  Dev<int32_t> d_ids(static_cast<size_t>(rows));
+  Dev<uint8_t> d_finite(static_cast<size_t>(rows));
+  ASSERT_EQ(d_ids.buf.poison(), cudaSuccess);
+  ASSERT_EQ(d_finite.buf.poison(), cudaSuccess);
+  cuda::SampleRowsParams p;
+  p.logits = d_logits.get();
+  p.rows = rows;
+  p.vocab = vocab;
+  p.stride = stride;
+  p.params = d_params.get();
+  p.ids = d_ids.get();
+  p.finite = d_finite.get();
+  if (graph) {  // captured once, replayed twice (the outputs poisoned in between)
+    cudaStream_t stream = nullptr;
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    DS_CUDA_ASSERT(cudaStreamCreate(&stream));
+    DS_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    cuda::launch_sample_rows(p, stream);
+    DS_CUDA_ASSERT(cudaStreamEndCapture(stream, &g));
+    DS_CUDA_ASSERT(cudaGraphInstantiate(&exec, g, 0));
+    for (int k = 0; k < 2; ++k) {
+      ASSERT_EQ(d_ids.buf.poison(), cudaSuccess);
+      DS_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+      DS_CUDA_ASSERT(cudaStreamSynchronize(stream));
+      EXPECT_EQ(d_ids.host(), want_ids) << "replay " << k;
+    }
+    DS_CUDA_ASSERT(cudaGraphExecDestroy(exec));
+    DS_CUDA_ASSERT(cudaGraphDestroy(g));
+    DS_CUDA_ASSERT(cudaStreamDestroy(stream));
+  } else {
+    cuda::launch_sample_rows(p, nullptr);
+    DS_CUDA_ASSERT(cudaGetLastError());
+    DS_CUDA_ASSERT(cudaDeviceSynchronize());
+  }
+  EXPECT_EQ(d_finite.host(), want_finite);
+  const std::vector<int32_t> ids = d_ids.host();
+  int differ = 0, off_argmax = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (ids[size_t(r)] != want_ids[size_t(r)] && ++differ <= 5) {
+      ADD_FAILURE() << "row " << r << ": token " << ids[size_t(r)] << ", reference "
+                    << want_ids[size_t(r)];
+    }
+    const float* x = logits.data() + r * stride;
+    off_argmax += want_ids[size_t(r)] != int32_t(std::max_element(x, x + vocab) - x) ? 1 : 0;
+  }
+  EXPECT_EQ(differ, 0);
+  if (rows >= 11 && kind != 2) EXPECT_GE(off_argmax, 3);  // the draws are not all the argmax
+}
+
+TEST(SamplingCuda, SampleRowsTinyVocab) {
+  DS_REQUIRE_GPU();
+  for (int kind = 0; kind < 4; ++kind) check_sample_rows(33, 1000, kind, 40 + uint64_t(kind));
+  check_sample_rows(11, 7, 0, 50);  // fewer tokens than top-k and threads
+  check_sample_rows(22, 1, 1, 51);  // a single token
+}
+
+TEST(SamplingCuda, SampleRowsFlashVocab) {
+  DS_REQUIRE_GPU();
+  for (int kind = 0; kind < 4; ++kind) check_sample_rows(22, 129280, kind, 60 + uint64_t(kind));
+  check_sample_rows(64, 129280, 1, 70, /*graph=*/true);
 }
 
 TEST(SamplingCuda, FiniteFlags) {

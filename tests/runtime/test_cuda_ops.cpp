@@ -413,14 +413,15 @@ TEST_F(CudaOpsTest, FusedWqaWkvMatchesCpu) {
   EXPECT_GE((*fused_ops)->graph_replays(), 30);
 }
 
-// SequenceChunk::argmax_only on the GPU (CudaOps::argmax_rows: the greedy kernel after the decode
-// graph, 5 bytes per row to the host), alone and mixed with chunks that take logits, prefill and
-// graph-replayed decode steps, against the argmax of the same rows' logits.
-TEST_F(CudaOpsTest, ArgmaxOnlyChunksGetTheArgmaxOfTheirLogits) {
+// SequenceChunk::argmax_only and backend_sample on the GPU (CudaOps::argmax_rows / sample_rows:
+// the greedy or sampling kernel after the decode graph, 5 bytes per row to the host), alone and
+// mixed with chunks that take logits, prefill and graph-replayed decode steps, against the argmax
+// / cpu::sample_row draw of the same rows' logits.
+TEST_F(CudaOpsTest, BackendTokenChunksGetTheTokensOfTheirLogits) {
   Forward gpu(&tiny_model(), options_, ops_.get());
   const int64_t replays = ops_->graph_replays();
-  dsv4::test::expect_argmax_only_like_logits(gpu);
-  EXPECT_GE(ops_->graph_replays() - replays, 8);
+  dsv4::test::expect_backend_tokens_like_logits(gpu);
+  EXPECT_GE(ops_->graph_replays() - replays, 12);
 }
 
 // Component ranges timed with events (CudaOpsOptions::component_events, what `deepserve profile

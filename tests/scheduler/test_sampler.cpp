@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "kernels/cpu/sampling.h"
 #include "scheduler/fast_exp.h"
 #include "scheduler/sampler.h"
 
@@ -494,6 +495,141 @@ TEST(Sampler, Validation) {
   p.repetition_penalty = 0;
   EXPECT_NE(validate_sampling(p, 10, &param), "");
   EXPECT_EQ(param, "repetition_penalty");
+}
+
+// ---- Backend sampling (kernels/cpu/sampling.h): the reference the CUDA kernel follows ----
+
+TEST(BackendSampling, ExpWithinItsBoundAndExactAtZero) {
+  EXPECT_EQ(cpu::sampling_exp(0.0f), 1.0f);
+  EXPECT_EQ(cpu::sampling_exp(-28.5f), 0.0f);
+  EXPECT_EQ(cpu::sampling_mass_of(1.0f), uint64_t{1} << 40);
+  double worst = 0;
+  for (int i = 0; i <= 280000; ++i) {
+    const float x = -28.0f * float(i) / 280000.0f;
+    const double want = std::exp(double(x));
+    worst = std::max(worst, std::abs(double(cpu::sampling_exp(x)) - want) / want);
+  }
+  EXPECT_LT(worst, 3e-7);  // about 2 fp32 ulps
+}
+
+TEST(BackendSampling, KeysOrderValuesDescending) {
+  const std::vector<float> v = {-1e30f, -3.5f, -1.0f, -1e-30f, 0.0f, 1e-30f, 0.25f, 7.0f, 1e30f};
+  for (size_t i = 0; i + 1 < v.size(); ++i) {
+    EXPECT_GT(cpu::sampling_key(v[i]), cpu::sampling_key(v[i + 1])) << v[i];
+  }
+  EXPECT_EQ(cpu::sampling_key(-0.0f), cpu::sampling_key(0.0f));
+}
+
+// The distribution of cpu::sample_row over the draws is the host sampler's
+// (Sampler::distribution): the tokens of 40000 evenly spaced draws, counted per token, against the
+// host's probabilities, for temperatures, top-k, top-p, min-p and their combinations, on random
+// logits, logits with ties and a peaked row. Each token's draws form one interval of [0, 1) (a
+// cumulative sum in a fixed order), so the count is off by at most 2 draws, plus the masses'
+// truncation (2^-40 each) and the exp's 2 ulps.
+TEST(BackendSampling, DrawsFollowTheHostSamplersDistribution) {
+  struct Combo {
+    double temperature, top_p;
+    int64_t top_k;
+    double min_p;
+  };
+  const std::vector<Combo> combos = {{1.0, 1.0, 0, 0.0},  {0.7, 0.9, 0, 0.0},    {1.3, 1.0, 5, 0.0},
+                                     {1.0, 1.0, 0, 0.1},  {0.8, 0.8, 10, 0.05},  {2.0, 0.6, 0, 0.0},
+                                     {0.5, 1.0, 39, 0.0}, {1.0, 0.95, 1000, 0.0}};
+  constexpr int kVocab = 40, kDraws = 40000;
+  ds::Rng rng(77);
+  for (int kind = 0; kind < 3; ++kind) {
+    for (const Combo& c : combos) {
+      SCOPED_TRACE("kind " + std::to_string(kind) + " T " + std::to_string(c.temperature) +
+                   " top_p " + std::to_string(c.top_p) + " top_k " + std::to_string(c.top_k) +
+                   " min_p " + std::to_string(c.min_p));
+      std::vector<float> l(kVocab);
+      for (int i = 0; i < kVocab; ++i) {
+        const float g = rng.normal();
+        l[size_t(i)] = kind == 0 ? 2.0f * g : kind == 1 ? float(int(2.0f * g)) : 6.0f * g;
+      }
+      SamplingParams p;
+      p.temperature = c.temperature;
+      p.top_p = c.top_p;
+      p.top_k = c.top_k;
+      p.min_p = c.min_p;
+      Sampler host(p, 1, kVocab, kEos, {});
+      std::vector<double> want;
+      host.distribution(l.data(), &want);
+      std::vector<int> count(kVocab, 0);
+      cpu::RowSampling rs{c.temperature, c.top_k, c.top_p, c.min_p, 0.0};
+      for (int d = 0; d < kDraws; ++d) {
+        rs.uniform = (d + 0.5) / kDraws;
+        int32_t token = -1;
+        ASSERT_TRUE(cpu::sample_row(l.data(), kVocab, rs, &token));
+        ASSERT_GE(token, 0);
+        ASSERT_LT(token, kVocab);
+        ++count[size_t(token)];
+      }
+      for (int i = 0; i < kVocab; ++i) {
+        EXPECT_NEAR(double(count[size_t(i)]) / kDraws, want[size_t(i)], 2.0 / kDraws + 1e-6)
+            << "token " << i;
+      }
+    }
+  }
+}
+
+TEST(BackendSampling, GreedyTopKOneEdgesAndNonFiniteRows) {
+  const std::vector<float> l = {0.5f, 2.0f, 3.0f, 3.0f, -1.0f};
+  int32_t t = -1;
+  ASSERT_TRUE(cpu::sample_row(l.data(), 5, cpu::RowSampling{0.0, 0, 1.0, 0.0, 0.7}, &t));
+  EXPECT_EQ(t, 2);  // the argmax, ties to the lowest id
+  for (double u : {0.0, 0.3, 0.999999999}) {
+    ASSERT_TRUE(cpu::sample_row(l.data(), 5, cpu::RowSampling{1.0, 1, 1.0, 0.0, u}, &t));
+    EXPECT_EQ(t, 2);  // top-k 1: the first of the tied maxima
+    // Plain draws in id order: the first draw is the first token, the last the last one.
+    ASSERT_TRUE(cpu::sample_row(l.data(), 5, cpu::RowSampling{1.0, 0, 1.0, 0.0, u}, &t));
+    if (u == 0.0) EXPECT_EQ(t, 0);
+    if (u > 0.99) EXPECT_EQ(t, 4);
+    // Truncated draws in descending order: the first draw is the first maximum.
+    ASSERT_TRUE(cpu::sample_row(l.data(), 5, cpu::RowSampling{1.0, 3, 1.0, 0.0, u}, &t));
+    if (u == 0.0) EXPECT_EQ(t, 2);
+    if (u > 0.99) EXPECT_EQ(t, 1);  // the third of 3.0, 3.0, 2.0
+  }
+  // top-p so small that only the first maximum is kept; min-p 1 keeps the tied maxima.
+  ASSERT_TRUE(cpu::sample_row(l.data(), 5, cpu::RowSampling{1.0, 0, 1e-9, 0.0, 0.9}, &t));
+  EXPECT_EQ(t, 2);
+  ASSERT_TRUE(cpu::sample_row(l.data(), 5, cpu::RowSampling{1.0, 0, 1.0, 1.0, 0.9}, &t));
+  EXPECT_EQ(t, 3);
+  std::vector<float> bad = l;
+  bad[4] = std::numeric_limits<float>::quiet_NaN();
+  t = 17;
+  EXPECT_FALSE(cpu::sample_row(bad.data(), 5, cpu::RowSampling{1.0, 0, 1.0, 0.0, 0.5}, &t));
+  EXPECT_EQ(t, 17);
+  bad[4] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(cpu::sample_row(bad.data(), 5, cpu::RowSampling{0.0, 0, 1.0, 0.0, 0.5}, &t));
+}
+
+// Sampler::backend_draw takes the same generator draw sample() would: a sampler that drew
+// through the backend stays in step with one that sampled on the host.
+TEST(BackendSampling, BackendDrawConsumesTheHostSamplersDraw) {
+  SamplingParams p;
+  p.temperature = 0.9;
+  p.top_p = 0.8;
+  p.top_k = 12;
+  p.min_p = 0.01;
+  Sampler a(p, 99, 50, kEos, {}), b(p, 99, 50, kEos, {});
+  EXPECT_TRUE(a.raw_draw());
+  ds::Rng same(99);
+  for (int i = 0; i < 5; ++i) {
+    const cpu::RowSampling d = a.backend_draw();
+    EXPECT_EQ(d.temperature, 0.9);
+    EXPECT_EQ(d.top_p, 0.8);
+    EXPECT_EQ(d.top_k, 12);
+    EXPECT_EQ(d.min_p, 0.01);
+    EXPECT_EQ(d.uniform, same.uniform());
+  }
+  p.presence_penalty = 0.5;
+  Sampler c(p, 1, 50, kEos, {});
+  EXPECT_TRUE(c.raw_draw());  // no output yet: nothing to penalize
+  c.accept(3);
+  EXPECT_FALSE(c.raw_draw());
+  EXPECT_FALSE(Sampler(greedy(), 1, 50, kEos, {}).raw_draw());
+  (void)b;
 }
 
 }  // namespace

@@ -10,4 +10,5 @@ set(DS_KERNELS_CPU_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/output_projection.cpp
     ${CMAKE_CURRENT_LIST_DIR}/quant.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kv_entry.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/rope.cpp)
+    ${CMAKE_CURRENT_LIST_DIR}/rope.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/sampling.cpp)

@@ -59,6 +59,20 @@ void Ops::argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* ids, uin
   }
 }
 
+void Ops::sample_rows(const float* x, int64_t rows, int64_t n, const cpu::RowSampling* params,
+                      int32_t* ids, uint8_t* finite) {
+  std::vector<float> row(size_t(std::max<int64_t>(n, 0)));
+  for (int64_t r = 0; r < rows; ++r) {
+    copy_to_host(x + r * n, n, row.data());
+    cpu::sample_rows(row.data(), 1, n, params + r, ids + r, finite + r);
+  }
+}
+
+void CpuOps::sample_rows(const float* x, int64_t rows, int64_t n, const cpu::RowSampling* params,
+                         int32_t* ids, uint8_t* finite) {
+  cpu::sample_rows(x, rows, n, params, ids, finite);
+}
+
 void CpuOps::argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* ids,
                          uint8_t* finite) {
   argmax_rows_host(x, rows, n, ids, finite);

@@ -26,6 +26,8 @@ class CpuOps final : public Ops {
   void copy_from_host(const float* src, int64_t n, float* dst) override;
   void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* ids,
                    uint8_t* finite) override;
+  void sample_rows(const float* x, int64_t rows, int64_t n, const cpu::RowSampling* params,
+                   int32_t* ids, uint8_t* finite) override;
 
   void embed(const cpu::LinearWeight& table, int64_t copies, float* x) override;
   void linear(const float* x, int64_t rows, const cpu::LinearWeight& w, bool quantize_activations,

@@ -369,7 +369,21 @@ void Forward::head(const float* x, const std::vector<int64_t>& rows,
   // One pass over every row (a few microseconds on a device), scattered to the argmax chunks.
   std::vector<int32_t> ids(static_cast<size_t>(done));
   std::vector<uint8_t> finite(static_cast<size_t>(done));
-  ops.argmax_rows(out, done, c.vocab_size, ids.data(), finite.data());
+  // The argmax rows alone take the greedy kernel; with a random draw among them every token row
+  // goes through sample_rows (its temperature-0 rows are the same argmax).
+  std::vector<cpu::RowSampling> params;
+  bool any_draw = false;
+  for (const HeadDestination& d : destinations) {
+    any_draw = any_draw || (d.argmax != nullptr && d.sampling.temperature > 0);
+  }
+  if (any_draw) {
+    for (const HeadDestination& d : destinations) {
+      params.insert(params.end(), size_t(d.rows), d.sampling);
+    }
+    ops.sample_rows(out, done, c.vocab_size, params.data(), ids.data(), finite.data());
+  } else {
+    ops.argmax_rows(out, done, c.vocab_size, ids.data(), finite.data());
+  }
   done = 0;
   for (const HeadDestination& d : destinations) {
     if (d.argmax != nullptr) {
@@ -380,11 +394,11 @@ void Forward::head(const float* x, const std::vector<int64_t>& rows,
   }
 }
 
-// Fills one ChunkOutput per chunk with the logits (or, for argmax_only[i], their argmax and finite
-// flags) and the pre-head streams of its requested rows.
+// Fills one ChunkOutput per chunk with the logits (or, for backend_tokens[i], the backend's tokens
+// and finite flags) and the pre-head streams of its requested rows.
 void Forward::outputs_for(std::span<const std::vector<int64_t>> logit_rows,
-                          std::span<const uint8_t> argmax_only, const StepPlan& plan,
-                          const float* x, const cpu::MhcHeadWeights& hc_head,
+                          std::span<const std::optional<cpu::RowSampling>> backend_tokens,
+                          const StepPlan& plan, const float* x, const cpu::MhcHeadWeights& hc_head,
                           const std::vector<float>& norm, bool want_streams,
                           std::vector<ChunkOutput>* outputs) const {
   const DeepSeekV4Config& c = config();
@@ -408,16 +422,16 @@ void Forward::outputs_for(std::span<const std::vector<int64_t>> logit_rows,
       o.streams.clear();
       o.row_streams.clear();
       const int64_t n = int64_t(logit_rows[i].size());
-      const bool only_argmax = i < argmax_only.size() && argmax_only[i] != 0;
+      const bool only_argmax = i < backend_tokens.size() && backend_tokens[i].has_value();
       o.argmax.resize(only_argmax ? size_t(n) : 0);
       o.finite.resize(only_argmax ? size_t(n) : 0);
       HostVector<float>& l = o.logits;
       if (l.get_allocator().source() != host) l = HostVector<float>(HostAllocator<float>(host));
       l.resize(only_argmax ? 0 : size_t(n * c.vocab_size));
       if (n == 0) continue;
-      destinations.push_back(only_argmax
-                                 ? HeadDestination{n, nullptr, o.argmax.data(), o.finite.data()}
-                                 : HeadDestination{n, l.data(), nullptr, nullptr});
+      destinations.push_back(only_argmax ? HeadDestination{n, nullptr, o.argmax.data(),
+                                                           o.finite.data(), *backend_tokens[i]}
+                                         : HeadDestination{n, l.data(), nullptr, nullptr, {}});
     }
   }
   if (!all_rows.empty()) head(x, all_rows, hc_head, norm, destinations);
@@ -472,6 +486,18 @@ Status check_chunks(const DeepSeekV4Config& c, std::span<Chunk> batch, bool mtp,
     for (int64_t r : ch.logit_rows) {
       if (r < 0 || r >= int64_t(ids.size())) {
         return invalid_argument(what + ": logit row " + std::to_string(r) + " outside the chunk");
+      }
+    }
+    if constexpr (requires { ch.backend_sample; }) {
+      if (ch.backend_sample.has_value()) {
+        const cpu::RowSampling& b = *ch.backend_sample;
+        if (ch.argmax_only) return invalid_argument(what + ": argmax_only and backend_sample");
+        if (!(b.temperature >= 0 && b.temperature <= 100) || !(b.top_p > 0 && b.top_p <= 1) ||
+            !(b.min_p >= 0 && b.min_p <= 1) || !(b.uniform >= 0 && b.uniform < 1)) {
+          return invalid_argument(what +
+                                  ": backend_sample needs temperature in [0, 100], top_p in "
+                                  "(0, 1], min_p in [0, 1] and a uniform draw in [0, 1)");
+        }
       }
     }
     if constexpr (requires { ch.stream_rows; }) {
@@ -539,12 +565,13 @@ Status Forward::run(std::span<SequenceChunk> chunks, std::vector<ChunkOutput>* o
     block(weights_->layers[l], int64_t(l), N, x);
   }
   std::vector<std::vector<int64_t>> rows;
-  std::vector<uint8_t> argmax_only;
+  std::vector<std::optional<cpu::RowSampling>> backend_tokens;
   for (const SequenceChunk& ch : chunks) {
     rows.push_back(ch.logit_rows);
-    argmax_only.push_back(ch.argmax_only ? 1 : 0);
+    backend_tokens.push_back(ch.argmax_only ? std::optional<cpu::RowSampling>(cpu::RowSampling{})
+                                            : ch.backend_sample);
   }
-  outputs_for(rows, argmax_only, plan, x, weights_->hc_head, weights_->norm, want_streams,
+  outputs_for(rows, backend_tokens, plan, x, weights_->hc_head, weights_->norm, want_streams,
               outputs);
   const int64_t width = hc * D;
   for (size_t i = 0; i < chunks.size(); ++i) {  // speculative decoding: streams for the MTP

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -52,13 +53,16 @@ struct SequenceChunk {
   // wanted (a greedy request that nothing adjusts): ChunkOutput::argmax / finite get them and
   // ChunkOutput::logits stays empty (Ops::argmax_rows: 5 bytes per row leave the device).
   bool argmax_only = false;
+  // Instead (argmax_only false): a random draw by the backend with these parameters for each logit
+  // row (Ops::sample_rows, cpu::sample_row's token): ChunkOutput::argmax gets the tokens.
+  std::optional<cpu::RowSampling> backend_sample;
 };
 
 struct ChunkOutput {
   // [logit_rows.size(), vocab_size] fp32, in the backend's host memory (Ops::host_memory)
   HostVector<float> logits;
-  // SequenceChunk::argmax_only: per logit row, its argmax and 1 when the row is finite (0: it
-  // holds a NaN or an infinity); empty otherwise.
+  // SequenceChunk::argmax_only (backend_sample): per logit row, its argmax (the backend's draw)
+  // and 1 when the row is finite (0: it holds a NaN or an infinity); empty otherwise.
   std::vector<int32_t> argmax;
   std::vector<uint8_t> finite;
   std::vector<float> streams;  // [logit_rows.size(), hc_mult, hidden] pre-head streams (if asked)
@@ -125,21 +129,25 @@ class Forward {
   void attention(const LayerWeights& layer, int64_t layer_slot, int64_t num_tokens, const float* u,
                  float* out) const;
   // Where head() puts the next `rows` rows of its logits: copied into `logits` [rows, vocab], or
-  // only their argmax and finite flags (SequenceChunk::argmax_only).
+  // only their argmax or the backend's draw and finite flags (SequenceChunk::argmax_only and
+  // backend_sample: `sampling`, a temperature of 0 for the argmax).
   struct HeadDestination {
     int64_t rows = 0;
     float* logits = nullptr;
     int32_t* argmax = nullptr;
     uint8_t* finite = nullptr;
+    cpu::RowSampling sampling;
   };
   // The logits of the given plan rows, to the destinations in order.
   void head(const float* x, const std::vector<int64_t>& rows, const cpu::MhcHeadWeights& hc_head,
             const std::vector<float>& norm, std::span<const HeadDestination> destinations) const;
-  // argmax_only: per chunk (empty: none).
+  // backend_tokens: per chunk, the backend's choice of its tokens instead of logits (a temperature
+  // of 0: the argmax); empty: none.
   void outputs_for(std::span<const std::vector<int64_t>> logit_rows,
-                   std::span<const uint8_t> argmax_only, const StepPlan& plan, const float* x,
-                   const cpu::MhcHeadWeights& hc_head, const std::vector<float>& norm,
-                   bool want_streams, std::vector<ChunkOutput>* outputs) const;
+                   std::span<const std::optional<cpu::RowSampling>> backend_tokens,
+                   const StepPlan& plan, const float* x, const cpu::MhcHeadWeights& hc_head,
+                   const std::vector<float>& norm, bool want_streams,
+                   std::vector<ChunkOutput>* outputs) const;
   void maybe_round(float* x, int64_t n) const;
   // maybe_round after rms_norm, rms_norm_heads, rope, mHC, attend and the indexer weight scaling,
   // unless the backend rounds those outputs itself (Ops::rounds_elementwise_outputs).

@@ -42,6 +42,12 @@ class ForwardingOps : public Ops {
     before_op("argmax_rows");
     inner_->argmax_rows(x, rows, n, ids, finite);
   }
+  void sample_rows(const float* x, int64_t rows, int64_t n, const cpu::RowSampling* params,
+                   int32_t* ids, uint8_t* finite) override {
+    before_op("sample_rows");
+    inner_->sample_rows(x, rows, n, params, ids, finite);
+  }
+  bool prefers_backend_sampling() const override { return inner_->prefers_backend_sampling(); }
   std::shared_ptr<HostMemorySource> host_memory() const override { return inner_->host_memory(); }
   void copy_from_host(const float* src, int64_t n, float* dst) override {
     before_op("copy_from_host");

@@ -31,6 +31,7 @@
 #include "kernels/cpu/mhc.h"
 #include "kernels/cpu/moe.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cpu/sampling.h"
 #include "model/deepseek_v4/state.h"
 #include "model/deepseek_v4/weights.h"
 
@@ -138,6 +139,14 @@ class Ops {
   // them where x is and copies back 5 bytes per row instead of the row (the engine's greedy rows).
   // Default: each row through copy_to_host, then argmax_rows_host.
   virtual void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* ids, uint8_t* finite);
+  // Per row of x [rows, n] (backend memory): ids[r] = cpu::sample_row's token for params[r] (a
+  // temperature <= 0 is the argmax) and finite[r] as in argmax_rows (ids[r] = 0 when 0); host
+  // arrays, complete on return. Default: each row through copy_to_host, then cpu::sample_rows.
+  virtual void sample_rows(const float* x, int64_t rows, int64_t n, const cpu::RowSampling* params,
+                           int32_t* ids, uint8_t* finite);
+  // Whether the engine should hand this backend the random draws of requests that nothing adjusts
+  // (sample_rows) instead of taking their logits: a device backend, where the rows are.
+  virtual bool prefers_backend_sampling() const { return false; }
   // Where host buffers that receive copy_to_host results should come from (page-locked memory
   // on a device backend); null: the heap. The forward allocates the step's logits from it.
   virtual std::shared_ptr<HostMemorySource> host_memory() const { return nullptr; }

@@ -1315,18 +1315,46 @@ void CudaOps::argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* ids,
     p.finite = d_finite;
     p.workspace = ws;
     cuda::launch_sample_greedy(p, stream_);
-    if (check(cuda_check(cudaGetLastError(), "launch_sample_greedy")).ok() &&
-        check(cuda_check(cudaMemcpyAsync(ids, d_ids, size_t(rows) * 4, cudaMemcpyDeviceToHost,
-                                         stream_),
-                         "cudaMemcpyAsync(argmax to host)"))
-            .ok()) {
-      (void)check(cuda_check(
-          cudaMemcpyAsync(finite, d_finite, size_t(rows), cudaMemcpyDeviceToHost, stream_),
-          "cudaMemcpyAsync(finite flags to host)"));
-    }
-    (void)check(cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(argmax)"));
+    tokens_to_host(d_ids, d_finite, rows, ids, finite, "launch_sample_greedy");
   }
   arena_.release(mark);
+}
+
+void CudaOps::sample_rows(const float* x, int64_t rows, int64_t n, const cpu::RowSampling* params,
+                          int32_t* ids, uint8_t* finite) {
+  finish_graph_step();
+  if (failed() || rows <= 0) return;
+  const size_t mark = arena_.mark();
+  int32_t* d_ids = scratch<int32_t>(rows);
+  uint8_t* d_finite = scratch<uint8_t>(rows);
+  const cpu::RowSampling* d_params = upload(std::vector<cpu::RowSampling>(params, params + rows));
+  if (!failed()) {
+    cuda::SampleRowsParams p;
+    p.logits = x;
+    p.rows = rows;
+    p.vocab = n;
+    p.stride = n;
+    p.params = d_params;
+    p.ids = d_ids;
+    p.finite = d_finite;
+    cuda::launch_sample_rows(p, stream_);
+    tokens_to_host(d_ids, d_finite, rows, ids, finite, "launch_sample_rows");
+  }
+  arena_.release(mark);
+}
+
+void CudaOps::tokens_to_host(const int32_t* d_ids, const uint8_t* d_finite, int64_t rows,
+                             int32_t* ids, uint8_t* finite, const char* kernel) {
+  if (check(cuda_check(cudaGetLastError(), kernel)).ok() &&
+      check(
+          cuda_check(cudaMemcpyAsync(ids, d_ids, size_t(rows) * 4, cudaMemcpyDeviceToHost, stream_),
+                     "cudaMemcpyAsync(tokens to host)"))
+          .ok()) {
+    (void)check(
+        cuda_check(cudaMemcpyAsync(finite, d_finite, size_t(rows), cudaMemcpyDeviceToHost, stream_),
+                   "cudaMemcpyAsync(finite flags to host)"));
+  }
+  (void)check(cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(tokens)"));
 }
 
 void CudaOps::copy_from_host(const float* src, int64_t n, float* dst) {

@@ -174,6 +174,10 @@ class CudaOps final : public dsv4::Ops {
   // host; like the logits copy it ends a decode step's graph and runs after it.
   void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* ids,
                    uint8_t* finite) override;
+  // The sampling kernel (cpu::sample_rows bit for bit) after the graph, 5 bytes per row back.
+  void sample_rows(const float* x, int64_t rows, int64_t n, const cpu::RowSampling* params,
+                   int32_t* ids, uint8_t* finite) override;
+  bool prefers_backend_sampling() const override { return true; }
   // Page-locked memory (cudaHostAlloc, portable to every device), so the logits copy runs at the
   // link's speed.
   std::shared_ptr<HostMemorySource> host_memory() const override { return host_memory_; }
@@ -267,6 +271,9 @@ class CudaOps final : public dsv4::Ops {
                      int groups, float* y, bool round, const uint16_t* x_bf16 = nullptr);
   template <typename T>
   const T* upload(const std::vector<T>& host);  // arena copy of a host array (this step)
+  // After a sampling kernel: its launch checked, then ids / finite flags to the host, synced.
+  void tokens_to_host(const int32_t* d_ids, const uint8_t* d_finite, int64_t rows, int32_t* ids,
+                      uint8_t* finite, const char* kernel);
   Status reset_slot(int64_t slot);
   // The layers of one part of the model: main (false) or MTP (true).
   std::pair<int64_t, int64_t> part_layers(bool mtp) const;

@@ -1,14 +1,16 @@
 // Greedy sampling and logprobs on the GPU over fp32 logits rows: the argmax with the lowest-index
 // tie rule, log-softmax logprobs of the top-k tokens (k <= 20, the OpenAI API maximum; ordered by
 // logit, ties by lower index), the logprob of a given token and whether the row is finite. There is
-// no CPU kernel for this; the tests compute the expected values on the host in double. Not here
-// yet: temperature / top-p / top-k random sampling (the engine's sampler does it on the host from
-// these logprobs until a kernel exists).
+// no CPU kernel for this; the tests compute the expected values on the host in double.
+// Random sampling (temperature, top-k, top-p, min-p, one uniform draw per row): launch_sample_rows,
+// cpu::sample_rows bit for bit (kernels/cpu/sampling.h).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "kernels/cpu/sampling.h"
 
 namespace ds::cuda {
 
@@ -37,5 +39,18 @@ struct SampleParams {
 // Split-vocab pass (each block: max, sum of exp, a local top list) into the workspace, then one
 // warp per row merges the splits in a fixed order. No allocation, no host sync, graph-capturable.
 void launch_sample_greedy(const SampleParams& params, cudaStream_t stream);
+
+struct SampleRowsParams {
+  const float* logits = nullptr;  // [rows, vocab], rows `stride` elements apart
+  int64_t rows = 0;
+  int64_t vocab = 0;
+  int64_t stride = 0;
+  const cpu::RowSampling* params = nullptr;  // [rows] in device memory
+  int32_t* ids = nullptr;                    // [rows] the sampled tokens (0 for a non-finite row)
+  uint8_t* finite = nullptr;                 // [rows] 1 when every logit of the row is finite
+};
+
+// One block of 1024 threads per row, no workspace, no host sync, graph-capturable.
+void launch_sample_rows(const SampleRowsParams& params, cudaStream_t stream);
 
 }  // namespace ds::cuda

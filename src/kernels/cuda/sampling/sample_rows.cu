@@ -1,0 +1,373 @@
+// Backend sampling (launch_sample_rows): cpu::sample_row bit for bit, one CTA of 1024 threads per
+// row, no workspace. Every sum is an integer (the fixed-point masses of kernels/cpu/sampling.h),
+// so the block reductions and the shared-memory histogram atomics give the same bits in any order.
+//
+// Per row: the maximum, its lowest index and the finite check (a strided pass). Greedy rows stop
+// there. Untruncated rows: per-thread sums of the masses over contiguous id ranges, an exclusive
+// block scan, and the thread whose range holds the draw's target walks it. Truncated rows run
+// selections over the descending order (key, id): "the first position whose cumulative count or
+// mass reaches a target" by a radix search of the 32-bit key, 8 bits per pass (a histogram of
+// count and mass per digit among the elements matching the digits found so far; warp 0 finds the
+// bin where the target is reached), then the tie at the final key by its index in id order (ties
+// share one value, so one mass). Selections: top-k's boundary (count k: its prefix mass), top-p's
+// (mass), min-p's count when it cuts deeper (count), and the draw (mass).
+#include <climits>
+
+#include "kernels/cpu/sampling.h"
+#include "kernels/cuda/sampling/sampling.h"
+
+namespace ds::cuda {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kFull = 0xFFFFFFFFu;
+using u64 = unsigned long long;
+
+struct Shared {
+  uint32_t count[256];
+  u64 mass[256];
+  u64 scratch[kWarps + 1];
+  float max_v[kWarps];
+  int max_i[kWarps];
+  uint32_t prefix;
+  u64 before_count, before_mass;
+  int32_t token;
+};
+
+__device__ __forceinline__ u64 warp_sum_u64(u64 v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+}
+
+__device__ __forceinline__ u64 warp_inclusive_scan_u64(u64 v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const u64 t = __shfl_up_sync(kFull, v, o);
+    if (lane >= o) v += t;
+  }
+  return v;
+}
+
+// Sum over the block; every thread gets it (begins and ends with a barrier).
+__device__ u64 block_sum_u64(u64 v, Shared& sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum_u64(v);
+  __syncthreads();
+  if (lane == 0) sh.scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    const u64 t = warp_sum_u64(sh.scratch[lane]);
+    if (lane == 0) sh.scratch[kWarps] = t;
+  }
+  __syncthreads();
+  return sh.scratch[kWarps];
+}
+
+// Exclusive prefix sum over the threads in index order; *total gets the sum.
+__device__ u64 block_exclusive_scan_u64(u64 v, Shared& sh, u64* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const u64 inc = warp_inclusive_scan_u64(v);
+  __syncthreads();
+  if (lane == 31) sh.scratch[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    const u64 w = warp_inclusive_scan_u64(sh.scratch[lane]);
+    sh.scratch[lane] = w;  // inclusive over warps
+    if (lane == 31) sh.scratch[kWarps] = w;
+  }
+  __syncthreads();
+  const u64 before_warp = warp == 0 ? 0 : sh.scratch[warp - 1];
+  *total = sh.scratch[kWarps];
+  return before_warp + inc - v;
+}
+
+struct Row {
+  const float* x;
+  int64_t n;
+  float mx, inv_t;
+  __device__ uint64_t mass(float w) const {
+    return cpu::sampling_mass_of(cpu::sampling_prob(w, mx, inv_t));
+  }
+};
+
+// The id range [lo, hi) a thread owns in the passes that need id order.
+__device__ __forceinline__ void thread_range(int64_t n, int64_t* lo, int64_t* hi) {
+  const int64_t chunk = (n + kThreads - 1) / kThreads;
+  *lo = min(n, int64_t(threadIdx.x) * chunk);
+  *hi = min(n, *lo + chunk);
+}
+
+// Adds (c, m) to histogram bin `bin` of the block (integer atomics: order-independent).
+__device__ __forceinline__ void hist_add(Shared& sh, int bin, uint32_t c, u64 m) {
+  atomicAdd(&sh.count[bin], c);
+  if (m != 0) atomicAdd(&sh.mass[bin], m);
+}
+
+struct Selected {
+  int32_t id;
+  u64 count;  // elements of the order up to and including it
+  u64 mass;   // their mass
+};
+
+// The first element of the descending order (key, id) at which the cumulative count (by_mass
+// false) or mass reaches `target` (>= 1 for counts; the measure's total must reach it).
+__device__ Selected select(const Row& row, bool by_mass, u64 target, Shared& sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (threadIdx.x == 0) {
+    sh.prefix = 0;
+    sh.before_count = 0;
+    sh.before_mass = 0;
+  }
+  for (int level = 0; level < 4; ++level) {
+    const int shift = 24 - 8 * level;
+    if (threadIdx.x < 256) {
+      sh.count[threadIdx.x] = 0;
+      sh.mass[threadIdx.x] = 0;
+    }
+    __syncthreads();
+    const uint32_t prefix = sh.prefix;
+    // Runs of one bin accumulate in registers; a thread flushes when its bin changes.
+    int run_bin = -1;
+    uint32_t run_c = 0;
+    u64 run_m = 0;
+    for (int64_t i = threadIdx.x; i < row.n; i += kThreads) {
+      const float w = __ldg(row.x + i);
+      const uint32_t k = cpu::sampling_key(w);
+      if (level > 0 && (k >> (shift + 8)) != (prefix >> (shift + 8))) continue;
+      const int bin = int((k >> shift) & 255u);
+      if (bin != run_bin) {
+        if (run_c != 0) hist_add(sh, run_bin, run_c, run_m);
+        run_bin = bin;
+        run_c = 0;
+        run_m = 0;
+      }
+      ++run_c;
+      run_m += row.mass(w);
+    }
+    // The last runs: one atomic per warp when every lane that has one ends in the same bin.
+    const unsigned has = __ballot_sync(kFull, run_c != 0);
+    if (has != 0) {
+      const int leader = __ffs(has) - 1;
+      const int lbin = __shfl_sync(kFull, run_bin, leader);
+      if (__all_sync(kFull, run_c == 0 || run_bin == lbin)) {
+        const u64 c = warp_sum_u64(run_c), m = warp_sum_u64(run_m);
+        if (lane == leader) hist_add(sh, lbin, uint32_t(c), m);
+      } else if (run_c != 0) {
+        hist_add(sh, run_bin, run_c, run_m);
+      }
+    }
+    __syncthreads();
+    if (warp == 0) {
+      u64 lc = 0, lm = 0;
+#pragma unroll
+      for (int b = 0; b < 8; ++b) {
+        lc += sh.count[lane * 8 + b];
+        lm += sh.mass[lane * 8 + b];
+      }
+      u64 c = sh.before_count + warp_inclusive_scan_u64(lc) - lc;
+      u64 m = sh.before_mass + warp_inclusive_scan_u64(lm) - lm;
+      int found = -1;
+      u64 fc = 0, fm = 0;
+#pragma unroll
+      for (int b = 0; b < 8; ++b) {
+        const int bin = lane * 8 + b;
+        const u64 bc = sh.count[bin], bm = sh.mass[bin];
+        if (found < 0 && bc != 0 && (by_mass ? m + bm : c + bc) >= target) {
+          found = bin;
+          fc = c;
+          fm = m;
+        }
+        c += bc;
+        m += bm;
+      }
+      const unsigned ok = __ballot_sync(kFull, found >= 0);
+      // A target beyond the total cannot happen (the callers' targets are at most their prefix's
+      // measure); the last nonempty bin is taken then, so the result stays in range.
+      const int src = ok != 0 ? __ffs(ok) - 1 : 31;
+      if (ok == 0 && lane == 31) {
+        for (int b = 255; b >= 0; --b) {
+          if (sh.count[b] != 0) {
+            found = b;
+            fc = c - sh.count[b];
+            fm = m - sh.mass[b];
+            break;
+          }
+        }
+      }
+      if (lane == src && found >= 0) {
+        sh.prefix = prefix | (uint32_t(found) << shift);
+        sh.before_count = fc;
+        sh.before_mass = fm;
+      }
+    }
+    __syncthreads();
+  }
+  const uint32_t key = sh.prefix;
+  const u64 before_c = sh.before_count, before_m = sh.before_mass;
+  // The value with that key (its inverse) and the tie index j in id order.
+  const float w_key =
+      cpu::sampling_bits_float((key & 0x80000000u) != 0 ? key : (~key & 0x7fffffffu));
+  const u64 mt = row.mass(w_key);
+  u64 j = 0;
+  if (!by_mass) {
+    j = target > before_c ? target - before_c - 1 : 0;
+  } else if (target > before_m && mt != 0) {
+    j = (target - before_m + mt - 1) / mt - 1;
+  }
+  int64_t lo, hi;
+  thread_range(row.n, &lo, &hi);
+  u64 ties = 0;
+  for (int64_t i = lo; i < hi; ++i) ties += cpu::sampling_key(__ldg(row.x + i)) == key ? 1 : 0;
+  u64 total_ties = 0;
+  const u64 first = block_exclusive_scan_u64(ties, sh, &total_ties);
+  if (j >= total_ties) j = total_ties - 1;  // not reached for valid targets
+  if (first <= j && j < first + ties) {
+    u64 t = first;
+    for (int64_t i = lo; i < hi; ++i) {
+      if (cpu::sampling_key(__ldg(row.x + i)) != key) continue;
+      if (t++ == j) {
+        sh.token = int32_t(i);
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  return Selected{sh.token, before_c + j + 1, before_m + (j + 1) * mt};
+}
+
+// Count of elements with p >= min_p (min-p's cut; the maximum's p is 1).
+__device__ u64 count_min_p(const Row& row, double min_p, Shared& sh) {
+  u64 c = 0;
+  for (int64_t i = threadIdx.x; i < row.n; i += kThreads) {
+    const float p = cpu::sampling_prob(__ldg(row.x + i), row.mx, row.inv_t);
+    c += double(p) >= min_p ? 1 : 0;
+  }
+  return block_sum_u64(c, sh);
+}
+
+__global__ void __launch_bounds__(kThreads) sample_rows_kernel(SampleRowsParams p) {
+  __shared__ Shared sh;
+  const int64_t r = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float* x = p.logits + r * p.stride;
+  const int64_t n = p.vocab;
+  const cpu::RowSampling s = p.params[r];
+
+  // The maximum (lowest index among equals) and the finite check.
+  float mx = -INFINITY;
+  int mi = INT_MAX;
+  bool bad = false;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+    const float v = __ldg(x + i);
+    bad = bad || !isfinite(v);
+    if (v > mx) {  // strict: a thread's indices increase
+      mx = v;
+      mi = int(i);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v2 = __shfl_xor_sync(kFull, mx, o);
+    const int i2 = __shfl_xor_sync(kFull, mi, o);
+    if (v2 > mx || (v2 == mx && i2 < mi)) {
+      mx = v2;
+      mi = i2;
+    }
+  }
+  if (lane == 0) {
+    sh.max_v[warp] = mx;
+    sh.max_i[warp] = mi;
+  }
+  if (__syncthreads_or(bad) != 0) {
+    if (threadIdx.x == 0) {
+      p.ids[r] = 0;
+      p.finite[r] = 0;
+    }
+    return;
+  }
+  mx = sh.max_v[0];
+  mi = sh.max_i[0];
+  for (int w = 1; w < kWarps; ++w) {
+    if (sh.max_v[w] > mx || (sh.max_v[w] == mx && sh.max_i[w] < mi)) {
+      mx = sh.max_v[w];
+      mi = sh.max_i[w];
+    }
+  }
+  if (threadIdx.x == 0) sh.token = mi;  // read only after the barriers of the passes below
+  if (s.temperature <= 0) {
+    if (threadIdx.x == 0) {
+      p.ids[r] = mi;
+      p.finite[r] = 1;
+    }
+    return;
+  }
+  const Row row{x, n, mx, float(1.0 / s.temperature)};
+  const bool use_top_k = s.top_k > 0 && s.top_k < n;
+  const bool use_top_p = s.top_p < 1.0;
+  const bool use_min_p = s.min_p > 0.0;
+  int32_t token = mi;
+  if (!use_top_k && !use_top_p) {
+    int64_t lo, hi;
+    thread_range(n, &lo, &hi);
+    auto kept_mass = [&](float w) {
+      const float pr = cpu::sampling_prob(w, row.mx, row.inv_t);
+      return use_min_p && double(pr) < s.min_p ? uint64_t{0} : cpu::sampling_mass_of(pr);
+    };
+    u64 sum = 0;
+    for (int64_t i = lo; i < hi; ++i) sum += kept_mass(__ldg(x + i));
+    u64 total = 0;
+    const u64 before = block_exclusive_scan_u64(sum, sh, &total);
+    const u64 target = cpu::sampling_draw_target(s.uniform, total);
+    if (before <= target && target < before + sum) {
+      u64 cum = before;
+      for (int64_t i = lo; i < hi; ++i) {
+        cum += kept_mass(__ldg(x + i));
+        if (cum > target) {
+          sh.token = int32_t(i);
+          break;
+        }
+      }
+    }
+    __syncthreads();
+    token = sh.token;
+  } else {
+    u64 keep = use_top_k ? u64(s.top_k) : u64(n);
+    u64 kept = 0;  // the mass of the first `keep` elements
+    if (use_top_k) {
+      kept = select(row, false, keep, sh).mass;
+    } else {
+      u64 m = 0;
+      for (int64_t i = threadIdx.x; i < n; i += kThreads) m += row.mass(__ldg(x + i));
+      kept = block_sum_u64(m, sh);
+    }
+    if (use_top_p) {
+      const Selected t = select(row, true, cpu::sampling_top_p_target(s.top_p, kept), sh);
+      keep = t.count;
+      kept = t.mass;
+    }
+    if (use_min_p) {
+      const u64 c = count_min_p(row, s.min_p, sh);
+      if (c < keep) {
+        keep = c;
+        kept = select(row, false, keep, sh).mass;
+      }
+    }
+    token = select(row, true, cpu::sampling_draw_target(s.uniform, kept) + 1, sh).id;
+  }
+  if (threadIdx.x == 0) {
+    p.ids[r] = token;
+    p.finite[r] = 1;
+  }
+}
+
+}  // namespace
+
+void launch_sample_rows(const SampleRowsParams& params, cudaStream_t stream) {
+  if (params.rows <= 0 || params.vocab <= 0) return;
+  sample_rows_kernel<<<unsigned(params.rows), kThreads, 0, stream>>>(params);
+}
+
+}  // namespace ds::cuda
