@@ -22,7 +22,8 @@
 # logits, as before session 11); SERVE_SAMPLING="1 0" once per value of
 # DEEPSERVE_BACKEND_SAMPLING (default unset = 1 on the GPU: sampled rows that nothing adjusts draw
 # on the GPU; 0: the host sampler on their logits, as before session 17); PARTS="tiny profile
-# serve" picks the parts.
+# serve" picks the parts; SERVE_MODES (default "greedy t1"; also t1p09: temperature 1, top_p 0.9)
+# the sampling settings each load runs with.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:?usage: run_serving_1gpu.sh OUT [LAYERS]}"
@@ -118,8 +119,9 @@ for nt in ${SERVE_THREADS:-0}; do
   say "serve --num-threads $nt (DEEPSERVE_BACKEND_ARGMAX=$am DEEPSERVE_BACKEND_SAMPLING=$bs): health after ${i}s: $([ $up -eq 1 ] && echo ok || echo FAILED)"
   if [ $up -eq 1 ]; then
     for c in 16 64; do
-      for mode in greedy t1; do
+      for mode in ${SERVE_MODES:-greedy t1}; do
         temp=(); [ $mode = greedy ] && temp=(--temperature 0)
+        [ $mode = t1p09 ] && temp=(--extra-body '{"top_p":0.9}')
         name="bench_flash${layers}_c${c}_${mode}$sfx"
         python3 scripts/gpu/http_get.py $port /metrics >"$work/metrics_before.txt" 2>&1
         step "$name" timeout 240 "$ds" bench --base-url "http://127.0.0.1:$port" \

@@ -242,7 +242,8 @@ void check_sample_rows(int64_t rows, int64_t vocab, int kind, uint64_t seed, boo
     off_argmax += want_ids[size_t(r)] != int32_t(std::max_element(x, x + vocab) - x) ? 1 : 0;
   }
   EXPECT_EQ(differ, 0);
-  if (rows >= 11 && kind != 2) EXPECT_GE(off_argmax, 3);  // the draws are not all the argmax
+  // The draws are not all the argmax (else the comparison could not tell them apart).
+  if (rows >= 11 && vocab >= 1000 && kind != 2) EXPECT_GE(off_argmax, 3);
 }
 
 TEST(SamplingCuda, SampleRowsTinyVocab) {

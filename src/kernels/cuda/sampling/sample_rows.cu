@@ -6,11 +6,12 @@
 // there. Untruncated rows: per-thread sums of the masses over contiguous id ranges, an exclusive
 // block scan, and the thread whose range holds the draw's target walks it. Truncated rows run
 // selections over the descending order (key, id): "the first position whose cumulative count or
-// mass reaches a target" by a radix search of the 32-bit key, 8 bits per pass (a histogram of
-// count and mass per digit among the elements matching the digits found so far; warp 0 finds the
-// bin where the target is reached), then the tie at the final key by its index in id order (ties
-// share one value, so one mass). Selections: top-k's boundary (count k: its prefix mass), top-p's
-// (mass), min-p's count when it cuts deeper (count), and the draw (mass).
+// mass reaches a target". A selection's first pass histograms count and mass over 1024 bins of
+// x = (w - max) / T (value_bin; the zero-mass tail by ballots) and warp 0 finds the bin where the
+// target is reached; four more passes do the same over the key's bytes among that bin's elements;
+// the tie at the final key is found by its index in id order (ties share one value, so one mass).
+// Selections: top-k's boundary (count k: its prefix mass), top-p's (mass), min-p's count when it
+// cuts deeper (count), and the draw (mass).
 #include <climits>
 
 #include "kernels/cpu/sampling.h"
@@ -24,9 +25,12 @@ constexpr int kWarps = kThreads / 32;
 constexpr unsigned kFull = 0xFFFFFFFFu;
 using u64 = unsigned long long;
 
+constexpr int kBins = 1024;  // histogram bins of the first pass of a selection (value_bin)
+constexpr int kTailBin = kBins - 1;
+
 struct Shared {
-  uint32_t count[256];
-  u64 mass[256];
+  uint32_t count[kBins];  // the key passes use the first 256
+  u64 mass[kBins];
   u64 scratch[kWarps + 1];
   float max_v[kWarps];
   int max_i[kWarps];
@@ -112,15 +116,97 @@ struct Selected {
   u64 mass;   // their mass
 };
 
+// The value bin of a logit: kBins - 1 for x = (w - max) / T below the mass cutoff (mass 0), else
+// floor(-x * 32) (x in [-28, 0]: bins 0 .. 896). Monotone in w, so a bin is a run of the
+// descending order; the first pass of a selection spreads its histogram over ~30 bins per unit
+// of x instead of the few that the leading key byte takes (which serialized the atomics).
+__device__ __forceinline__ int value_bin(float x) {
+  if (!(x >= cpu::kSamplingMinExponent)) return kTailBin;
+  return min(kTailBin - 1, int(-x * 32.0f));
+}
+
+// Warp 0: the first bin of sh.count / sh.mass [bins] at which before + the cumulative count (or
+// mass) reaches target; sh.prefix gets `prefix | bin << shift`, sh.before_* the measure before it.
+__device__ void find_crossing(Shared& sh, int bins, bool by_mass, u64 target, uint32_t prefix,
+                              int shift) {
+  const int lane = threadIdx.x & 31;
+  const int per = bins / 32;
+  u64 lc = 0, lm = 0;
+  for (int b = 0; b < per; ++b) {
+    lc += sh.count[lane * per + b];
+    lm += sh.mass[lane * per + b];
+  }
+  u64 c = sh.before_count + warp_inclusive_scan_u64(lc) - lc;
+  u64 m = sh.before_mass + warp_inclusive_scan_u64(lm) - lm;
+  int found = -1;
+  u64 fc = 0, fm = 0;
+  for (int b = 0; b < per; ++b) {
+    const int bin = lane * per + b;
+    const u64 bc = sh.count[bin], bm = sh.mass[bin];
+    if (found < 0 && bc != 0 && (by_mass ? m + bm : c + bc) >= target) {
+      found = bin;
+      fc = c;
+      fm = m;
+    }
+    c += bc;
+    m += bm;
+  }
+  const unsigned ok = __ballot_sync(kFull, found >= 0);
+  // A target beyond the total cannot happen (the callers' targets are at most their prefix's
+  // measure); the last nonempty bin is taken then, so the result stays in range.
+  const int src = ok != 0 ? __ffs(ok) - 1 : 31;
+  if (ok == 0 && lane == 31) {
+    for (int b = bins - 1; b >= 0; --b) {
+      if (sh.count[b] != 0) {
+        found = b;
+        fc = c - sh.count[b];
+        fm = m - sh.mass[b];
+        break;
+      }
+    }
+  }
+  if (lane == src && found >= 0) {
+    sh.prefix = prefix | (uint32_t(found) << shift);
+    sh.before_count = fc;
+    sh.before_mass = fm;
+  }
+}
+
 // The first element of the descending order (key, id) at which the cumulative count (by_mass
-// false) or mass reaches `target` (>= 1 for counts; the measure's total must reach it).
+// false) or mass reaches `target` (>= 1 for counts; the measure's total must reach it). Pass 1:
+// the value bin (histogram of 1024 bins; the zero-mass tail counted by warp ballots). A count
+// target that falls in the tail needs no element: every token with mass is before it (id -1).
+// Passes 2-5: the key's bytes among the elements of that bin; then the tie in id order.
 __device__ Selected select(const Row& row, bool by_mass, u64 target, Shared& sh) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int b = threadIdx.x; b < kBins; b += kThreads) {
+    sh.count[b] = 0;
+    sh.mass[b] = 0;
+  }
   if (threadIdx.x == 0) {
     sh.prefix = 0;
     sh.before_count = 0;
     sh.before_mass = 0;
   }
+  __syncthreads();
+  uint32_t tail = 0;
+  for (int64_t i0 = 0; i0 < row.n; i0 += kThreads) {
+    const int64_t i = i0 + threadIdx.x;
+    const float x = i < row.n ? (__ldg(row.x + i) - row.mx) * row.inv_t : -INFINITY;
+    const int bin = value_bin(x);
+    const unsigned t = __ballot_sync(kFull, i < row.n && bin == kTailBin);
+    if (lane == 0) tail += __popc(t);
+    if (bin != kTailBin) hist_add(sh, bin, 1, cpu::sampling_mass_of(cpu::sampling_exp(x)));
+  }
+  if (lane == 0 && tail != 0) atomicAdd(&sh.count[kTailBin], tail);
+  __syncthreads();
+  if (warp == 0) find_crossing(sh, kBins, by_mass, target, 0, 0);
+  __syncthreads();
+  const int vbin = int(sh.prefix);
+  const u64 tail_mass = sh.before_mass;
+  __syncthreads();  // every thread has read sh.prefix before it is reset
+  if (vbin == kTailBin) return Selected{-1, target, tail_mass};
+  if (threadIdx.x == 0) sh.prefix = 0;
   for (int level = 0; level < 4; ++level) {
     const int shift = 24 - 8 * level;
     if (threadIdx.x < 256) {
@@ -135,6 +221,8 @@ __device__ Selected select(const Row& row, bool by_mass, u64 target, Shared& sh)
     u64 run_m = 0;
     for (int64_t i = threadIdx.x; i < row.n; i += kThreads) {
       const float w = __ldg(row.x + i);
+      const float x = (w - row.mx) * row.inv_t;
+      if (value_bin(x) != vbin) continue;
       const uint32_t k = cpu::sampling_key(w);
       if (level > 0 && (k >> (shift + 8)) != (prefix >> (shift + 8))) continue;
       const int bin = int((k >> shift) & 255u);
@@ -145,7 +233,7 @@ __device__ Selected select(const Row& row, bool by_mass, u64 target, Shared& sh)
         run_m = 0;
       }
       ++run_c;
-      run_m += row.mass(w);
+      run_m += cpu::sampling_mass_of(cpu::sampling_exp(x));
     }
     // The last runs: one atomic per warp when every lane that has one ends in the same bin.
     const unsigned has = __ballot_sync(kFull, run_c != 0);
@@ -160,49 +248,7 @@ __device__ Selected select(const Row& row, bool by_mass, u64 target, Shared& sh)
       }
     }
     __syncthreads();
-    if (warp == 0) {
-      u64 lc = 0, lm = 0;
-#pragma unroll
-      for (int b = 0; b < 8; ++b) {
-        lc += sh.count[lane * 8 + b];
-        lm += sh.mass[lane * 8 + b];
-      }
-      u64 c = sh.before_count + warp_inclusive_scan_u64(lc) - lc;
-      u64 m = sh.before_mass + warp_inclusive_scan_u64(lm) - lm;
-      int found = -1;
-      u64 fc = 0, fm = 0;
-#pragma unroll
-      for (int b = 0; b < 8; ++b) {
-        const int bin = lane * 8 + b;
-        const u64 bc = sh.count[bin], bm = sh.mass[bin];
-        if (found < 0 && bc != 0 && (by_mass ? m + bm : c + bc) >= target) {
-          found = bin;
-          fc = c;
-          fm = m;
-        }
-        c += bc;
-        m += bm;
-      }
-      const unsigned ok = __ballot_sync(kFull, found >= 0);
-      // A target beyond the total cannot happen (the callers' targets are at most their prefix's
-      // measure); the last nonempty bin is taken then, so the result stays in range.
-      const int src = ok != 0 ? __ffs(ok) - 1 : 31;
-      if (ok == 0 && lane == 31) {
-        for (int b = 255; b >= 0; --b) {
-          if (sh.count[b] != 0) {
-            found = b;
-            fc = c - sh.count[b];
-            fm = m - sh.mass[b];
-            break;
-          }
-        }
-      }
-      if (lane == src && found >= 0) {
-        sh.prefix = prefix | (uint32_t(found) << shift);
-        sh.before_count = fc;
-        sh.before_mass = fm;
-      }
-    }
+    if (warp == 0) find_crossing(sh, 256, by_mass, target, prefix, shift);
     __syncthreads();
   }
   const uint32_t key = sh.prefix;
