@@ -20,7 +20,10 @@
 namespace ds::cuda {
 namespace {
 
-constexpr int kThreads = 1024;
+#ifndef DS_SAMPLE_ROWS_THREADS
+#define DS_SAMPLE_ROWS_THREADS 1024
+#endif
+constexpr int kThreads = DS_SAMPLE_ROWS_THREADS;
 constexpr int kWarps = kThreads / 32;
 constexpr unsigned kFull = 0xFFFFFFFFu;
 using u64 = unsigned long long;
@@ -28,9 +31,17 @@ using u64 = unsigned long long;
 constexpr int kBins = 1024;  // histogram bins of the first pass of a selection (value_bin)
 constexpr int kTailBin = kBins - 1;
 
+#ifndef DS_SAMPLE_ROWS_MASS_DIGITS
+#define DS_SAMPLE_ROWS_MASS_DIGITS 1  // 0: 64-bit atomics (CAS loops in shared memory on sm_90)
+#endif
+
 struct Shared {
   uint32_t count[kBins];  // the key passes use the first 256
-  u64 mass[kBins];
+#if DS_SAMPLE_ROWS_MASS_DIGITS
+  uint32_t mass_digit[3][kBins];  // 14-bit digits of each added mass, summed separately
+#else
+  u64 mass_bins[kBins];
+#endif
   u64 scratch[kWarps + 1];
   float max_v[kWarps];
   int max_i[kWarps];
@@ -63,7 +74,7 @@ __device__ u64 block_sum_u64(u64 v, Shared& sh) {
   if (lane == 0) sh.scratch[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    const u64 t = warp_sum_u64(sh.scratch[lane]);
+    const u64 t = warp_sum_u64(lane < kWarps ? sh.scratch[lane] : 0);
     if (lane == 0) sh.scratch[kWarps] = t;
   }
   __syncthreads();
@@ -78,8 +89,8 @@ __device__ u64 block_exclusive_scan_u64(u64 v, Shared& sh, u64* total) {
   if (lane == 31) sh.scratch[warp] = inc;
   __syncthreads();
   if (warp == 0) {
-    const u64 w = warp_inclusive_scan_u64(sh.scratch[lane]);
-    sh.scratch[lane] = w;  // inclusive over warps
+    const u64 w = warp_inclusive_scan_u64(lane < kWarps ? sh.scratch[lane] : 0);
+    if (lane < kWarps) sh.scratch[lane] = w;  // inclusive over warps
     if (lane == 31) sh.scratch[kWarps] = w;
   }
   __syncthreads();
@@ -104,10 +115,78 @@ __device__ __forceinline__ void thread_range(int64_t n, int64_t* lo, int64_t* hi
   *hi = min(n, *lo + chunk);
 }
 
+// The passes load kBatch elements per thread before using any (one load per thread in flight
+// left each pass bound by the L2 latency: ~40 us per pass over a Flash row, call 3).
+#ifndef DS_SAMPLE_ROWS_BATCH
+#define DS_SAMPLE_ROWS_BATCH 8
+#endif
+constexpr int kBatch = DS_SAMPLE_ROWS_BATCH;
+
+// f(i, w, valid) for the elements i = threadIdx.x + k * kThreads, in warp-uniform iterations (f may
+// use warp collectives; `valid` is false past n).
+template <typename F>
+__device__ __forceinline__ void for_strided(const float* x, int64_t n, F&& f) {
+  for (int64_t b0 = 0; b0 < n; b0 += int64_t(kThreads) * kBatch) {
+    float v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t i = b0 + int64_t(u) * kThreads + threadIdx.x;
+      v[u] = i < n ? __ldg(x + i) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t i = b0 + int64_t(u) * kThreads + threadIdx.x;
+      f(i, v[u], i < n);
+    }
+  }
+}
+
+// f(i, w) for i in [lo, hi) in order, until f returns true (contiguous: mostly L1 hits; the
+// batch size did not matter here, call 5).
+template <typename F>
+__device__ __forceinline__ void for_range(const float* x, int64_t lo, int64_t hi, F&& f) {
+  constexpr int kB = kBatch;
+  for (int64_t b = lo; b < hi; b += kB) {
+    float v[kB];
+#pragma unroll
+    for (int u = 0; u < kB; ++u) v[u] = b + u < hi ? __ldg(x + b + u) : 0.0f;
+#pragma unroll
+    for (int u = 0; u < kB; ++u) {
+      if (b + u < hi && f(b + u, v[u])) return;
+    }
+  }
+}
+
 // Adds (c, m) to histogram bin `bin` of the block (integer atomics: order-independent).
 __device__ __forceinline__ void hist_add(Shared& sh, int bin, uint32_t c, u64 m) {
   atomicAdd(&sh.count[bin], c);
-  if (m != 0) atomicAdd(&sh.mass[bin], m);
+  if (m == 0) return;
+#if DS_SAMPLE_ROWS_MASS_DIGITS
+  // Each digit sum stays below 2^31 (at most 2^17 adds of < 2^14; the top digit of sums < 2^57).
+  atomicAdd(&sh.mass_digit[0][bin], uint32_t(m & 0x3FFFu));
+  atomicAdd(&sh.mass_digit[1][bin], uint32_t((m >> 14) & 0x3FFFu));
+  if ((m >> 28) != 0) atomicAdd(&sh.mass_digit[2][bin], uint32_t(m >> 28));
+#else
+  atomicAdd(&sh.mass_bins[bin], m);
+#endif
+}
+
+__device__ __forceinline__ u64 bin_mass(const Shared& sh, int bin) {
+#if DS_SAMPLE_ROWS_MASS_DIGITS
+  return u64(sh.mass_digit[0][bin]) + (u64(sh.mass_digit[1][bin]) << 14) +
+         (u64(sh.mass_digit[2][bin]) << 28);
+#else
+  return sh.mass_bins[bin];
+#endif
+}
+
+__device__ __forceinline__ void clear_bin(Shared& sh, int bin) {
+  sh.count[bin] = 0;
+#if DS_SAMPLE_ROWS_MASS_DIGITS
+  sh.mass_digit[0][bin] = sh.mass_digit[1][bin] = sh.mass_digit[2][bin] = 0;
+#else
+  sh.mass_bins[bin] = 0;
+#endif
 }
 
 struct Selected {
@@ -134,7 +213,7 @@ __device__ void find_crossing(Shared& sh, int bins, bool by_mass, u64 target, ui
   u64 lc = 0, lm = 0;
   for (int b = 0; b < per; ++b) {
     lc += sh.count[lane * per + b];
-    lm += sh.mass[lane * per + b];
+    lm += bin_mass(sh, lane * per + b);
   }
   u64 c = sh.before_count + warp_inclusive_scan_u64(lc) - lc;
   u64 m = sh.before_mass + warp_inclusive_scan_u64(lm) - lm;
@@ -142,7 +221,7 @@ __device__ void find_crossing(Shared& sh, int bins, bool by_mass, u64 target, ui
   u64 fc = 0, fm = 0;
   for (int b = 0; b < per; ++b) {
     const int bin = lane * per + b;
-    const u64 bc = sh.count[bin], bm = sh.mass[bin];
+    const u64 bc = sh.count[bin], bm = bin_mass(sh, bin);
     if (found < 0 && bc != 0 && (by_mass ? m + bm : c + bc) >= target) {
       found = bin;
       fc = c;
@@ -160,7 +239,7 @@ __device__ void find_crossing(Shared& sh, int bins, bool by_mass, u64 target, ui
       if (sh.count[b] != 0) {
         found = b;
         fc = c - sh.count[b];
-        fm = m - sh.mass[b];
+        fm = m - bin_mass(sh, b);
         break;
       }
     }
@@ -179,10 +258,7 @@ __device__ void find_crossing(Shared& sh, int bins, bool by_mass, u64 target, ui
 // Passes 2-5: the key's bytes among the elements of that bin; then the tie in id order.
 __device__ Selected select(const Row& row, bool by_mass, u64 target, Shared& sh) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int b = threadIdx.x; b < kBins; b += kThreads) {
-    sh.count[b] = 0;
-    sh.mass[b] = 0;
-  }
+  for (int b = threadIdx.x; b < kBins; b += kThreads) clear_bin(sh, b);
   if (threadIdx.x == 0) {
     sh.prefix = 0;
     sh.before_count = 0;
@@ -190,14 +266,13 @@ __device__ Selected select(const Row& row, bool by_mass, u64 target, Shared& sh)
   }
   __syncthreads();
   uint32_t tail = 0;
-  for (int64_t i0 = 0; i0 < row.n; i0 += kThreads) {
-    const int64_t i = i0 + threadIdx.x;
-    const float x = i < row.n ? (__ldg(row.x + i) - row.mx) * row.inv_t : -INFINITY;
+  for_strided(row.x, row.n, [&](int64_t, float w, bool valid) {
+    const float x = valid ? (w - row.mx) * row.inv_t : -INFINITY;
     const int bin = value_bin(x);
-    const unsigned t = __ballot_sync(kFull, i < row.n && bin == kTailBin);
+    const unsigned t = __ballot_sync(kFull, valid && bin == kTailBin);
     if (lane == 0) tail += __popc(t);
     if (bin != kTailBin) hist_add(sh, bin, 1, cpu::sampling_mass_of(cpu::sampling_exp(x)));
-  }
+  });
   if (lane == 0 && tail != 0) atomicAdd(&sh.count[kTailBin], tail);
   __syncthreads();
   if (warp == 0) find_crossing(sh, kBins, by_mass, target, 0, 0);
@@ -209,22 +284,18 @@ __device__ Selected select(const Row& row, bool by_mass, u64 target, Shared& sh)
   if (threadIdx.x == 0) sh.prefix = 0;
   for (int level = 0; level < 4; ++level) {
     const int shift = 24 - 8 * level;
-    if (threadIdx.x < 256) {
-      sh.count[threadIdx.x] = 0;
-      sh.mass[threadIdx.x] = 0;
-    }
+    if (threadIdx.x < 256) clear_bin(sh, threadIdx.x);
     __syncthreads();
     const uint32_t prefix = sh.prefix;
     // Runs of one bin accumulate in registers; a thread flushes when its bin changes.
     int run_bin = -1;
     uint32_t run_c = 0;
     u64 run_m = 0;
-    for (int64_t i = threadIdx.x; i < row.n; i += kThreads) {
-      const float w = __ldg(row.x + i);
+    for_strided(row.x, row.n, [&](int64_t, float w, bool valid) {
       const float x = (w - row.mx) * row.inv_t;
-      if (value_bin(x) != vbin) continue;
+      if (!valid || value_bin(x) != vbin) return;
       const uint32_t k = cpu::sampling_key(w);
-      if (level > 0 && (k >> (shift + 8)) != (prefix >> (shift + 8))) continue;
+      if (level > 0 && (k >> (shift + 8)) != (prefix >> (shift + 8))) return;
       const int bin = int((k >> shift) & 255u);
       if (bin != run_bin) {
         if (run_c != 0) hist_add(sh, run_bin, run_c, run_m);
@@ -234,7 +305,7 @@ __device__ Selected select(const Row& row, bool by_mass, u64 target, Shared& sh)
       }
       ++run_c;
       run_m += cpu::sampling_mass_of(cpu::sampling_exp(x));
-    }
+    });
     // The last runs: one atomic per warp when every lane that has one ends in the same bin.
     const unsigned has = __ballot_sync(kFull, run_c != 0);
     if (has != 0) {
@@ -266,19 +337,20 @@ __device__ Selected select(const Row& row, bool by_mass, u64 target, Shared& sh)
   int64_t lo, hi;
   thread_range(row.n, &lo, &hi);
   u64 ties = 0;
-  for (int64_t i = lo; i < hi; ++i) ties += cpu::sampling_key(__ldg(row.x + i)) == key ? 1 : 0;
+  for_range(row.x, lo, hi, [&](int64_t, float w) {
+    ties += cpu::sampling_key(w) == key ? 1 : 0;
+    return false;
+  });
   u64 total_ties = 0;
   const u64 first = block_exclusive_scan_u64(ties, sh, &total_ties);
   if (j >= total_ties) j = total_ties - 1;  // not reached for valid targets
   if (first <= j && j < first + ties) {
     u64 t = first;
-    for (int64_t i = lo; i < hi; ++i) {
-      if (cpu::sampling_key(__ldg(row.x + i)) != key) continue;
-      if (t++ == j) {
-        sh.token = int32_t(i);
-        break;
-      }
-    }
+    for_range(row.x, lo, hi, [&](int64_t i, float w) {
+      if (cpu::sampling_key(w) != key || t++ != j) return false;
+      sh.token = int32_t(i);
+      return true;
+    });
   }
   __syncthreads();
   return Selected{sh.token, before_c + j + 1, before_m + (j + 1) * mt};
@@ -287,10 +359,9 @@ __device__ Selected select(const Row& row, bool by_mass, u64 target, Shared& sh)
 // Count of elements with p >= min_p (min-p's cut; the maximum's p is 1).
 __device__ u64 count_min_p(const Row& row, double min_p, Shared& sh) {
   u64 c = 0;
-  for (int64_t i = threadIdx.x; i < row.n; i += kThreads) {
-    const float p = cpu::sampling_prob(__ldg(row.x + i), row.mx, row.inv_t);
-    c += double(p) >= min_p ? 1 : 0;
-  }
+  for_strided(row.x, row.n, [&](int64_t, float w, bool valid) {
+    c += valid && double(cpu::sampling_prob(w, row.mx, row.inv_t)) >= min_p ? 1 : 0;
+  });
   return block_sum_u64(c, sh);
 }
 
@@ -306,14 +377,14 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(SampleRowsParams 
   float mx = -INFINITY;
   int mi = INT_MAX;
   bool bad = false;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
-    const float v = __ldg(x + i);
+  for_strided(x, n, [&](int64_t i, float v, bool valid) {
+    if (!valid) return;
     bad = bad || !isfinite(v);
     if (v > mx) {  // strict: a thread's indices increase
       mx = v;
       mi = int(i);
     }
-  }
+  });
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float v2 = __shfl_xor_sync(kFull, mx, o);
@@ -363,19 +434,21 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(SampleRowsParams 
       return use_min_p && double(pr) < s.min_p ? uint64_t{0} : cpu::sampling_mass_of(pr);
     };
     u64 sum = 0;
-    for (int64_t i = lo; i < hi; ++i) sum += kept_mass(__ldg(x + i));
+    for_range(x, lo, hi, [&](int64_t, float w) {
+      sum += kept_mass(w);
+      return false;
+    });
     u64 total = 0;
     const u64 before = block_exclusive_scan_u64(sum, sh, &total);
     const u64 target = cpu::sampling_draw_target(s.uniform, total);
     if (before <= target && target < before + sum) {
       u64 cum = before;
-      for (int64_t i = lo; i < hi; ++i) {
-        cum += kept_mass(__ldg(x + i));
-        if (cum > target) {
-          sh.token = int32_t(i);
-          break;
-        }
-      }
+      for_range(x, lo, hi, [&](int64_t i, float w) {
+        cum += kept_mass(w);
+        if (cum <= target) return false;
+        sh.token = int32_t(i);
+        return true;
+      });
     }
     __syncthreads();
     token = sh.token;
@@ -386,7 +459,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(SampleRowsParams 
       kept = select(row, false, keep, sh).mass;
     } else {
       u64 m = 0;
-      for (int64_t i = threadIdx.x; i < n; i += kThreads) m += row.mass(__ldg(x + i));
+      for_strided(x, n, [&](int64_t, float w, bool valid) { m += valid ? row.mass(w) : 0; });
       kept = block_sum_u64(m, sh);
     }
     if (use_top_p) {
