@@ -1299,13 +1299,9 @@ void CudaOps::copy_many_to_host(std::span<const HostCopy> copies) {
 
 void CudaOps::argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* ids,
                           uint8_t* finite) {
-  finish_graph_step();
-  if (failed() || rows <= 0) return;
-  const size_t mark = arena_.mark();
-  int32_t* d_ids = scratch<int32_t>(rows);
-  uint8_t* d_finite = scratch<uint8_t>(rows);
-  float* ws = scratch<float>(cuda::sampling_workspace_floats(rows, n));
-  if (!failed()) {
+  token_kernel(rows, ids, finite, "launch_sample_greedy", [&](int32_t* d_ids, uint8_t* d_finite) {
+    float* ws = scratch<float>(cuda::sampling_workspace_floats(rows, n));
+    if (failed()) return;
     cuda::SampleParams p;
     p.logits = x;
     p.rows = rows;
@@ -1315,20 +1311,14 @@ void CudaOps::argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* ids,
     p.finite = d_finite;
     p.workspace = ws;
     cuda::launch_sample_greedy(p, stream_);
-    tokens_to_host(d_ids, d_finite, rows, ids, finite, "launch_sample_greedy");
-  }
-  arena_.release(mark);
+  });
 }
 
 void CudaOps::sample_rows(const float* x, int64_t rows, int64_t n, const cpu::RowSampling* params,
                           int32_t* ids, uint8_t* finite) {
-  finish_graph_step();
-  if (failed() || rows <= 0) return;
-  const size_t mark = arena_.mark();
-  int32_t* d_ids = scratch<int32_t>(rows);
-  uint8_t* d_finite = scratch<uint8_t>(rows);
-  const cpu::RowSampling* d_params = upload(std::vector<cpu::RowSampling>(params, params + rows));
-  if (!failed()) {
+  token_kernel(rows, ids, finite, "launch_sample_rows", [&](int32_t* d_ids, uint8_t* d_finite) {
+    const cpu::RowSampling* d_params = upload(std::vector<cpu::RowSampling>(params, params + rows));
+    if (failed()) return;
     cuda::SampleRowsParams p;
     p.logits = x;
     p.rows = rows;
@@ -1338,8 +1328,19 @@ void CudaOps::sample_rows(const float* x, int64_t rows, int64_t n, const cpu::Ro
     p.ids = d_ids;
     p.finite = d_finite;
     cuda::launch_sample_rows(p, stream_);
-    tokens_to_host(d_ids, d_finite, rows, ids, finite, "launch_sample_rows");
-  }
+  });
+}
+
+template <typename Launch>
+void CudaOps::token_kernel(int64_t rows, int32_t* ids, uint8_t* finite, const char* kernel,
+                           Launch&& launch) {
+  finish_graph_step();
+  if (failed() || rows <= 0) return;
+  const size_t mark = arena_.mark();
+  int32_t* d_ids = scratch<int32_t>(rows);
+  uint8_t* d_finite = scratch<uint8_t>(rows);
+  if (!failed()) launch(d_ids, d_finite);
+  if (!failed()) tokens_to_host(d_ids, d_finite, rows, ids, finite, kernel);
   arena_.release(mark);
 }
 

@@ -271,6 +271,11 @@ class CudaOps final : public dsv4::Ops {
                      int groups, float* y, bool round, const uint16_t* x_bf16 = nullptr);
   template <typename T>
   const T* upload(const std::vector<T>& host);  // arena copy of a host array (this step)
+  // A kernel that picks one token per row (argmax_rows, sample_rows) after the step's graph:
+  // `launch(d_ids, d_finite)` on the stream with arena outputs, then tokens_to_host.
+  template <typename Launch>
+  void token_kernel(int64_t rows, int32_t* ids, uint8_t* finite, const char* kernel,
+                    Launch&& launch);
   // After a sampling kernel: its launch checked, then ids / finite flags to the host, synced.
   void tokens_to_host(const int32_t* d_ids, const uint8_t* d_finite, int64_t rows, int32_t* ids,
                       uint8_t* finite, const char* kernel);
