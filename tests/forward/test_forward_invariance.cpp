@@ -199,6 +199,18 @@ TEST_P(ForwardInvariance, BadInputIsAnErrorAndLeavesStateAlone) {
   SequenceChunk twice[2] = {c, c};
   twice[0].state = twice[1].state = &s;
   EXPECT_EQ(f.run(std::span<SequenceChunk>(twice, 2), &out).code(), StatusCode::kInvalidArgument);
+  // Backend draws out of range (a uniform of 1, a NaN temperature, top_p 0) or next to argmax_only.
+  c.state = &s;
+  for (int k = 0; k < 4; ++k) {
+    cpu::RowSampling d{1.0, 0, 1.0, 0.0, 0.5};
+    if (k == 0) d.uniform = 1.0;
+    if (k == 1) d.temperature = std::nan("");
+    if (k == 2) d.top_p = 0.0;
+    c.backend_sample = d;
+    c.argmax_only = k == 3;
+    EXPECT_EQ(f.run(std::span<SequenceChunk>(&c, 1), &out).code(), StatusCode::kInvalidArgument)
+        << "case " << k;
+  }
   EXPECT_EQ(s.position(), 0);
 }
 

@@ -25,6 +25,7 @@
 #include "core/host_memory.h"
 #include "core/status.h"
 #include "kernels/cpu/numerics.h"
+#include "kernels/cpu/sampling.h"
 #include "model/deepseek_v4/ops.h"
 #include "model/deepseek_v4/state.h"
 #include "model/deepseek_v4/weights.h"
