@@ -47,6 +47,8 @@
 #define DS_SPARSE_MLA_COMBINE_PDL 1
 #endif
 
+#include "kernels/cuda/common/wgmma.cuh"
+
 namespace ds::cuda {
 namespace {
 

@@ -65,39 +65,23 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
 }
 
 #if DS_SPARSE_MLA_WGMMA_PATH
-// Shared-memory matrix descriptor (PTX ISA, wgmma matrix descriptor): start address >> 4, leading
-// and stride byte offsets >> 4, swizzle mode 1 = 128 bytes. K-major operands (q, keys for QK^T, P)
-// use only the stride offset (1024: 8 rows of 128 bytes; a K step of 16 adds 32 bytes to the
-// start). The MN-major V operand of PV spans 64 dims = one swizzle width, so only the 8-row stride
-// along K (keys) is used; both offsets are set to 1024, which is that stride under either field's
-// meaning.
-__device__ __forceinline__ uint64_t desc(uint32_t saddr, uint32_t lbo) {
-  return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(lbo >> 4) << 16) |
-         (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
-__device__ __forceinline__ void fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
+// The descriptors, fences, waits and warpgroup barriers of kernels/cuda/common/wgmma.cuh. K-major
+// operands (q, keys for QK^T, P) use only the stride offset (1024: 8 rows of 128 bytes). The
+// MN-major V operand of PV spans 64 dims = one swizzle width, so only the 8-row stride along K
+// (keys) is used; both offsets are set to 1024, which is that stride under either field's meaning.
+using wgmma::commit;
+using wgmma::desc;
+using wgmma::fence;
+using wgmma::fence_operand;
+using wgmma::fence_proxy_async;
 __device__ __forceinline__ void wait0() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  wgmma::wait<0>();
 }
 __device__ __forceinline__ void wait1() {
-  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  wgmma::wait<1>();
 }
 __device__ __forceinline__ void wg_bar(int wg) {
-  if (wg == 0)
-    asm volatile("bar.sync 1, 128;\n" ::: "memory");
-  else
-    asm volatile("bar.sync 2, 128;\n" ::: "memory");
-}
-__device__ __forceinline__ void fence_operand(float& x) {
-  asm volatile("" : "+f"(x)::"memory");
+  wgmma::warpgroup_bar(wg);
 }
 
 // S[64 x 32] (+)= A[64 x 16] B[16 x 32]: bf16, both K-major in shared memory, fp32 accumulators.

@@ -29,6 +29,7 @@
 #include "core/dtype.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/func_attributes.h"
+#include "kernels/cuda/common/wgmma.cuh"
 #include "kernels/cuda/indexer/indexer.h"
 
 namespace ds::cuda {
@@ -440,34 +441,6 @@ static_assert(wg_smem_bytes(kIndexerMaxTopk) <= 227 * 1024, "sm_90: <= 227 KB pe
 }
 
 #if DS_INDEXER_WGMMA_PATH
-// Shared-memory matrix descriptor (PTX ISA, wgmma "matrix descriptor"): start address >> 4,
-// leading byte offset 16 (unused for K-major swizzled layouts), stride byte offset 1024 (8 rows
-// of 128 bytes), swizzle mode 1 = 128 bytes. K-step k adds 32 bytes to the start address.
-__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
-  return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
-         (uint64_t(1) << 62);
-}
-__device__ __forceinline__ void wg_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wg_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wg_wait0() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-// Barrier of warpgroup wg alone (ids 1 and 2; __syncthreads uses 0). Immediate ids, so ptxas
-// reserves 3 barriers, not all 16.
-__device__ __forceinline__ void warpgroup_bar_sync(int wg) {
-  if (wg == 0)
-    asm volatile("bar.sync 1, 128;\n" ::: "memory");
-  else
-    asm volatile("bar.sync 2, 128;\n" ::: "memory");
-}
-__device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 
 // D[64 x 64] (+)= A[64 x 32] * B[32 x 64], e4m3 inputs, fp32 accumulators; scale_d 0: D = A * B.
 __device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], uint64_t da, uint64_t db,
@@ -606,7 +579,7 @@ __device__ __forceinline__ void score_wgmma(const IndexerSelectParams& p, uint8_
     }
     if (part == 0) wq[h] = live ? p.weights[int64_t(q) * p.num_heads + h] * scale : 0.0f;
   }
-  fence_proxy_async_smem();  // q8 is read by the tensor cores (async proxy)
+  wgmma::fence_proxy_async();  // q8 is read by the tensor cores (async proxy)
   __syncthreads();
   float wreg[8][2];
 #pragma unroll
@@ -614,16 +587,16 @@ __device__ __forceinline__ void score_wgmma(const IndexerSelectParams& p, uint8_
     wreg[j][0] = wq[8 * j + 2 * c];
     wreg[j][1] = wq[8 * j + 2 * c + 1];
   }
-  const uint64_t desc_q = wg_desc(smem_addr(q8));
-  const uint64_t desc_ring = wg_desc(smem_addr(ring));
+  const uint64_t desc_q = wgmma::desc(smem_addr(q8));
+  const uint64_t desc_ring = wgmma::desc(smem_addr(ring));
 
   int cur = 0, cand_n = 0;
   uint32_t thr_f = 0;  // threshold filter (score_chunk_end)
   int survivor = 0;
   // ReLU, weights, head sum and key scale of tile t (ring stage st) -> chunk_key.
-  auto epilogue = [&](float (&acc)[32], int t, int st, int m) {
+  auto epilogue = [&](float(&acc)[32], int t, int st, int m) {
 #pragma unroll
-    for (int x = 0; x < 32; ++x) fence_operand(acc[x]);
+    for (int x = 0; x < 32; ++x) wgmma::fence_operand(acc[x]);
     float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -645,19 +618,19 @@ __device__ __forceinline__ void score_wgmma(const IndexerSelectParams& p, uint8_
       chunk_key[j] = u;
     }
   };
-  auto mma_tile = [&](float (&acc)[32], int st) {
-    wg_fence();
+  auto mma_tile = [&](float(&acc)[32], int st) {
+    wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
       wgmma_m64n64k32_e4m3(acc, desc_ring + uint64_t((st * kWgTileBytes + 32 * kk) >> 4),
                            desc_q + uint64_t((32 * kk) >> 4), kk > 0 ? 1 : 0);
-    wg_commit();
+    wgmma::commit();
   };
   for (int i = 0; i < iters; ++i) {
     const int t = wg + 2 * i;
     cp_async_wait<kAhead - 1>();  // this thread's copies of tile t have landed
-    fence_proxy_async_smem();
-    warpgroup_bar_sync(wg);  // ... and every thread's; stage (i - 1) % S is free again
+    wgmma::fence_proxy_async();
+    wgmma::warpgroup_bar(wg);  // ... and every thread's; stage (i - 1) % S is free again
     issue((i + kAhead) % kWgStages, pg, slot);
     cp_async_commit();
     locate(t + 2 * (kAhead + 1), pg, slot);
@@ -668,7 +641,7 @@ __device__ __forceinline__ void score_wgmma(const IndexerSelectParams& p, uint8_
       const int st = i % kWgStages;
       float acc[32];
       mma_tile(acc, st);
-      wg_wait0();
+      wgmma::wait<0>();
       epilogue(acc, t, st, m);
     }
     if ((i + 1) % kWgChunkIters != 0 && i + 1 != iters) continue;
