@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the microbench variants into build/h_samp17 (sm_90a), one binary per name=flags pair
-# (default: the call-4 sweep of block size and load batch; call 3 compared base / digits /
-# ablate1 / ablate2 with the flags -DDS_SAMPLE_ROWS_MASS_DIGITS=0|1, -DDS_SAMPLE_ROWS_ABLATE=1|2).
+# Builds the microbench variants into build/h_samp17 (sm_90a), one binary per name=flags pair,
+# flags separated by ':' (default: the call-4 sweep of block size, load batch and mass atomics).
+# Call 3's ablations (-DDS_SAMPLE_ROWS_ABLATE=1|2, first pass without masses / histogram) were
+# not kept in the kernel (never committed).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out=build/h_samp17 && rm -rf "$out" && mkdir -p "$out"

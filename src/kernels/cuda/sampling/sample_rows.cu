@@ -20,6 +20,8 @@
 namespace ds::cuda {
 namespace {
 
+// DS_SAMPLE_ROWS_THREADS, _MASS_DIGITS and _BATCH are the knobs of the session-17 timing
+// experiments (scripts/gpu/h_samp17, OPS_NOTES.md); the defaults are the fastest measured.
 #ifndef DS_SAMPLE_ROWS_THREADS
 #define DS_SAMPLE_ROWS_THREADS 1024
 #endif
