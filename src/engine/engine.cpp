@@ -1097,13 +1097,13 @@ void EngineImpl::step() {
       chunks[i].tokens =
           std::span<const int32_t>(sc.seq->tokens.data() + sc.start, size_t(sc.count));
       if (sc.samples) chunks[i].logit_rows = {sc.count - 1};
-      // Only the argmax is needed: greedy, nothing adjusts the row, no logprobs (and not a
-      // request whose logits a fault hook poisons on the host).
-      chunks[i].argmax_only = backend_argmax_ && sc.samples && r->sampler->raw_argmax() &&
-                              r->req.sampling.logprobs < 0 && !r->nan_target;
+      // The backend may pick the token when no logprobs are asked (and not for a request whose
+      // logits a fault hook poisons on the host): the argmax when greedy and nothing adjusts the
+      // row, the draw when sampled and nothing adjusts it.
+      const bool backend_token = sc.samples && r->req.sampling.logprobs < 0 && !r->nan_target;
+      chunks[i].argmax_only = backend_argmax_ && backend_token && r->sampler->raw_argmax();
       argmax_rows += chunks[i].argmax_only ? 1 : 0;
-      if (backend_sampling_ && sc.samples && r->sampler->raw_draw() &&
-          r->req.sampling.logprobs < 0 && !r->nan_target) {
+      if (backend_sampling_ && backend_token && r->sampler->raw_draw()) {
         chunks[i].backend_sample = r->sampler->backend_draw();
         ++sampled_rows;
       }

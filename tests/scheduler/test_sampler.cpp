@@ -518,6 +518,7 @@ TEST(BackendSampling, KeysOrderValuesDescending) {
     EXPECT_GT(cpu::sampling_key(v[i]), cpu::sampling_key(v[i + 1])) << v[i];
   }
   EXPECT_EQ(cpu::sampling_key(-0.0f), cpu::sampling_key(0.0f));
+  for (float x : v) EXPECT_EQ(cpu::sampling_key_value(cpu::sampling_key(x)), x) << x;
 }
 
 // The distribution of cpu::sample_row over the draws is the host sampler's

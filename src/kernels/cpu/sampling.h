@@ -84,6 +84,11 @@ DS_SAMPLING_HD inline uint32_t sampling_key(float w) {
   return (u & 0x80000000u) != 0 ? u : (~u & 0x7fffffffu);
 }
 
+// The logit whose key is k (sampling_key's inverse; +0 for the key of zero).
+DS_SAMPLING_HD inline float sampling_key_value(uint32_t k) {
+  return sampling_bits_float((k & 0x80000000u) != 0 ? k : (~k & 0x7fffffffu));
+}
+
 // The draw's target in fixed point: the token whose cumulative mass first exceeds it is drawn.
 DS_SAMPLING_HD inline uint64_t sampling_draw_target(double uniform, uint64_t total) {
   const double t = uniform * double(total);

@@ -326,10 +326,8 @@ __device__ Selected select(const Row& row, bool by_mass, u64 target, Shared& sh)
   }
   const uint32_t key = sh.prefix;
   const u64 before_c = sh.before_count, before_m = sh.before_mass;
-  // The value with that key (its inverse) and the tie index j in id order.
-  const float w_key =
-      cpu::sampling_bits_float((key & 0x80000000u) != 0 ? key : (~key & 0x7fffffffu));
-  const u64 mt = row.mass(w_key);
+  // The tie index j in id order (every tie has the key's value, so one mass).
+  const u64 mt = row.mass(cpu::sampling_key_value(key));
   u64 j = 0;
   if (!by_mass) {
     j = target > before_c ? target - before_c - 1 : 0;
