@@ -7,7 +7,9 @@
 //     copy bandwidth: ratio = time / (bytes / copy_bw); the issue's target is expert bytes moving
 //     at >= 70% of the copy bandwidth;
 //   - prefill sizes (T >= 512): 2 * 3 * D * inter * (T * topk + T) FLOPs against the measured
-//     peak of the MMA used (bf16 mma.sync m16n8k16, fp32 accumulate, measured here);
+//     peak of the MMA used (bf16 mma.sync m16n8k16 for the mma.sync kernels, bf16 wgmma for the
+//     sm_90a prefill kernel: m64n256k16 with both operands in shared memory, the widest form,
+//     measured here; fp32 accumulate);
 // Routing is the model's learned routing on random logits (roughly uniform). Correctness is
 // covered by tests/kernels/test_moe_cuda.cu; the benchmark checks the output is finite.
 //
@@ -24,6 +26,7 @@
 
 #include "common/bench_util.h"
 #include "kernels/cpu/moe.h"
+#include "kernels/cuda/common/wgmma.cuh"
 #include "kernels/cuda/moe/moe.h"
 
 namespace ds {
@@ -101,6 +104,93 @@ __global__ void mma_f8_peak_kernel(int iters, float* sink) {
   if (s == 12345.0f) *sink = s;
 }
 
+// Peak of bf16 wgmma (sm_90a): two warpgroups per CTA, one CTA per SM, each warpgroup issuing
+// m64n256k16 (A and B from shared memory, 128-byte swizzle, fp32 accumulators) 16 at a time.
+// Returns 0 where wgmma does not exist (the kernel then does nothing).
+constexpr int kWgPeakSmem = 64 * 128 + 256 * 128 + 1024;  // A, B tiles + alignment
+__global__ void __launch_bounds__(256, 1) wgmma_peak_kernel(int iters, float* sink) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(16) uint8_t peak_smem[];
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(peak_smem));
+  const uint32_t a_addr = (base + 1023u) & ~1023u, b_addr = a_addr + 64 * 128;
+  for (int i = threadIdx.x; i < (64 + 256) * 64; i += blockDim.x) {
+    // bf16 values near 1 (not zeros: zeros run faster)
+    reinterpret_cast<uint16_t*>(peak_smem + (a_addr - base))[i] = uint16_t(0x3F80u | (i & 0x3F));
+  }
+  ds::cuda::wgmma::fence_proxy_async();
+  __syncthreads();
+  float d[128];  // the first wgmma ignores them (scale-d 0); zeroing them serializes the wgmmas
+  const uint64_t da = ds::cuda::wgmma::desc(a_addr), db = ds::cuda::wgmma::desc(b_addr);
+  for (int it = 0; it < iters; ++it) {
+    ds::cuda::wgmma::fence();
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+          "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+          "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+          "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+          "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+          "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, "
+          "%110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, "
+          "%123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+            "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+            "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
+            "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+            "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+            "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+            "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+            "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+            "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),
+            "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
+            "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]),
+            "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),
+            "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]),
+            "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),
+            "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+            "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]),
+            "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]),
+            "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]),
+            "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]),
+            "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),
+            "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]),
+            "+f"(d[127])
+          : "l"(da + 2 * (k & 3)), "l"(db + 2 * (k & 3)), "r"(it | k));
+    }
+    ds::cuda::wgmma::commit();
+    ds::cuda::wgmma::wait<0>();
+  }
+  float s = 0;
+  for (int i = 0; i < 128; ++i) s += d[i];
+  if (s == 12345.0f) *sink = s;
+#else
+  (void)iters, (void)sink;
+#endif
+}
+
+double measure_wgmma_tflops(cudaStream_t stream, int sms) {
+  int dev = 0, major = 0, minor = 0;
+  DS_BENCH_CHECK(cudaGetDevice(&dev));
+  DS_BENCH_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  DS_BENCH_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  if (major != 9 || minor != 0) return 0.0;
+  float* sink;
+  DS_BENCH_CHECK(cudaMalloc(&sink, 4));
+  DS_BENCH_CHECK(cudaFuncSetAttribute(wgmma_peak_kernel,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, kWgPeakSmem));
+  const int iters = 2048;
+  const double us = bench::time_us(
+      [&](cudaStream_t s) { wgmma_peak_kernel<<<sms, 256, kWgPeakSmem, s>>>(iters, sink); },
+      stream, 10, 2);
+  DS_BENCH_CHECK(cudaFree(sink));
+  const double flops = double(sms) * 2 * iters * 16 * (2.0 * 64 * 256 * 16);
+  return flops / (us * 1e-6) / 1e12;
+}
+
 double measure_mma_f8_tflops(cudaStream_t stream, int sms) {
   float* sink;
   DS_BENCH_CHECK(cudaMalloc(&sink, 4));
@@ -137,6 +227,7 @@ struct NodeTime {
 
 std::string short_kernel_name(const char* mangled) {
   static const char* known[] = {"expert_gemm_pf_kernelILb1", "expert_gemm_pf_kernelILb0",
+                                "expert_gemm_wg_kernelILb1", "expert_gemm_wg_kernelILb0",
                                 "expert_gemm_f8_kernel",     "expert_gemm_kernel",
                                 "router_logits_tiled",       "router_logits_small",
                                 "route_kernel",
@@ -148,6 +239,8 @@ std::string short_kernel_name(const char* mangled) {
       std::string n = k;
       if (n == "expert_gemm_pf_kernelILb1") return "gemm_pf_gate_up";
       if (n == "expert_gemm_pf_kernelILb0") return "gemm_pf_down";
+      if (n == "expert_gemm_wg_kernelILb1") return "gemm_wg_gate_up";
+      if (n == "expert_gemm_wg_kernelILb0") return "gemm_wg_down";
       if (n.find("expert_gemm") == 0) {
         // gate/up vs down: the kFused template argument (Lb1 / Lb0) follows the tile parameters.
         return n + (m.find("ELb1E") != std::string::npos ? "_gate_up" : "_down");
@@ -227,8 +320,10 @@ int main(int argc, char** argv) {
   const double copy_gbps = bench::measure_copy_bandwidth_gbps(stream);
   const double mma_tflops = measure_mma_tflops(stream, dev.sm_count);
   const double mma_f8_tflops = measure_mma_f8_tflops(stream, dev.sm_count);
-  std::printf("ceilings: copy %.0f GB/s, bf16 mma.sync %.0f TFLOP/s, e4m3 mma.sync %.0f TFLOP/s\n",
-              copy_gbps, mma_tflops, mma_f8_tflops);
+  const double wgmma_tflops = measure_wgmma_tflops(stream, dev.sm_count);
+  std::printf("ceilings: copy %.0f GB/s, bf16 mma.sync %.0f TFLOP/s, e4m3 mma.sync %.0f TFLOP/s, "
+              "bf16 wgmma %.0f TFLOP/s\n",
+              copy_gbps, mma_tflops, mma_f8_tflops, wgmma_tflops);
   std::vector<bench::Record> records;
   {
     bench::Record r;
@@ -242,6 +337,12 @@ int main(int argc, char** argv) {
     r.shape = "m16n8k32 f32 acc, registers only";
     r.achieved_tflops = mma_f8_tflops;
     records.push_back(r);
+    if (wgmma_tflops > 0.0) {
+      r.kernel = "ceiling_wgmma_bf16";
+      r.shape = "m64n256k16 f32 acc, A and B in shared memory, 2 warpgroups per SM";
+      r.achieved_tflops = wgmma_tflops;
+      records.push_back(r);
+    }
   }
 
   // Shared expert (FP8 128x128 blocks), gate (fp32), inputs.
@@ -330,6 +431,13 @@ int main(int argc, char** argv) {
       for (int64_t T : {1, 16, 64}) cases.push_back({T, cuda::MoeTuning{8, 2, 2, 0, 1, 8}});
       cases.push_back({8192, cuda::MoeTuning{64, 1, 1, 0}});
       for (int64_t T : {128, 256}) cases.push_back({T, cuda::MoeTuning{0, 0, 3, 0}});
+      // The bf16 mma.sync prefill kernel (the 128-row default before the wgmma kernel, and still
+      // off sm_90) against the wgmma one, and the wgmma kernel forced below its heuristic.
+      for (int64_t T : {1024, 4096, 8192}) cases.push_back({T, cuda::MoeTuning{0, 0, 3, 0}});
+      if (layer->pf_wgmma)
+        for (int64_t T : {128, 256, 512, 1024}) cases.push_back({T, cuda::MoeTuning{0, 0, 4, 0}});
+    } else {
+      cases.push_back({4096, cuda::MoeTuning{0, 0, 3, 0}});
     }
     for (const BenchCase& bc : cases) {
       const int64_t T = bc.T;
@@ -365,13 +473,22 @@ int main(int argc, char** argv) {
       const double bytes = routed_bytes + double(shared_bytes) + double(kExperts * kDim * 4) +
                            double(T * kDim * 8);
       const double flops = 2.0 * 3.0 * double(kDim) * double(kInter) * double(T * kTopk + T);
+      // The MMA the grouped GEMMs run on: wgmma for the sm_90a prefill kernel (forced, or the
+      // 128-row default where the layer has it), else bf16 mma.sync (the FP8 path's is below).
+      const bool wg = bc.tuning.path == 4 ||
+                      (bc.tuning.path == 0 && bc.tuning.tile_tokens == 0 && layer->pf_wgmma &&
+                       cuda::MoeRunner::tile_tokens(T, *layer) == 128);
+      const double fwd_peak = wg ? wgmma_tflops : mma_tflops;
       bench::Record r;
       r.kernel = std::string("moe_forward_") + fname;
       if (bc.tuning.tile_tokens > 0 || bc.tuning.path > 0) {
         r.kernel += "_bt" + std::to_string(bc.tuning.tile_tokens) + "_ks" +
                     std::to_string(bc.tuning.k_split);
         if (bc.tuning.path > 0)
-          r.kernel += bc.tuning.path == 3 ? "_pf" : bc.tuning.path == 2 ? "_fp8" : "_bf16";
+          r.kernel += bc.tuning.path == 4   ? "_wg"
+                      : bc.tuning.path == 3 ? "_pf"
+                      : bc.tuning.path == 2 ? "_fp8"
+                                            : "_bf16";
         if (bc.tuning.ring_kb > 0) r.kernel += "_ring" + std::to_string(bc.tuning.ring_kb);
         if (bc.tuning.mma > 0) r.kernel += bc.tuning.mma == 1 ? "_e4m3" : "_f16";
         if (bc.tuning.warps > 0) r.kernel += "_w" + std::to_string(bc.tuning.warps);
@@ -390,7 +507,7 @@ int main(int argc, char** argv) {
       if (T <= 128) {
         r.floor_us = bytes / (copy_gbps * 1e9) * 1e6;
       } else {
-        r.floor_us = std::max(flops / (mma_tflops * 1e12), bytes / (copy_gbps * 1e9)) * 1e6;
+        r.floor_us = std::max(flops / (fwd_peak * 1e12), bytes / (copy_gbps * 1e9)) * 1e6;
       }
       r.ratio = us / r.floor_us;
       r.max_error = double(nonfinite);
@@ -404,7 +521,7 @@ int main(int argc, char** argv) {
                   (long long)distinct, eager_us, graph ? "graph" : "     ",
                   us, r.achieved_gbps, routed_bytes / (us * 1e-6) / 1e9,
                   100.0 * routed_bytes / (us * 1e-6) / 1e9 / copy_gbps, r.achieved_tflops,
-                  100.0 * r.achieved_tflops / mma_tflops);
+                  100.0 * r.achieved_tflops / fwd_peak);
       if (T == 1 || T == 16 || T == 64 || T >= 512) {
         // Kernel breakdown: the expert GEMMs against the peak of the MMA they use, the router
         // logits against the copy bandwidth.
@@ -423,11 +540,12 @@ int main(int argc, char** argv) {
         std::printf("  nodes (us, each alone):%s\n", line.c_str());
         // The FP8 path's f16 variant (session 8) runs f16 mma.sync: the bf16 / f16 peak.
         const bool h16 = f8 && (bc.tuning.mma == 0 ? layer->fp8_f16 : bc.tuning.mma == 2);
-        const char* mma_name = !f8 ? "bf16" : h16 ? "f16" : "e4m3";
-        const double peak = f8 && !h16 ? mma_f8_tflops : mma_tflops;
+        const char* mma_name = wg ? "bf16 wgmma" : !f8 ? "bf16 mma.sync" : h16 ? "f16 mma.sync"
+                                                                              : "e4m3 mma.sync";
+        const double peak = wg ? wgmma_tflops : f8 && !h16 ? mma_f8_tflops : mma_tflops;
         bench::Record g = r;
         g.kernel = "moe_gemms_" + r.kernel.substr(std::string("moe_forward_").size());
-        g.shape = std::string(shape) + " (" + mma_name + " mma.sync)";
+        g.shape = std::string(shape) + " (" + mma_name + ")";
         g.mode = "graph node";
         g.time_us = gemm_us;
         g.bytes = routed_bytes + double(shared_bytes);
@@ -437,7 +555,7 @@ int main(int argc, char** argv) {
                               : std::max(flops / (peak * 1e12), g.bytes / (copy_gbps * 1e9)) * 1e6;
         g.ratio = gemm_us / g.floor_us;
         records.push_back(g);
-        std::printf("  expert GEMMs %.1f us = %.1f TFLOP/s = %.1f%% of the %s mma.sync peak "
+        std::printf("  expert GEMMs %.1f us = %.1f TFLOP/s = %.1f%% of the %s peak "
                     "(%.0f TFLOP/s); weight bytes %.0f GB/s = %.0f%% of copy\n",
                     gemm_us, g.achieved_tflops, 100.0 * g.achieved_tflops / peak, mma_name, peak,
                     g.achieved_gbps, 100.0 * g.achieved_gbps / copy_gbps);

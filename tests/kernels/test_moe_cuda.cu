@@ -4,9 +4,10 @@
 // expert through a large bias), empty experts, hash routing, an expert-parallel range without the
 // shared expert, hf-style numerics, MXFP4 and NVFP4 routed experts (FP8-block shared expert).
 //
-// The 128-row prefill tiles (expert_gemm_pf_kernel) run by default wherever more than 32 rows
-// per expert are expected (T = 4096 at Flash, T >= 512 at the tiny shape); PrefillPathVariants
-// forces them elsewhere, KernelVariants / Fp8PathVariants force the other kernels.
+// The 128-row prefill tiles run by default wherever more than 32 rows per expert are expected
+// (T = 4096 at Flash, T >= 512 at the tiny shape): on wgmma (expert_gemm_wg_kernel) on sm_90,
+// else on bf16 mma.sync (expert_gemm_pf_kernel). PrefillPathVariants forces the mma.sync kernel
+// elsewhere, WgmmaPrefillPathVariants the wgmma one, KernelVariants / Fp8PathVariants the others.
 //
 // Weights: random fp32 quantized with the project's FP4 quantizer (cpu::quantize_fp4_blocks =
 // MXFP4, e8m0 per 32) or the NVFP4 / FP8-block recipes of model/weight_format.h (re-implemented
@@ -271,6 +272,10 @@ void run_case(const Case& c) {
   ASSERT_TRUE(layer.ok()) << layer.status().message();
   if (c.tuning.path == 2 && !layer->fp8_mma) {
     std::printf("[%s] no FP8 mma.sync on this device: FP8 path not run\n", c.name.c_str());
+    return;
+  }
+  if (c.tuning.path == 4 && !layer->pf_wgmma) {
+    std::printf("[%s] not an sm_90 device: wgmma prefill path not run\n", c.name.c_str());
     return;
   }
   const size_t ws_bytes = cuda::MoeRunner::workspace_bytes(T, *layer);
@@ -578,9 +583,9 @@ TEST_F(MoeCuda, RouterGateFormats) {
   }
 }
 
-// The prefill path (128-row tiles, expert_gemm_pf_kernel: the default when more than 32 rows per
-// expert are expected, i.e. the T = 4096 cases above at Flash and T >= 512 at the tiny shape)
-// forced where the heuristic picks other tiles: partial tiles (1, 16, 100 rows: token groups
+// The bf16 mma.sync prefill path (128-row tiles, expert_gemm_pf_kernel: the default for 128-row
+// tiles off sm_90, i.e. where the T = 4096 cases above at Flash and T >= 512 at the tiny shape do
+// not run the wgmma kernel) forced on every device, also where the heuristic picks other tiles: partial tiles (1, 16, 100 rows: token groups
 // past the valid rows are skipped), MXFP4 and NVFP4 routed experts with the FP8-block shared
 // expert, one expert holding every token (many tiles of one group, the other experts empty), an
 // expert range without the shared expert, hf numerics, hash routing. Same operands as the oracle
@@ -613,6 +618,7 @@ TEST_F(MoeCuda, PrefillPathVariants) {
   // Flash: every token to expert 3 at T = 4096 (32 tiles of one group), NVFP4 at T = 512, and
   // MXFP4 at T = 64 (1-2 rows per expert: mostly empty tiles).
   Case fskew{"flash skew pf", kFlash, WeightFormat::kMxfp4, 4096, true};
+  fskew.tuning = pf;
   fskew.oracle_tokens = 12;
   run_case(fskew);
   Case fnv{"flash nvfp4 pf", kFlash, WeightFormat::kNvfp4, 512};
@@ -623,6 +629,64 @@ TEST_F(MoeCuda, PrefillPathVariants) {
   fsmall.tuning = pf;
   fsmall.oracle_tokens = 8;
   run_case(fsmall);
+}
+
+// The sm_90a prefill path (expert_gemm_wg_kernel: wgmma with the weights dequantized into the
+// A fragments, the default for 128-row tiles on sm_90, so the T = 4096 Flash cases above run it
+// there) forced on the cases of PrefillPathVariants, plus token counts whose tiles take each wgmma
+// width (valid rows rounded up to 32: T = 16 at the tiny shape has ~4 rows per expert (n32), T =
+// 200 ~50 (n64), T = 350 ~88 (n96), T = 512 128 +- a few (n128 and a second, small tile)). The
+// activations reach it in its permuted K order (quant_rows_kernel's permute); a wrong order or
+// fragment layout would be O(1) wrong, far outside the tolerance.
+TEST_F(MoeCuda, WgmmaPrefillPathVariants) {
+  const cuda::MoeTuning wg{0, 0, 4, 0};
+  for (int64_t T : {1, 16, 100, 200, 350, 512}) {
+    for (WeightFormat f : {WeightFormat::kMxfp4, WeightFormat::kNvfp4}) {
+      Case c{f == WeightFormat::kMxfp4 ? "tiny mxfp4 wg" : "tiny nvfp4 wg", kTiny, f, T};
+      c.tuning = wg;
+      run_case(c);
+    }
+  }
+  Case skew{"tiny skew nvfp4 wg", kTiny, WeightFormat::kNvfp4, 4096, true};
+  skew.tuning = wg;
+  run_case(skew);
+  Case skew_mx{"tiny skew mxfp4 wg", kTiny, WeightFormat::kMxfp4, 4096, true};
+  skew_mx.tuning = wg;
+  run_case(skew_mx);
+  Case range{"tiny range mxfp4 wg", kTiny, WeightFormat::kMxfp4, 512};
+  range.begin = 2;
+  range.end = 6;
+  range.add_shared = false;
+  range.tuning = wg;
+  run_case(range);
+  Case hf{"tiny hf nvfp4 wg", kTiny, WeightFormat::kNvfp4, 512};
+  hf.hf = true;
+  hf.tuning = wg;
+  run_case(hf);
+  Case hf_mx{"tiny hf mxfp4 wg", kTiny, WeightFormat::kMxfp4, 350};
+  hf_mx.hf = true;
+  hf_mx.tuning = wg;
+  run_case(hf_mx);
+  Case hash{"tiny hash wg", kTiny, WeightFormat::kMxfp4, 512, false, true};
+  hash.tuning = wg;
+  run_case(hash);
+  // Flash: every token to expert 3 at T = 4096 (32 full tiles of one group), NVFP4 at T = 512
+  // (2 rows per expert: n32 tiles; the shared expert's 4 full tiles), MXFP4 at T = 1024 (24 rows
+  // per expert) and T = 2048 (48: n64).
+  Case fskew{"flash skew wg", kFlash, WeightFormat::kMxfp4, 4096, true};
+  fskew.tuning = wg;
+  fskew.oracle_tokens = 12;
+  run_case(fskew);
+  Case fnv{"flash nvfp4 wg", kFlash, WeightFormat::kNvfp4, 512};
+  fnv.tuning = wg;
+  fnv.oracle_tokens = 12;
+  run_case(fnv);
+  for (int64_t T : {1024, 2048}) {
+    Case fmx{"flash mxfp4 wg", kFlash, WeightFormat::kMxfp4, T};
+    fmx.tuning = wg;
+    fmx.oracle_tokens = 12;
+    run_case(fmx);
+  }
 }
 
 TEST_F(MoeCuda, Bf16PathMxfp4) {

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/wgmma.cuh"
 #include "kernels/cuda/moe/moe.h"
 
 namespace ds::cuda {
@@ -479,11 +480,13 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanArgs a) {
 
 // Half a warp per 128-element block: bf16 of the FP8 simulation (exact in bf16) or of the value.
 // With out8 (FP8 path) the e4m3 codes go to out8 [rows, len] and the scales to scale8
-// [rows, len / 128]; out (bf16) is then nullable.
+// [rows, len / 128]; out (bf16) is then nullable. With permute (the sm_90a prefill path) every
+// output (out and out8) holds each 128-block in wg_tile's K order: position 16 kk + 8 h + 2 t + e
+// holds element 32 t + 4 kk + 2 h + e, so lane `sub` loads elements 32 i + 2 sub + {0, 1}.
 __global__ void quant_rows_kernel(const float* __restrict__ in, int64_t len, int64_t rows_bound,
                                   const int32_t* rows_dev, uint16_t* __restrict__ out, bool fp8,
                                   uint8_t* __restrict__ out8 = nullptr,
-                                  float* __restrict__ scale8 = nullptr) {
+                                  float* __restrict__ scale8 = nullptr, bool permute = false) {
   const int lane = threadIdx.x & 31, sub = lane & 15;
   const int64_t bpr = len / kChunk;
   const int64_t warp = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
@@ -491,9 +494,17 @@ __global__ void quant_rows_kernel(const float* __restrict__ in, int64_t len, int
   const int64_t rows = rows_dev ? int64_t(*rows_dev) : rows_bound;
   const bool active = block < rows * bpr;
   const int64_t row = active ? block / bpr : 0;
-  const int64_t col = active ? (block % bpr) * kChunk + sub * 8 : 0;
+  const int64_t col = active ? (block % bpr) * kChunk + sub * 8 : 0;  // output position
   float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  if (active) {
+  if (active && permute) {
+    const float* src = in + row * len + (col - sub * 8) + 2 * sub;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 p = *reinterpret_cast<const float2*>(src + 32 * i);
+      v[2 * i] = p.x;
+      v[2 * i + 1] = p.y;
+    }
+  } else if (active) {
     const float4 p0 = *reinterpret_cast<const float4*>(in + row * len + col);
     const float4 p1 = *reinterpret_cast<const float4*>(in + row * len + col + 4);
     v[0] = p0.x; v[1] = p0.y; v[2] = p0.z; v[3] = p0.w;
@@ -1602,6 +1613,289 @@ __global__ void __launch_bounds__(kPfThreads, 2) expert_gemm_pf_kernel(GemmArgs 
   }
 }
 
+// ---- 5/7 (prefill path, sm_90a). wgmma with the weights dequantized into registers --------------
+//
+// The same tiles as expert_gemm_pf_kernel (up to 128 rows of one group; gate/up: 64 inter
+// columns = 64 w1 + 64 w3 rows, down: 128 w2 rows), on the Hopper warpgroup MMA. A CTA is two
+// warpgroups; warpgroup wg owns 64 weight rows as the A operand of wgmma m64nNk16, taken from
+// registers: each thread dequantizes exactly the A fragment elements it holds (rows g and g + 8 of
+// its warp's 16), so the bf16 weights never touch shared memory and need no barrier. The tile's
+// tokens are the B operand (N = the tile's valid rows rounded up to 32: 32, 64, 96 or 128), K-major
+// in shared memory with the 128-byte swizzle. Per chunk of 128 K:
+//   - cp.async brings the chunk two chunks ahead into one of 4 slots: the activation rows
+//     (gathered through row_token for gate/up), this thread's raw weight bytes (16 B of each of its
+//     two rows for FP4, 32 B for FP8) and the MXFP4 / NVFP4 block scales of its rows;
+//   - one CTA barrier per chunk (the activations are shared by both warpgroups);
+//   - two halves of 64 K: wait until the wgmma group that last read this half's A registers is
+//     done, dequantize (the previous group runs on the tensor cores meanwhile), 4 wgmma, commit.
+// K order: lane t4 owns the 32 elements [32 t4, 32 t4 + 32) of a chunk (one MXFP4 block, two NVFP4
+// blocks), and its A fragment of k16 step kk holds elements 32 t4 + 4 kk + {0..3}, i.e. logical k
+// 16 kk + {2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9}. The activations must be stored in that logical
+// order: quant_rows_kernel's `permute` writes element 32 t + 4 kk + 2 h + e of every 128-block to
+// position 16 kk + 8 h + 2 t + e (wg_logical_k). The sum is the same; only its fp32 order differs
+// from the other kernels (deterministic: each output element is one fixed sequence of wgmmas).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DS_MOE_WGMMA_PATH 1
+#else
+#define DS_MOE_WGMMA_PATH 0
+#endif
+
+constexpr int kWgThreads = 256;
+constexpr int kWgSlots = 4;
+constexpr int kWgAtomBytes = kPfTokens * 128;          // [128 tokens][64 K] bf16: 16 KB
+constexpr int kWgActBytes = 2 * kWgAtomBytes;          // one chunk of 128 K
+constexpr int kWgRawBytes = 4 * kWgThreads * 16;       // FP8: 2 rows x 2 halves x 16 B per thread
+constexpr int kWgScaleBytes = 128 * 8;                 // NVFP4: 8 scale bytes per row and chunk
+constexpr int kWgSlotBytes = kWgActBytes + kWgRawBytes + kWgScaleBytes;  // 49 KB (1024-aligned)
+constexpr size_t kWgSmem = size_t(kWgSlots) * kWgSlotBytes + 1024;     // + base alignment
+static_assert(kWgSlotBytes % 1024 == 0, "wgmma B atoms need 1024-byte alignment");
+
+__device__ __forceinline__ void cp_async_small(void* smem, const void* gmem, int bytes) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  if (bytes == 8)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem));
+}
+
+#if DS_MOE_WGMMA_PATH
+// D[64 x N] += A[64 x 16] (registers, bf16) B[16 x N] (shared memory, K-major, descriptor).
+template <int N>
+__device__ __forceinline__ void mma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db,
+                                       int scale_d);
+#include "kernels/cuda/moe/moe_wgmma_rs.inc"  // mma_rs<32, 64, 96, 128>
+
+// Four k16 steps of this warpgroup's tile: the A fragments a[kk], the B atom at b_addr; `first`
+// starts the accumulators from zero (scale-d 0: zeroing them with ordinary moves instead made ptxas
+// serialize every wgmma of the kernel, C7515).
+template <int N>
+__device__ __forceinline__ void mma_half(float (&acc)[64], const uint32_t (&a)[4][4],
+                                         uint32_t b_addr, bool first) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    mma_rs<N>(acc, a[kk], wgmma::desc(b_addr + 32u * kk), first && kk == 0 ? 0 : 1);
+}
+#endif
+
+// N: the wgmma width, the tile's valid rows rounded up to 32 (the columns past them are dropped).
+template <bool kFused, int FMT, int N>
+__device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert& ex, int g,
+                                        int base, int row0, int rows, uint8_t* smem) {
+#if DS_MOE_WGMMA_PATH
+  constexpr bool kFp8 = FMT == int(WeightFormat::kFp8Block);
+  constexpr bool kMx = FMT == int(WeightFormat::kMxfp4);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
+  const int gid = lane >> 2, t4 = lane & 3;
+  const int64_t K = a.K;
+  const int chunks = int(K / kChunk);
+
+  // This thread's two weight rows (A fragment rows g and g + 8 of its warp) and their local ids.
+  const int lrow = 64 * wg + 16 * wq + gid;  // local row of the first (the second is + 8)
+  // Gate/up: rows 0-7 of a warp's 16 are w1 of inter columns c0 .. c0 + 7, rows 8-15 w3 of the
+  // same columns (wrow[0] = wrow[1]); down: w2 rows lrow and lrow + 8 of the CTA's 128.
+  int64_t wrow[2];
+  wrow[0] = kFused ? int64_t(blockIdx.y) * 64 + 32 * wg + 8 * wq + gid
+                   : int64_t(blockIdx.y) * 128 + lrow;
+  wrow[1] = kFused ? wrow[0] : wrow[0] + 8;
+  const uint8_t* wdata[2] = {kFused ? ex.data[0] : ex.data[2], kFused ? ex.data[1] : ex.data[2]};
+  const uint8_t* wscale[2] = {kFused ? ex.scale[0] : ex.scale[2],
+                              kFused ? ex.scale[1] : ex.scale[2]};
+  const float gscale0 = kFused ? ex.global_scale[0] : ex.global_scale[2];
+  const float gscale1 = kFused ? ex.global_scale[1] : ex.global_scale[2];
+
+  // Activation rows: thread tid copies 16-byte unit (tid & 7) of atom (tid >> 3) & 1 of tile rows
+  // (tid >> 4) + 16 j.
+  const int bu = tid & 7, batom = (tid >> 3) & 1;
+  uint32_t src_row[8];  // element offset of the row in act (rows * K < 2^31: checked by forward)
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int r = (tid >> 4) + 16 * j;
+    const int gr = base + row0 + min(r, rows - 1);
+    src_row[j] = uint32_t((kFused ? int64_t(a.row_token[gr]) : int64_t(gr)) * K);
+  }
+
+  auto issue = [&](int c) {  // chunk c into slot c % kWgSlots, one commit group (maybe empty)
+    if (c < chunks) {
+      uint8_t* slot = smem + (c % kWgSlots) * kWgSlotBytes;
+      uint8_t* act = slot + batom * kWgAtomBytes;
+      const uint16_t* src = a.act + int64_t(c) * kChunk + batom * 64 + bu * 8;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int r = (tid >> 4) + 16 * j;
+        if (r < rows) cp_async16(act + r * 128 + ((bu ^ (r & 7)) << 4), src + src_row[j]);
+      }
+      uint8_t* raw = slot + kWgActBytes;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if constexpr (kFp8) {
+          const uint8_t* p = wdata[r] + wrow[r] * K + int64_t(c) * 128 + 32 * t4;
+          cp_async16(raw + ((0 * 2 + r) * kWgThreads + tid) * 16, p);
+          cp_async16(raw + ((1 * 2 + r) * kWgThreads + tid) * 16, p + 16);
+        } else {
+          cp_async16(raw + (r * kWgThreads + tid) * 16,
+                     wdata[r] + wrow[r] * (K / 2) + int64_t(c) * 64 + 16 * t4);
+        }
+      }
+      if constexpr (!kFp8) {
+        // The block scales of this thread's rows for the chunk (MXFP4 4 bytes, NVFP4 8): copied
+        // by lanes t4 = 0 (row g) and 1 (row g + 8), read by the four lanes of the row after the
+        // chunk's barrier.
+        if (t4 < 2) {
+          constexpr int kScaleBytes = kMx ? 4 : 8;
+          const uint8_t* p = (t4 == 0 ? wscale[0] + wrow[0] * (K / (kMx ? 32 : 16))
+                                      : wscale[1] + wrow[1] * (K / (kMx ? 32 : 16))) +
+                             int64_t(c) * kScaleBytes;
+          cp_async_small(slot + kWgActBytes + kWgRawBytes + (lrow + 8 * t4) * 8, p, kScaleBytes);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+
+  float acc[64];  // written first by a scale-d 0 wgmma (mma_half's `first`)
+  uint32_t afr[2][4][4];  // [half][k16 step][fragment register]
+  // FP8 block scales (128 x 128 blocks: one per row and chunk), one chunk ahead in registers.
+  auto fp8_scale = [&](int r, int c) {
+    return e8m0_to_float_dev(__ldg(wscale[r] + (wrow[r] / 128) * (K / 128) + c));
+  };
+  float fsc[2] = {0.0f, 0.0f};
+  if constexpr (kFp8) {
+    fsc[0] = fp8_scale(0, 0);
+    fsc[1] = fp8_scale(1, 0);
+  }
+  const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+
+  issue(0);
+  issue(1);
+  for (int c = 0; c < chunks; ++c) {
+    cp_async_wait<1>();  // this thread's copies of chunk c (chunk c + 1 may be in flight)
+    wgmma::fence_proxy_async();
+    __syncthreads();     // everyone's chunk c; every warpgroup is done with chunk c - 2
+    issue(c + 2);        // into chunk c - 2's slot
+    const int s = c % kWgSlots;
+    const uint8_t* raw = smem + s * kWgSlotBytes + kWgActBytes;
+    const uint8_t* scl = raw + kWgRawBytes;
+    float nsc[2] = {0.0f, 0.0f};
+    if constexpr (kFp8) {
+      if (c + 1 < chunks) {
+        nsc[0] = fp8_scale(0, c + 1);
+        nsc[1] = fp8_scale(1, c + 1);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      // The group that last read afr[h] (chunk c - 1, half h) must be done; the group issued
+      // just before (the other half) keeps the tensor cores busy during the dequantization.
+      wgmma::wait<1>();
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if constexpr (kFp8) {
+          const uint4 q = *reinterpret_cast<const uint4*>(raw + ((h * 2 + r) * kWgThreads + tid) * 16);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const uint32_t w = word(q, i);
+            const float2 f0 = e4m3x2_to_float2(w), f1 = e4m3x2_to_float2(w >> 16);
+            afr[h][i][r] = pack_bf16x2(f0.x * fsc[r], f0.y * fsc[r]);
+            afr[h][i][2 + r] = pack_bf16x2(f1.x * fsc[r], f1.y * fsc[r]);
+          }
+        } else {
+          const uint2 q = *reinterpret_cast<const uint2*>(raw + (r * kWgThreads + tid) * 16 + 8 * h);
+          uint32_t bits;
+          if constexpr (kMx) {
+            bits = e8m0_to_bf16_bits(scl[(lrow + 8 * r) * 8 + t4]);
+          } else {
+            bits = bf16_bits(e4m3_to_float_dev(scl[(lrow + 8 * r) * 8 + 2 * t4 + h]));
+          }
+          const uint32_t s2 = bits | (bits << 16);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const uint4 o = e2m1x8_to_bf16x8(i == 0 ? q.x : q.y, s2);
+            afr[h][2 * i][r] = o.x;
+            afr[h][2 * i][2 + r] = o.y;
+            afr[h][2 * i + 1][r] = o.z;
+            afr[h][2 * i + 1][2 + r] = o.w;
+          }
+        }
+      }
+      wgmma::fence();
+      const uint32_t b_addr = smem_addr + uint32_t(s * kWgSlotBytes + h * kWgAtomBytes);
+      mma_half<N>(acc, afr[h], b_addr, c == 0 && h == 0);
+      wgmma::commit();
+    }
+    if constexpr (kFp8) {
+      fsc[0] = nsc[0];
+      fsc[1] = nsc[1];
+    }
+  }
+  wgmma::wait<0>();
+  cp_async_wait<0>();
+
+  // Epilogue. acc[4 j + e]: row g (w1 / the first w2 row), token 8 j + 2 t4 + e; acc[4 j + 2 + e]:
+  // row g + 8 (w3 / the second w2 row), the same token.
+  const bool shared = g == a.E;
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int r = 8 * j + 2 * t4 + e;
+      if (r >= rows) continue;
+      const int gr = base + row0 + r;
+      if constexpr (kFused) {
+        a.out[int64_t(gr) * a.N + wrow[0]] =
+            swiglu_hidden(a, acc[4 * j + e] * gscale0, acc[4 * j + 2 + e] * gscale1, shared, gr);
+      } else {
+        const int64_t orow = int64_t(a.row_slot[gr]) * a.N;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          float v = acc[4 * j + 2 * i + e] * gscale0;
+          if (a.round_bf16) v = round_bf16_dev(v);
+          a.out[orow + wrow[i]] = v;
+        }
+      }
+    }
+  }
+#else
+  (void)a, (void)ex, (void)g, (void)base, (void)row0, (void)rows, (void)smem;
+#endif
+}
+
+template <bool kFused>
+__global__ void __launch_bounds__(kWgThreads, 1) expert_gemm_wg_kernel(GemmArgs a) {
+#if DS_MOE_WGMMA_PATH
+  extern __shared__ __align__(16) uint8_t wg_smem_raw[];
+  const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(wg_smem_raw));
+  uint8_t* smem = wg_smem_raw + ((1024u - (sa & 1023u)) & 1023u);
+  if (int(blockIdx.x) >= *a.num_tiles) return;
+  const int2 tile = a.tiles[blockIdx.x];
+  const int g = tile.x, row0 = tile.y;
+  const int base = a.group_offset[g];
+  const int rows = min(kPfTokens, a.group_offset[g + 1] - base - row0);
+  const MoeDeviceExpert ex = a.experts[g];
+  const int fmt = kFused ? ex.format[0] : ex.format[2];
+  // One instantiation per (format, wgmma width): a width chosen inside the K loop made ptxas
+  // serialize the wgmmas (C7515: the branches' accumulator moves).
+  const auto run = [&](auto fmt_c) {
+    constexpr int F = decltype(fmt_c)::value;
+    switch ((rows + 31) >> 5) {
+      case 1: wg_tile<kFused, F, 32>(a, ex, g, base, row0, rows, smem); break;
+      case 2: wg_tile<kFused, F, 64>(a, ex, g, base, row0, rows, smem); break;
+      case 3: wg_tile<kFused, F, 96>(a, ex, g, base, row0, rows, smem); break;
+      default: wg_tile<kFused, F, 128>(a, ex, g, base, row0, rows, smem); break;
+    }
+  };
+  if (fmt == int(WeightFormat::kMxfp4)) {
+    run(std::integral_constant<int, int(WeightFormat::kMxfp4)>{});
+  } else if (fmt == int(WeightFormat::kNvfp4)) {
+    run(std::integral_constant<int, int(WeightFormat::kNvfp4)>{});
+  } else {
+    run(std::integral_constant<int, int(WeightFormat::kFp8Block)>{});
+  }
+#else
+  (void)a;
+  __trap();  // launched only on sm_90 devices (MoeDeviceLayer::pf_wgmma)
+#endif
+}
+
 // ---- 8. combine --------------------------------------------------------------------------------
 
 __global__ void combine_kernel(const float* __restrict__ ybuf, const int32_t* __restrict__ experts,
@@ -1697,6 +1991,32 @@ Status launch_gemms_pf(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, in
       <<<dim3(unsigned(tiles), unsigned(dim / 128)), kPfThreads, kPfSmem, stream>>>(g2);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ok_status();
+}
+
+Status launch_gemms_wg(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64_t inter,
+                       int64_t dim, const float* h, uint16_t* hq, const int32_t* total_rows,
+                       int64_t rows_bound, bool fp8, cudaStream_t stream) {
+  // (The dynamic shared memory opt-in is done at load time: MoeDeviceLayer::create.) The
+  // activations (xq here, hq below) are in wg_tile's K order: quant_rows_kernel's permute.
+  expert_gemm_wg_kernel<true>
+      <<<dim3(unsigned(tiles), unsigned(inter / 64)), kWgThreads, kWgSmem, stream>>>(g1);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  const int64_t qblocks = rows_bound * (inter / kChunk);
+  quant_rows_kernel<<<unsigned(ceil_div(qblocks, 16)), 256, 0, stream>>>(
+      h, inter, rows_bound, total_rows, hq, fp8, nullptr, nullptr, true);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  expert_gemm_wg_kernel<false>
+      <<<dim3(unsigned(tiles), unsigned(dim / 128)), kWgThreads, kWgSmem, stream>>>(g2);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ok_status();
+}
+
+cudaError_t set_wg_smem_attributes() {
+  cudaError_t e = cudaFuncSetAttribute(expert_gemm_wg_kernel<true>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgSmem));
+  if (e != cudaSuccess) return e;
+  return cudaFuncSetAttribute(expert_gemm_wg_kernel<false>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgSmem));
 }
 
 cudaError_t set_pf_smem_attributes() {
@@ -1827,6 +2147,7 @@ MoeDeviceLayer& MoeDeviceLayer::operator=(MoeDeviceLayer&& o) noexcept {
     experts = o.experts;
     fp8_mma = o.fp8_mma;
     fp8_f16 = o.fp8_f16;
+    pf_wgmma = o.pf_wgmma;
     o.experts = nullptr;
   }
   return *this;
@@ -1916,6 +2237,28 @@ Result<MoeDeviceLayer> MoeDeviceLayer::create(const cpu::MoeParams& p) {
     l.fp8_mma = f8;
   }
   DS_CUDA_RETURN_IF_ERROR(set_pf_smem_attributes());
+  // The sm_90a prefill path: an sm_90 device, and block scales that its 4-byte (MXFP4) / 8-byte
+  // (NVFP4) cp.async can copy (real checkpoints' tensors are allocated far more aligned).
+  {
+    int dev = 0, major = 0, minor = 0;
+    DS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+    DS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    DS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    bool wg = major == 9 && minor == 0;
+    auto aligned = [](const cpu::LinearWeight& w) {
+      const uintptr_t a = reinterpret_cast<uintptr_t>(w.scale);
+      return w.format == WeightFormat::kFp8Block ||
+             (w.format == WeightFormat::kMxfp4 && a % 4 == 0) ||
+             (w.format == WeightFormat::kNvfp4 && a % 8 == 0);
+    };
+    auto expert_ok = [&](const cpu::ExpertWeights& ew) {
+      return aligned(ew.w1) && aligned(ew.w3) && aligned(ew.w2);
+    };
+    for (int64_t e = l.expert_begin; wg && e < l.expert_end; ++e) wg = expert_ok(p.experts[e]);
+    if (wg && l.add_shared) wg = expert_ok(p.shared);
+    if (wg) DS_CUDA_RETURN_IF_ERROR(set_wg_smem_attributes());
+    l.pf_wgmma = wg;
+  }
   const size_t bytes = table.size() * sizeof(MoeDeviceExpert);
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&l.experts), bytes));
   DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(l.experts, table.data(), bytes, cudaMemcpyHostToDevice));
@@ -2004,13 +2347,18 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
 
   DS_RETURN_IF_ERROR(route(l, x, token_ids, T, experts, weights, workspace, stream));
 
+  const bool pf_forced = tuning.path == 3 || tuning.path == 4;
   const int bt = tuning.tile_tokens > 0 ? tuning.tile_tokens
-                 : tuning.path == 3     ? kPfTokens
+                 : pf_forced            ? kPfTokens
                                         : tile_tokens(T, l);
   if (bt != 8 && bt != 16 && bt != 32 && bt != 64 && bt != kPfTokens)
     return invalid_argument("moe: tile_tokens must be 8, 16, 32, 64 or 128");
-  if ((bt == kPfTokens) != (tuning.path == 3 || (tuning.path == 0 && bt == kPfTokens)))
-    return invalid_argument("moe: 128-row tiles are the prefill path (path 3) and vice versa");
+  if ((bt == kPfTokens) != (pf_forced || (tuning.path == 0 && bt == kPfTokens)))
+    return invalid_argument("moe: 128-row tiles are the prefill paths (3, 4) and vice versa");
+  if (tuning.path == 4 && !l.pf_wgmma)
+    return invalid_argument("moe: the wgmma prefill path needs an sm_90 device");
+  // The prefill tiles run on wgmma (sm_90a) unless the mma.sync kernel is forced (path 3).
+  const bool use_wg = bt == kPfTokens && tuning.path != 3 && l.pf_wgmma;
   PlanArgs pa{experts,      weights,   T,         l.topk,    l.num_experts, l.expert_begin,
               l.expert_end, l.add_shared, bt,     group_offset, tiles,      num_tiles,
               row_token,    row_slot,  row_weight};
@@ -2024,7 +2372,7 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   auto* hs = reinterpret_cast<float*>(ws + L.hs);
   const bool want_f8 = tuning.path == 2 || (tuning.path == 0 && l.fp8_mma && bt <= 16);
   quant_rows_kernel<<<unsigned(ceil_div(xblocks, 16)), 256, 0, stream>>>(
-      x, l.dim, T, nullptr, xq, l.quantize_activations, want_f8 ? xq8 : nullptr, xs);
+      x, l.dim, T, nullptr, xq, l.quantize_activations, want_f8 ? xq8 : nullptr, xs, use_wg);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
 
   GemmArgs g1{l.experts, int(l.num_experts), tiles, num_tiles, group_offset, row_token, row_slot,
@@ -2070,7 +2418,10 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
                : launch_gemms_f8<kNt, kKs, kR, false, kW>(g1, g2, tiles_bound, l.inter, l.dim, h,
                                                           hq8, hs, total_rows, rows_bound, stream);
   };
-  if (bt == kPfTokens) {
+  if (use_wg) {
+    DS_RETURN_IF_ERROR(launch_gemms_wg(g1, g2, tiles_bound, l.inter, l.dim, h, hq, total_rows,
+                                       rows_bound, fp8, stream));
+  } else if (bt == kPfTokens) {
     DS_RETURN_IF_ERROR(launch_gemms_pf(g1, g2, tiles_bound, l.inter, l.dim, h, hq, total_rows,
                                        rows_bound, fp8, stream));
   } else if (use_f8) {

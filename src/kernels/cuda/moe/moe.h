@@ -15,8 +15,9 @@
 // (mma.sync e4m3, sm_89+: e2m1 is exact in e4m3, the block scales multiply fp32 partials; see
 // MoeDeviceLayer::fp8_mma and NOTES.md; on sm_90 / sm_100, which lower FP8 mma.sync to f16 HMMAs,
 // the same operands run as f16 mma.sync: MoeDeviceLayer::fp8_f16). Prefill-size batches (more
-// than 32 rows per expert) run 128 x 128 CTA tiles whose weights are dequantized once per tile
-// into shared memory (bf16 mma.sync, every format).
+// than 32 rows per expert) run 128 x 128 CTA tiles: on sm_90 on wgmma, each thread dequantizing
+// the weights of its own A fragments into registers (MoeDeviceLayer::pf_wgmma), elsewhere with the
+// weights dequantized once per tile into shared memory (bf16 mma.sync). Every format.
 //
 // The shared expert runs as one more group of the same grouped launches (every token, weight 1).
 #pragma once
@@ -82,6 +83,10 @@ class MoeDeviceLayer {
   // per-mma conversions): the FP8 path then runs its products as f16 mma.sync m16n8k16 on the
   // same exact operands (e2m1 placed into f16 bits, e4m3 converted to f16). sm_89 / sm_120: e4m3.
   bool fp8_f16 = false;
+  // Set by create() on sm_90 devices when every MXFP4 / NVFP4 scale array is 4 / 8-byte aligned:
+  // the prefill tiles (128 rows) run on wgmma with the weights dequantized into registers
+  // (expert_gemm_wg_kernel) instead of the bf16 mma.sync kernel (expert_gemm_pf_kernel).
+  bool pf_wgmma = false;
 
   // Turns off the FP8-path variants whose scale folding the layer's largest MXFP4 e8m0 code
   // (max_mxfp4_scale_code) would overflow: the f16 variant above kMoeF16MaxScaleCode, the FP8 path
@@ -108,7 +113,8 @@ struct MoeTuning {
   int tile_tokens = 0;  // 8, 16, 32, 64 rows per grouped-GEMM tile, or 128 (the prefill path)
   int k_split = 0;      // warps of a CTA splitting K: 1, 2 or 4 (only with 8 or 16-row tiles)
   // 1: bf16 mma.sync GEMMs (8-64 row tiles); 2: FP8 mma.sync (needs fp8_mma, 8/16-row tiles);
-  // 3: the prefill path (128 x 128 CTA tiles, bf16 mma.sync, any weight format)
+  // 3: the prefill path on bf16 mma.sync (128 x 128 CTA tiles, any weight format); 4: the prefill
+  // path on wgmma (needs pf_wgmma; the default for 128-row tiles where it is set)
   int path = 0;
   int ring_kb = 0;      // FP8 path, 8-row tiles: weight ring per warp, 8 (default) or 16 KB
   int mma = 0;          // FP8 path: 0 the device's (fp8_f16), 1 e4m3 mma.sync, 2 f16 mma.sync
