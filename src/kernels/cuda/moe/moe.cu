@@ -1650,6 +1650,8 @@ constexpr int kWgSlotBytes = kWgActBytes + kWgRawBytes + kWgScaleBytes;  // 49 K
 constexpr size_t kWgSmem = size_t(kWgSlots) * kWgSlotBytes + 1024;     // + base alignment
 static_assert(kWgSlotBytes % 1024 == 0, "wgmma B atoms need 1024-byte alignment");
 
+#if DS_MOE_WGMMA_PATH
+// cp.async of 4 or 8 bytes (the .ca form: .cg copies 16 only).
 __device__ __forceinline__ void cp_async_small(void* smem, const void* gmem, int bytes) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   if (bytes == 8)
@@ -1658,7 +1660,6 @@ __device__ __forceinline__ void cp_async_small(void* smem, const void* gmem, int
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem));
 }
 
-#if DS_MOE_WGMMA_PATH
 // D[64 x N] += A[64 x 16] (registers, bf16) B[16 x N] (shared memory, K-major, descriptor).
 template <int N>
 __device__ __forceinline__ void mma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db,
