@@ -1,19 +1,30 @@
 #!/usr/bin/env bash
 # h-moe18 (session 18): one device call for the sm_90a prefill path (expert_gemm_wg_kernel).
-# Runs scripts/gpu/run_moe.sh on the carried binaries (build/h-moe/..., built locally for sm_90a:
-# test_moe_cuda with compute-sanitizer memcheck of MoeCuda.Tiny*, then bench_moe -> moe.json), and
-# writes the SASS of the wgmma kernels with an opcode histogram of each (cuobjdump).
-#   scripts/gpu/h_moe18/run.sh [OUT_DIR]     env: as run_moe.sh (MOE_TEST_FILTER, ...)
+# Runs scripts/gpu/run_moe.sh on the carried binaries (built locally for sm_90a and packed, stripped,
+# into build/c18/bins.tar.xz with the shared libraries the GPU machine lacks: test_moe_cuda with
+# compute-sanitizer memcheck of MoeCuda.Tiny*, then bench_moe -> moe.json), the whole-model test
+# test_cuda_ops (its prefill chunks of > 128 tokens run the MoE prefill tiles), and writes the SASS
+# of the wgmma kernels with an opcode histogram of each (cuobjdump).
+#   scripts/gpu/h_moe18/run.sh [OUT_DIR]     env: as run_moe.sh (MOE_TEST_FILTER, ...), SKIP_OPS=1
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 out="${1:-${OUT:-/tmp/h_moe18_out}}"
 mkdir -p "$out"
+c=/tmp/c18
+rm -rf "$c" && mkdir -p "$c" && xz -dc build/c18/bins.tar.xz | tar -C "$c" -xf -
+export LD_LIBRARY_PATH="$c/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export MOE_TEST_BIN="$c/test_moe_cuda" MOE_BENCH_BIN="$c/bench_moe"
 MOE_SANITIZE="${MOE_SANITIZE:-1}" MOE_TEST_TIMEOUT="${MOE_TEST_TIMEOUT:-280}" \
   MOE_BENCH_TIMEOUT="${MOE_BENCH_TIMEOUT:-200}" bash scripts/gpu/run_moe.sh "$out"
 rc=$?
+if [ "${SKIP_OPS:-0}" != 1 ]; then
+  timeout 240 "$c/test_cuda_ops" >"$out/test_cuda_ops.log" 2>&1
+  echo "test_cuda_ops rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/test_cuda_ops.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED' "$out/test_cuda_ops.log"
+fi
 cuobj="$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2>/dev/null | head -1)"
 if [ -n "$cuobj" ]; then
-  timeout 60 "$cuobj" -sass build/h-moe/bench/bench_moe 2>/dev/null | python3 -c '
+  timeout 60 "$cuobj" -sass "$c/bench_moe" 2>/dev/null | python3 -c '
 import collections, re, sys
 t = sys.stdin.read()
 out = open(sys.argv[1], "w")
