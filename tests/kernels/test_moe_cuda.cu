@@ -583,110 +583,63 @@ TEST_F(MoeCuda, RouterGateFormats) {
   }
 }
 
-// The bf16 mma.sync prefill path (128-row tiles, expert_gemm_pf_kernel: the default for 128-row
-// tiles off sm_90, i.e. where the T = 4096 cases above at Flash and T >= 512 at the tiny shape do
-// not run the wgmma kernel) forced on every device, also where the heuristic picks other tiles: partial tiles (1, 16, 100 rows: token groups
-// past the valid rows are skipped), MXFP4 and NVFP4 routed experts with the FP8-block shared
-// expert, one expert holding every token (many tiles of one group, the other experts empty), an
-// expert range without the shared expert, hf numerics, hash routing. Same operands as the oracle
-// (bf16 weights dequantized exactly, FP8-simulated activations), so the same tolerance applies.
-TEST_F(MoeCuda, PrefillPathVariants) {
-  const cuda::MoeTuning pf{0, 0, 3, 0};
-  for (int64_t T : {1, 16, 100, 512}) {
-    for (WeightFormat f : {WeightFormat::kMxfp4, WeightFormat::kNvfp4}) {
-      Case c{f == WeightFormat::kMxfp4 ? "tiny mxfp4 pf" : "tiny nvfp4 pf", kTiny, f, T};
-      c.tuning = pf;
-      run_case(c);
-    }
+// The cases both prefill kernels are forced on (`tuning`, names tagged with `tag`): the tiny shape
+// at each T of `tiny_ts` with MXFP4 and NVFP4 routed experts (the FP8-block shared expert), one
+// expert holding every token (many tiles of one group, the other experts empty), an expert range
+// without the shared expert, hf numerics, hash routing; Flash with every token to expert 3 at
+// T = 4096 (32 full tiles of one group), NVFP4 at T = 512 (2 rows per expert; the shared expert's
+// 4 full tiles) and MXFP4 at each T of `flash_ts`. Same operands as the oracle (bf16 weights
+// dequantized exactly, FP8-simulated activations), so the same tolerance applies.
+void run_prefill_variants(const cuda::MoeTuning& tuning, const std::string& tag,
+                          std::initializer_list<int64_t> tiny_ts,
+                          std::initializer_list<int64_t> flash_ts) {
+  auto run = [&](Case c, int64_t oracle_tokens = 0) {
+    c.name += " " + tag;
+    c.tuning = tuning;
+    c.oracle_tokens = oracle_tokens;
+    run_case(c);
+  };
+  for (int64_t T : tiny_ts) {
+    run({"tiny mxfp4", kTiny, WeightFormat::kMxfp4, T});
+    run({"tiny nvfp4", kTiny, WeightFormat::kNvfp4, T});
   }
-  Case skew{"tiny skew nvfp4 pf", kTiny, WeightFormat::kNvfp4, 4096, true};
-  skew.tuning = pf;
-  run_case(skew);
-  Case range{"tiny range mxfp4 pf", kTiny, WeightFormat::kMxfp4, 512};
+  run({"tiny skew nvfp4", kTiny, WeightFormat::kNvfp4, 4096, true});
+  run({"tiny skew mxfp4", kTiny, WeightFormat::kMxfp4, 4096, true});
+  Case range{"tiny range mxfp4", kTiny, WeightFormat::kMxfp4, 512};
   range.begin = 2;
   range.end = 6;
   range.add_shared = false;
-  range.tuning = pf;
-  run_case(range);
-  Case hf{"tiny hf nvfp4 pf", kTiny, WeightFormat::kNvfp4, 512};
+  run(range);
+  Case hf{"tiny hf nvfp4", kTiny, WeightFormat::kNvfp4, 512};
   hf.hf = true;
-  hf.tuning = pf;
-  run_case(hf);
-  Case hash{"tiny hash pf", kTiny, WeightFormat::kMxfp4, 512, false, true};
-  hash.tuning = pf;
-  run_case(hash);
-  // Flash: every token to expert 3 at T = 4096 (32 tiles of one group), NVFP4 at T = 512, and
-  // MXFP4 at T = 64 (1-2 rows per expert: mostly empty tiles).
-  Case fskew{"flash skew pf", kFlash, WeightFormat::kMxfp4, 4096, true};
-  fskew.tuning = pf;
-  fskew.oracle_tokens = 12;
-  run_case(fskew);
-  Case fnv{"flash nvfp4 pf", kFlash, WeightFormat::kNvfp4, 512};
-  fnv.tuning = pf;
-  fnv.oracle_tokens = 12;
-  run_case(fnv);
-  Case fsmall{"flash mxfp4 pf", kFlash, WeightFormat::kMxfp4, 64};
-  fsmall.tuning = pf;
-  fsmall.oracle_tokens = 8;
-  run_case(fsmall);
+  run(hf);
+  Case hf_mx{"tiny hf mxfp4", kTiny, WeightFormat::kMxfp4, 350};
+  hf_mx.hf = true;
+  run(hf_mx);
+  run({"tiny hash", kTiny, WeightFormat::kMxfp4, 512, false, true});
+  run({"flash skew", kFlash, WeightFormat::kMxfp4, 4096, true}, 12);
+  run({"flash nvfp4", kFlash, WeightFormat::kNvfp4, 512}, 12);
+  for (int64_t T : flash_ts) run({"flash mxfp4", kFlash, WeightFormat::kMxfp4, T}, 12);
 }
 
-// The sm_90a prefill path (expert_gemm_wg_kernel: wgmma with the weights dequantized into the
+// The bf16 mma.sync prefill kernel (expert_gemm_pf_kernel: the default for 128-row tiles off
+// sm_90) forced on every device, also where the heuristic picks other tiles: partial tiles (1,
+// 16, 100 rows: token groups past the valid rows are skipped), Flash MXFP4 at T = 64 (1-2 rows per
+// expert: mostly empty tiles).
+TEST_F(MoeCuda, PrefillPathVariants) {
+  run_prefill_variants({0, 0, 3, 0}, "pf", {1, 16, 100, 512}, {64});
+}
+
+// The sm_90a prefill kernel (expert_gemm_wg_kernel: wgmma with the weights dequantized into the
 // A fragments, the default for 128-row tiles on sm_90, so the T = 4096 Flash cases above run it
-// there) forced on the cases of PrefillPathVariants, plus token counts whose tiles take each wgmma
-// width (valid rows rounded up to 32: T = 16 at the tiny shape has ~4 rows per expert (n32), T =
-// 200 ~50 (n64), T = 350 ~88 (n96), T = 512 128 +- a few (n128 and a second, small tile)). The
-// activations reach it in its permuted K order (quant_rows_kernel's permute); a wrong order or
-// fragment layout would be O(1) wrong, far outside the tolerance.
+// there) forced, with token counts whose tiles take each wgmma width (valid rows rounded up to
+// 32: T = 16 at the tiny shape has ~4 rows per expert (n32), T = 200 ~50 (n64), T = 350 ~88 (n96),
+// T = 512 128 +- a few (n128 and a second, small tile); Flash T = 1024 24 rows per expert, T = 2048
+// 48). The activations reach it in its permuted K order (quant_rows_kernel's permute); a wrong
+// order or fragment layout would be O(1) wrong, far outside the tolerance. Skipped (printed) off
+// sm_90.
 TEST_F(MoeCuda, WgmmaPrefillPathVariants) {
-  const cuda::MoeTuning wg{0, 0, 4, 0};
-  for (int64_t T : {1, 16, 100, 200, 350, 512}) {
-    for (WeightFormat f : {WeightFormat::kMxfp4, WeightFormat::kNvfp4}) {
-      Case c{f == WeightFormat::kMxfp4 ? "tiny mxfp4 wg" : "tiny nvfp4 wg", kTiny, f, T};
-      c.tuning = wg;
-      run_case(c);
-    }
-  }
-  Case skew{"tiny skew nvfp4 wg", kTiny, WeightFormat::kNvfp4, 4096, true};
-  skew.tuning = wg;
-  run_case(skew);
-  Case skew_mx{"tiny skew mxfp4 wg", kTiny, WeightFormat::kMxfp4, 4096, true};
-  skew_mx.tuning = wg;
-  run_case(skew_mx);
-  Case range{"tiny range mxfp4 wg", kTiny, WeightFormat::kMxfp4, 512};
-  range.begin = 2;
-  range.end = 6;
-  range.add_shared = false;
-  range.tuning = wg;
-  run_case(range);
-  Case hf{"tiny hf nvfp4 wg", kTiny, WeightFormat::kNvfp4, 512};
-  hf.hf = true;
-  hf.tuning = wg;
-  run_case(hf);
-  Case hf_mx{"tiny hf mxfp4 wg", kTiny, WeightFormat::kMxfp4, 350};
-  hf_mx.hf = true;
-  hf_mx.tuning = wg;
-  run_case(hf_mx);
-  Case hash{"tiny hash wg", kTiny, WeightFormat::kMxfp4, 512, false, true};
-  hash.tuning = wg;
-  run_case(hash);
-  // Flash: every token to expert 3 at T = 4096 (32 full tiles of one group), NVFP4 at T = 512
-  // (2 rows per expert: n32 tiles; the shared expert's 4 full tiles), MXFP4 at T = 1024 (24 rows
-  // per expert) and T = 2048 (48: n64).
-  Case fskew{"flash skew wg", kFlash, WeightFormat::kMxfp4, 4096, true};
-  fskew.tuning = wg;
-  fskew.oracle_tokens = 12;
-  run_case(fskew);
-  Case fnv{"flash nvfp4 wg", kFlash, WeightFormat::kNvfp4, 512};
-  fnv.tuning = wg;
-  fnv.oracle_tokens = 12;
-  run_case(fnv);
-  for (int64_t T : {1024, 2048}) {
-    Case fmx{"flash mxfp4 wg", kFlash, WeightFormat::kMxfp4, T};
-    fmx.tuning = wg;
-    fmx.oracle_tokens = 12;
-    run_case(fmx);
-  }
+  run_prefill_variants({0, 0, 4, 0}, "wg", {1, 16, 100, 200, 350, 512}, {1024, 2048});
 }
 
 TEST_F(MoeCuda, Bf16PathMxfp4) {

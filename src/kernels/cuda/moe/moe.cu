@@ -1809,7 +1809,8 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         if constexpr (kFp8) {
-          const uint4 q = *reinterpret_cast<const uint4*>(raw + ((h * 2 + r) * kWgThreads + tid) * 16);
+          const uint4 q =
+              *reinterpret_cast<const uint4*>(raw + ((h * 2 + r) * kWgThreads + tid) * 16);
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const uint32_t w = word(q, i);
@@ -1818,7 +1819,8 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
             afr[h][i][2 + r] = pack_bf16x2(f1.x * fsc[r], f1.y * fsc[r]);
           }
         } else {
-          const uint2 q = *reinterpret_cast<const uint2*>(raw + (r * kWgThreads + tid) * 16 + 8 * h);
+          const uint2 q =
+              *reinterpret_cast<const uint2*>(raw + (r * kWgThreads + tid) * 16 + 8 * h);
           uint32_t bits;
           if constexpr (kMx) {
             bits = e8m0_to_bf16_bits(scl[(lrow + 8 * r) * 8 + t4]);
@@ -1995,55 +1997,38 @@ Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, in
   return ok_status();
 }
 
-Status launch_gemms_pf(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64_t inter,
-                       int64_t dim, const float* h, uint16_t* hq, const int32_t* total_rows,
-                       int64_t rows_bound, bool fp8, cudaStream_t stream) {
-  // (The dynamic shared memory opt-in is done at load time: MoeDeviceLayer::create.)
-  expert_gemm_pf_kernel<true>
-      <<<dim3(unsigned(tiles), unsigned(inter / 64)), kPfThreads, kPfSmem, stream>>>(g1);
-  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  const int64_t qblocks = rows_bound * (inter / kChunk);
-  quant_rows_kernel<<<unsigned(ceil_div(qblocks, 16)), 256, 0, stream>>>(h, inter, rows_bound,
-                                                                          total_rows, hq, fp8);
-  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  expert_gemm_pf_kernel<false>
-      <<<dim3(unsigned(tiles), unsigned(dim / 128)), kPfThreads, kPfSmem, stream>>>(g2);
-  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return ok_status();
-}
-
-Status launch_gemms_wg(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64_t inter,
-                       int64_t dim, const float* h, uint16_t* hq, const int32_t* total_rows,
-                       int64_t rows_bound, bool fp8, cudaStream_t stream) {
-  // (The dynamic shared memory opt-in is done at load time: MoeDeviceLayer::create.) The
-  // activations (xq here, hq below) are in wg_tile's K order: quant_rows_kernel's permute.
-  expert_gemm_wg_kernel<true>
-      <<<dim3(unsigned(tiles), unsigned(inter / 64)), kWgThreads, kWgSmem, stream>>>(g1);
+// The 128-row prefill tiles, one grid for both kernels: the wgmma kernel (wg; its activations, xq
+// from forward and hq here, are in wg_tile's K order: quant_rows_kernel's permute) or the bf16
+// mma.sync one. (The dynamic shared memory opt-in is done at load time: MoeDeviceLayer::create.)
+Status launch_gemms_prefill(bool wg, const GemmArgs& g1, const GemmArgs& g2, int64_t tiles,
+                            int64_t inter, int64_t dim, const float* h, uint16_t* hq,
+                            const int32_t* total_rows, int64_t rows_bound, bool fp8,
+                            cudaStream_t stream) {
+  void (*const gate_up)(GemmArgs) = wg ? expert_gemm_wg_kernel<true> : expert_gemm_pf_kernel<true>;
+  void (*const down)(GemmArgs) = wg ? expert_gemm_wg_kernel<false> : expert_gemm_pf_kernel<false>;
+  const int threads = wg ? kWgThreads : kPfThreads;
+  const size_t smem = wg ? kWgSmem : kPfSmem;
+  gate_up<<<dim3(unsigned(tiles), unsigned(inter / 64)), threads, smem, stream>>>(g1);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   const int64_t qblocks = rows_bound * (inter / kChunk);
   quant_rows_kernel<<<unsigned(ceil_div(qblocks, 16)), 256, 0, stream>>>(
-      h, inter, rows_bound, total_rows, hq, fp8, nullptr, nullptr, true);
+      h, inter, rows_bound, total_rows, hq, fp8, nullptr, nullptr, wg);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  expert_gemm_wg_kernel<false>
-      <<<dim3(unsigned(tiles), unsigned(dim / 128)), kWgThreads, kWgSmem, stream>>>(g2);
+  down<<<dim3(unsigned(tiles), unsigned(dim / 128)), threads, smem, stream>>>(g2);
   DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ok_status();
 }
 
-cudaError_t set_wg_smem_attributes() {
-  cudaError_t e = cudaFuncSetAttribute(expert_gemm_wg_kernel<true>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgSmem));
-  if (e != cudaSuccess) return e;
-  return cudaFuncSetAttribute(expert_gemm_wg_kernel<false>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgSmem));
-}
-
-cudaError_t set_pf_smem_attributes() {
-  cudaError_t e = cudaFuncSetAttribute(expert_gemm_pf_kernel<true>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(kPfSmem));
-  if (e != cudaSuccess) return e;
-  return cudaFuncSetAttribute(expert_gemm_pf_kernel<false>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(kPfSmem));
+// Opts a prefill kernel pair into its dynamic shared memory on the current device (load time).
+cudaError_t set_prefill_smem_attributes(bool wg) {
+  const int bytes = int(wg ? kWgSmem : kPfSmem);
+  for (void (*f)(GemmArgs) : {wg ? expert_gemm_wg_kernel<true> : expert_gemm_pf_kernel<true>,
+                              wg ? expert_gemm_wg_kernel<false> : expert_gemm_pf_kernel<false>}) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 // Opts every FP8-path kernel into large dynamic shared memory on the current device. Called by
@@ -2255,7 +2240,7 @@ Result<MoeDeviceLayer> MoeDeviceLayer::create(const cpu::MoeParams& p) {
     if (f8) DS_CUDA_RETURN_IF_ERROR(set_f8_smem_attributes());
     l.fp8_mma = f8;
   }
-  DS_CUDA_RETURN_IF_ERROR(set_pf_smem_attributes());
+  DS_CUDA_RETURN_IF_ERROR(set_prefill_smem_attributes(false));
   // The sm_90a prefill path: an sm_90 device, and block scales that its 4-byte (MXFP4) / 8-byte
   // (NVFP4) cp.async can copy (real checkpoints' tensors are allocated far more aligned).
   {
@@ -2275,7 +2260,7 @@ Result<MoeDeviceLayer> MoeDeviceLayer::create(const cpu::MoeParams& p) {
     };
     for (int64_t e = l.expert_begin; wg && e < l.expert_end; ++e) wg = expert_ok(p.experts[e]);
     if (wg && l.add_shared) wg = expert_ok(p.shared);
-    if (wg) DS_CUDA_RETURN_IF_ERROR(set_wg_smem_attributes());
+    if (wg) DS_CUDA_RETURN_IF_ERROR(set_prefill_smem_attributes(true));
     l.pf_wgmma = wg;
   }
   const size_t bytes = table.size() * sizeof(MoeDeviceExpert);
@@ -2437,12 +2422,9 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
                : launch_gemms_f8<kNt, kKs, kR, false, kW>(g1, g2, tiles_bound, l.inter, l.dim, h,
                                                           hq8, hs, total_rows, rows_bound, stream);
   };
-  if (use_wg) {
-    DS_RETURN_IF_ERROR(launch_gemms_wg(g1, g2, tiles_bound, l.inter, l.dim, h, hq, total_rows,
-                                       rows_bound, fp8, stream));
-  } else if (bt == kPfTokens) {
-    DS_RETURN_IF_ERROR(launch_gemms_pf(g1, g2, tiles_bound, l.inter, l.dim, h, hq, total_rows,
-                                       rows_bound, fp8, stream));
+  if (bt == kPfTokens) {
+    DS_RETURN_IF_ERROR(launch_gemms_prefill(use_wg, g1, g2, tiles_bound, l.inter, l.dim, h, hq,
+                                            total_rows, rows_bound, fp8, stream));
   } else if (use_f8) {
     // K split and ring of the FP8 path, measured on H200 (bench_moe, session 5): K split 4 at
     // T = 1 (80.6 us vs 84.9 with 2: 896 CTAs instead of 448 for the 7 groups, < 2 waves at 3
