@@ -1309,7 +1309,7 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : kRing > 8192 ? 
 
 // ---- 5/7 (prefill path). tiled grouped GEMM: 128 weight rows x 128 tokens per CTA --------------
 //
-// For tiles of many rows (T >= ~512 at Flash: MoeRunner::tile_tokens returns 128). A CTA of 4
+// For tiles of many rows off sm_90 (T > 1365 at Flash: MoeRunner::tile_tokens). A CTA of 4
 // warps (2 along the weight rows x 2 along the tokens, 64 x 64 per warp) computes 128 output
 // features (gate/up: 64 w1 rows and the same 64 w3 rows; down: 128 w2 rows) for up to 128 rows
 // of one group, K in steps of 64:
@@ -1622,11 +1622,9 @@ __global__ void __launch_bounds__(kPfThreads, 2) expert_gemm_pf_kernel(GemmArgs 
 // its warp's 16), so the bf16 weights never touch shared memory and need no barrier. The tile's
 // tokens are the B operand (N = the tile's valid rows rounded up to 32: 32, 64, 96 or 128), K-major
 // in shared memory with the 128-byte swizzle. Per chunk of 128 K:
-//   - cp.async brings the activation rows (gathered through row_token for gate/up) two chunks
-//     ahead into one of 4 slots, and this thread's raw weight bytes (16 B of each of its two rows
-//     for FP4, 32 B for FP8) with the MXFP4 / NVFP4 block scales of its rows 7 (FP4) or 3 (FP8)
-//     chunks ahead into a 64 KB ring (v1 fetched them 2 ahead with the activations: ~1 us per
-//     chunk of exposed HBM latency, NOTES.md session 18);
+//   - cp.async brings the chunk two chunks ahead into one of 4 slots: the activation rows
+//     (gathered through row_token for gate/up), this thread's raw weight bytes (16 B of each of its
+//     two rows for FP4, 32 B for FP8) and the MXFP4 / NVFP4 block scales of its rows;
 //   - one CTA barrier per chunk (the activations are shared by both warpgroups);
 //   - two halves of 64 K: wait until the wgmma group that last read this half's A registers is
 //     done, dequantize (the previous group runs on the tensor cores meanwhile), 4 wgmma, commit.
@@ -1643,14 +1641,14 @@ __global__ void __launch_bounds__(kPfThreads, 2) expert_gemm_pf_kernel(GemmArgs 
 #endif
 
 constexpr int kWgThreads = 256;
-constexpr int kWgActSlots = 4;                         // activation chunks: 2 ahead (see wg_tile)
+constexpr int kWgSlots = 4;
 constexpr int kWgAtomBytes = kPfTokens * 128;          // [128 tokens][64 K] bf16: 16 KB
-constexpr int kWgActBytes = 2 * kWgAtomBytes;          // one chunk of 128 K (1024-aligned)
-constexpr int kWgRawRing = 64 * 1024;                  // raw weights: 8 FP4 / 4 FP8 chunks
+constexpr int kWgActBytes = 2 * kWgAtomBytes;          // one chunk of 128 K
+constexpr int kWgRawBytes = 4 * kWgThreads * 16;       // FP8: 2 rows x 2 halves x 16 B per thread
 constexpr int kWgScaleBytes = 128 * 8;                 // NVFP4: 8 scale bytes per row and chunk
-constexpr int kWgOffRaw = kWgActSlots * kWgActBytes;   // 128 KB
-constexpr int kWgOffScale = kWgOffRaw + kWgRawRing;    // 8 slots of kWgScaleBytes
-constexpr size_t kWgSmem = size_t(kWgOffScale) + 8 * kWgScaleBytes + 1024;  // + base alignment
+constexpr int kWgSlotBytes = kWgActBytes + kWgRawBytes + kWgScaleBytes;  // 49 KB (1024-aligned)
+constexpr size_t kWgSmem = size_t(kWgSlots) * kWgSlotBytes + 1024;     // + base alignment
+static_assert(kWgSlotBytes % 1024 == 0, "wgmma B atoms need 1024-byte alignment");
 
 #if DS_MOE_WGMMA_PATH
 // cp.async of 4 or 8 bytes (the .ca form: .cg copies 16 only).
@@ -1717,25 +1715,17 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
     src_row[j] = uint32_t((kFused ? int64_t(a.row_token[gr]) : int64_t(gr)) * K);
   }
 
-  // Raw weight ring: kRing chunks, fetched kRing - 1 ahead (the slot refilled at chunk c is the
-  // one this thread dequantized at chunk c - 1; its scales were read by the row's other lanes
-  // before chunk c's barrier).
-  constexpr int kRawChunk = kFp8 ? 4 * kWgThreads * 16 : 2 * kWgThreads * 16;  // 16 / 8 KB
-  constexpr int kRing = kWgRawRing / kRawChunk;                                 // 4 / 8
-  auto issue_act = [&](int c) {  // activation chunk c into slot c % kWgActSlots
+  auto issue = [&](int c) {  // chunk c into slot c % kWgSlots, one commit group (maybe empty)
     if (c < chunks) {
-      uint8_t* act = smem + (c % kWgActSlots) * kWgActBytes + batom * kWgAtomBytes;
+      uint8_t* slot = smem + (c % kWgSlots) * kWgSlotBytes;
+      uint8_t* act = slot + batom * kWgAtomBytes;
       const uint16_t* src = a.act + int64_t(c) * kChunk + batom * 64 + bu * 8;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int r = (tid >> 4) + 16 * j;
         if (r < rows) cp_async16(act + r * 128 + ((bu ^ (r & 7)) << 4), src + src_row[j]);
       }
-    }
-  };
-  auto issue_w = [&](int c) {  // weight chunk c into raw slot c % kRing
-    if (c < chunks) {
-      uint8_t* raw = smem + kWgOffRaw + (c % kRing) * kRawChunk;
+      uint8_t* raw = slot + kWgActBytes;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         if constexpr (kFp8) {
@@ -1756,11 +1746,11 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
           const uint8_t* p = (t4 == 0 ? wscale[0] + wrow[0] * (K / (kMx ? 32 : 16))
                                       : wscale[1] + wrow[1] * (K / (kMx ? 32 : 16))) +
                              int64_t(c) * kScaleBytes;
-          cp_async_small(smem + kWgOffScale + (c % kRing) * kWgScaleBytes + (lrow + 8 * t4) * 8,
-                         p, kScaleBytes);
+          cp_async_small(slot + kWgActBytes + kWgRawBytes + (lrow + 8 * t4) * 8, p, kScaleBytes);
         }
       }
     }
+    cp_async_commit();
   };
 
   float acc[64];  // written first by a scale-d 0 wgmma (mma_half's `first`)
@@ -1776,24 +1766,16 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
   }
   const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
 
-  // Commit groups: {weights 0 .. kRing - 2, activations 0}, {activations 1}, then one per chunk c
-  // holding activations c + 2 and weights c + kRing - 1; all of chunk c's copies are in the
-  // groups committed up to chunk c - 2's, so waiting for all but the newest group suffices.
-  for (int i = 0; i < kRing - 1; ++i) issue_w(i);
-  issue_act(0);
-  cp_async_commit();
-  issue_act(1);
-  cp_async_commit();
+  issue(0);
+  issue(1);
   for (int c = 0; c < chunks; ++c) {
-    cp_async_wait<1>();  // this thread's copies of chunk c (chunk c + 1's may be in flight)
+    cp_async_wait<1>();  // this thread's copies of chunk c (chunk c + 1 may be in flight)
     wgmma::fence_proxy_async();
     __syncthreads();     // everyone's chunk c; every warpgroup is done with chunk c - 2
-    issue_act(c + 2);    // into chunk c - 2's slot
-    issue_w(c + kRing - 1);
-    cp_async_commit();
-    const int s = c % kWgActSlots;
-    const uint8_t* raw = smem + kWgOffRaw + (c % kRing) * kRawChunk;
-    const uint8_t* scl = smem + kWgOffScale + (c % kRing) * kWgScaleBytes;
+    issue(c + 2);        // into chunk c - 2's slot
+    const int s = c % kWgSlots;
+    const uint8_t* raw = smem + s * kWgSlotBytes + kWgActBytes;
+    const uint8_t* scl = raw + kWgRawBytes;
     float nsc[2] = {0.0f, 0.0f};
     if constexpr (kFp8) {
       if (c + 1 < chunks) {
@@ -1839,7 +1821,7 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
         }
       }
       wgmma::fence();
-      const uint32_t b_addr = smem_addr + uint32_t(s * kWgActBytes + h * kWgAtomBytes);
+      const uint32_t b_addr = smem_addr + uint32_t(s * kWgSlotBytes + h * kWgAtomBytes);
       mma_half<N>(acc, afr[h], b_addr, c == 0 && h == 0);
       wgmma::commit();
     }
@@ -2280,11 +2262,15 @@ int MoeRunner::tile_tokens(int64_t T, const MoeDeviceLayer& layer) {
   const int64_t per_expert = ceil_div(T * layer.topk, std::max<int64_t>(layer.num_experts, 1));
   if (per_expert <= 8) return 8;
   if (per_expert <= 16) return 16;
-  if (per_expert <= 32) return 32;
-  // More than 32 rows per expert: the 128-row prefill tiles (expert_gemm_pf_kernel). Measured on
-  // H200 (session 7): faster than the 64-row bf16 tiles at T = 4096 / 8192 (9.6 / 18.3 ms vs
-  // 13.9 / 24.4 ms), equal at T = 1024, 2x slower at T = 512 (5.5 ms vs 2.9 ms with the FP8
-  // 16-row tiles): below ~1000 tokens it is bound by the weight bytes in flight (NOTES.md).
+  // 17-32 rows per expert: on sm_90 the wgmma prefill tiles (session 18, H200, Flash MXFP4:
+  // T = 1024, 24 rows per expert, 3.81 ms against 5.74 ms on the bf16 32-row tiles; at T = 512,
+  // 12 rows, the FP8 16-row tiles stay faster: 2.67 vs 3.54 ms). Elsewhere the 32-row tiles.
+  if (per_expert <= 32) return layer.pf_wgmma ? kPfTokens : 32;
+  // More than 32 rows per expert: the 128-row prefill tiles (expert_gemm_wg_kernel on sm_90,
+  // else expert_gemm_pf_kernel). Measured on H200 (session 7, the mma.sync kernel): faster than
+  // the 64-row bf16 tiles at T = 4096 / 8192 (9.6 / 18.3 ms vs 13.9 / 24.4 ms), equal at T = 1024,
+  // 2x slower at T = 512 (5.5 ms vs 2.9 ms with the FP8 16-row tiles): below ~1000 tokens it is
+  // bound by the weight bytes in flight (NOTES.md).
   return kPfTokens;
 }
 

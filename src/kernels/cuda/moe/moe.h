@@ -15,9 +15,10 @@
 // (mma.sync e4m3, sm_89+: e2m1 is exact in e4m3, the block scales multiply fp32 partials; see
 // MoeDeviceLayer::fp8_mma and NOTES.md; on sm_90 / sm_100, which lower FP8 mma.sync to f16 HMMAs,
 // the same operands run as f16 mma.sync: MoeDeviceLayer::fp8_f16). Prefill-size batches (more
-// than 32 rows per expert) run 128 x 128 CTA tiles: on sm_90 on wgmma, each thread dequantizing
-// the weights of its own A fragments into registers (MoeDeviceLayer::pf_wgmma), elsewhere with the
-// weights dequantized once per tile into shared memory (bf16 mma.sync). Every format.
+// than 32 rows per expert; 16 on sm_90) run 128 x 128 CTA tiles: on sm_90 on wgmma, each thread
+// dequantizing the weights of its own A fragments into registers (MoeDeviceLayer::pf_wgmma),
+// elsewhere with the weights dequantized once per tile into shared memory (bf16 mma.sync). Every
+// format.
 //
 // The shared expert runs as one more group of the same grouped launches (every token, weight 1).
 #pragma once
@@ -145,7 +146,8 @@ class MoeRunner {
                       cudaStream_t stream);
 
   // The tokens-per-tile of the grouped GEMMs that forward() picks for T tokens: 8, 16, 32, or
-  // 128 (the prefill path, when more than 32 rows per expert are expected).
+  // 128 (the prefill paths: more than 32 rows per expert expected, or more than 16 where the
+  // layer has the wgmma kernel, pf_wgmma).
   static int tile_tokens(int64_t T, const MoeDeviceLayer& layer);
 };
 
