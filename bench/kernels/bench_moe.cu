@@ -439,6 +439,17 @@ int main(int argc, char** argv) {
     } else {
       cases.push_back({4096, cuda::MoeTuning{0, 0, 3, 0}});
     }
+    // The wgmma kernel's split-issue variant (MoeTuning::wg_ahead): the weight lookahead swept at
+    // T = 512 (little MMA: the weight stream alone) and 4096 / 8192 (the prefill target).
+    if (layer->pf_wgmma) {
+      const bool mx = fmt == cpu::WeightFormat::kMxfp4;
+      for (int64_t T : mx ? std::vector<int64_t>{512, 1024, 4096, 8192} : std::vector<int64_t>{4096})
+        for (int ahead : mx ? std::vector<int>{2, 3, 5, 7} : std::vector<int>{7}) {
+          cuda::MoeTuning t{0, 0, 4, 0};
+          t.wg_ahead = ahead;
+          cases.push_back({T, t});
+        }
+    }
     for (const BenchCase& bc : cases) {
       const int64_t T = bc.T;
       auto fwd = [&](cudaStream_t s) {
@@ -492,6 +503,7 @@ int main(int argc, char** argv) {
         if (bc.tuning.ring_kb > 0) r.kernel += "_ring" + std::to_string(bc.tuning.ring_kb);
         if (bc.tuning.mma > 0) r.kernel += bc.tuning.mma == 1 ? "_e4m3" : "_f16";
         if (bc.tuning.warps > 0) r.kernel += "_w" + std::to_string(bc.tuning.warps);
+        if (bc.tuning.wg_ahead > 0) r.kernel += "_ahead" + std::to_string(bc.tuning.wg_ahead);
       }
       char shape[160];
       std::snprintf(shape, sizeof shape,
@@ -513,11 +525,12 @@ int main(int argc, char** argv) {
       r.max_error = double(nonfinite);
       r.error_metric = "non-finite outputs (correctness: test_moe_cuda)";
       records.push_back(r);
-      std::printf("%s bt%d ks%d p%d r%d m%d w%d T=%-5lld distinct=%-3lld eager %9.1f us  %s "
+      std::printf("%s bt%d ks%d p%d r%d m%d w%d a%d T=%-5lld distinct=%-3lld eager %9.1f us  %s "
                   "%9.1f us  %7.0f GB/s (expert bytes %.0f GB/s = %.0f%% of copy)  %6.1f TFLOP/s "
                   "(%.0f%% of mma)\n",
                   fname, bc.tuning.tile_tokens, bc.tuning.k_split, bc.tuning.path,
-                  bc.tuning.ring_kb, bc.tuning.mma, bc.tuning.warps, (long long)T,
+                  bc.tuning.ring_kb, bc.tuning.mma, bc.tuning.warps, bc.tuning.wg_ahead,
+                  (long long)T,
                   (long long)distinct, eager_us, graph ? "graph" : "     ",
                   us, r.achieved_gbps, routed_bytes / (us * 1e-6) / 1e9,
                   100.0 * routed_bytes / (us * 1e-6) / 1e9 / copy_gbps, r.achieved_tflops,

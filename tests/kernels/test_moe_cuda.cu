@@ -208,6 +208,7 @@ struct Case {
   bool gate_bf16 = false;  // router gate stored as bf16 (both sides), else fp32
   int64_t oracle_tokens = 0;  // 0 = all
   cuda::MoeTuning tuning;     // default: the heuristic
+  std::string expect_error;   // non-empty: forward must fail with a message containing it
 };
 
 void run_case(const Case& c) {
@@ -285,6 +286,12 @@ void run_case(const Case& c) {
   DS_CUDA_ASSERT(d_y.poison());
   const Status st = cuda::MoeRunner::forward(*layer, d_x.get(), d_tok.get(), T, d_y.get(),
                                              ws.get(), 0, c.tuning);
+  if (!c.expect_error.empty()) {
+    ASSERT_FALSE(st.ok()) << c.name << ": accepted";
+    EXPECT_NE(st.message().find(c.expect_error), std::string::npos) << st.message();
+    DS_CUDA_ASSERT(cudaDeviceSynchronize());
+    return;
+  }
   ASSERT_TRUE(st.ok()) << st.message();
   DS_CUDA_ASSERT(cudaDeviceSynchronize());
   std::vector<float> y;
@@ -640,6 +647,34 @@ TEST_F(MoeCuda, PrefillPathVariants) {
 // sm_90.
 TEST_F(MoeCuda, WgmmaPrefillPathVariants) {
   run_prefill_variants({0, 0, 4, 0}, "wg", {1, 16, 100, 200, 350, 512}, {1024, 2048});
+}
+
+// The wgmma kernel's split-issue variant (MoeTuning::wg_ahead: warpgroup 0 copies the activations,
+// warpgroup 1 the weights and block scales `ahead` chunks ahead into a ring of ahead + 1 slots) on
+// the same cases: ahead 2 (a 3-slot ring: every slot reused each 3 chunks), 3 (the FP8-block
+// shared expert's largest ring) and 7 (the FP4 ring's largest; the FP8 shared expert clamps to 3).
+// The Flash shapes have 32 (gate/up) and 16 (down) chunks per tile, so each ring wraps; the tiny
+// shape's K (256 / 128) has fewer chunks than the lookahead, which exercises the guards on chunks
+// past the end. A slot reused too early or a wrong source row is an O(1) error.
+TEST_F(MoeCuda, WgmmaSplitPrefillVariants) {
+  for (int ahead : {2, 3, 7}) {
+    cuda::MoeTuning t{0, 0, 4, 0};
+    t.wg_ahead = ahead;
+    run_prefill_variants(t, "wgs" + std::to_string(ahead), {1, 100, 350, 512}, {1024, 2048});
+  }
+  // Out-of-range lookaheads and the lookahead without the wgmma path are refused.
+  for (int ahead : {1, 8, -1}) {
+    Case c{"tiny wgs bad ahead", kTiny, WeightFormat::kMxfp4, 512};
+    c.tuning = {0, 0, 4, 0};
+    c.tuning.wg_ahead = ahead;
+    c.expect_error = "wg_ahead must be";
+    run_case(c);
+  }
+  Case pf{"tiny wgs on the mma.sync path", kTiny, WeightFormat::kMxfp4, 512};
+  pf.tuning = {0, 0, 3, 0};
+  pf.tuning.wg_ahead = 4;
+  pf.expect_error = "wg_ahead needs the wgmma";
+  run_case(pf);
 }
 
 TEST_F(MoeCuda, Bf16PathMxfp4) {

@@ -5,13 +5,14 @@
 # compute-sanitizer memcheck of MoeCuda.Tiny*, then bench_moe -> moe.json), the whole-model test
 # test_cuda_ops (its prefill chunks of > 128 tokens run the MoE prefill tiles), and writes the SASS
 # of the wgmma kernels with an opcode histogram of each (cuobjdump).
-#   scripts/gpu/h_moe18/run.sh [OUT_DIR]     env: as run_moe.sh (MOE_TEST_FILTER, ...), SKIP_OPS=1
+#   scripts/gpu/h_moe18/run.sh [OUT_DIR]     env: as run_moe.sh (MOE_TEST_FILTER, ...), SKIP_OPS=1,
+#   BINS (the packed binaries, default build/c18/bins.tar.xz; session 19's are build/c19/...)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 out="${1:-${OUT:-/tmp/h_moe18_out}}"
 mkdir -p "$out"
 c=/tmp/c18
-rm -rf "$c" && mkdir -p "$c" && xz -dc build/c18/bins.tar.xz | tar -C "$c" -xf -
+rm -rf "$c" && mkdir -p "$c" && xz -dc "${BINS:-build/c18/bins.tar.xz}" | tar -C "$c" -xf -
 export LD_LIBRARY_PATH="$c/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MOE_TEST_BIN="$c/test_moe_cuda" MOE_BENCH_BIN="$c/bench_moe"
 MOE_SANITIZE="${MOE_SANITIZE:-1}" MOE_TEST_TIMEOUT="${MOE_TEST_TIMEOUT:-280}" \
