@@ -439,6 +439,13 @@ int main(int argc, char** argv) {
     } else {
       cases.push_back({4096, cuda::MoeTuning{0, 0, 3, 0}});
     }
+    // Programmatic dependent launches of the MoE kernels (MoeTuning::pdl) against the default plain
+    // launches, the decode sizes in a graph (each MoE kernel overlaps only its launch).
+    for (int64_t T : {1, 16, 64}) {
+      cuda::MoeTuning t;
+      t.pdl = 1;
+      cases.push_back({T, t});
+    }
     // The wgmma kernel's split-issue variant (MoeTuning::wg_ahead): the weight lookahead swept at
     // T = 512 (little MMA: the weight stream alone) and 4096 / 8192 (the prefill target).
     if (layer->pf_wgmma) {
@@ -505,6 +512,7 @@ int main(int argc, char** argv) {
         if (bc.tuning.warps > 0) r.kernel += "_w" + std::to_string(bc.tuning.warps);
         if (bc.tuning.wg_ahead > 0) r.kernel += "_ahead" + std::to_string(bc.tuning.wg_ahead);
       }
+      if (bc.tuning.pdl) r.kernel += "_pdl";
       char shape[160];
       std::snprintf(shape, sizeof shape,
                     "T=%lld D=4096 E=256 k=6 inter=2048 distinct=%lld expert=%.2fMB +shared fp8",
@@ -525,12 +533,12 @@ int main(int argc, char** argv) {
       r.max_error = double(nonfinite);
       r.error_metric = "non-finite outputs (correctness: test_moe_cuda)";
       records.push_back(r);
-      std::printf("%s bt%d ks%d p%d r%d m%d w%d a%d T=%-5lld distinct=%-3lld eager %9.1f us  %s "
+      std::printf("%s bt%d ks%d p%d r%d m%d w%d a%d pdl%d T=%-5lld distinct=%-3lld eager %9.1f us  %s "
                   "%9.1f us  %7.0f GB/s (expert bytes %.0f GB/s = %.0f%% of copy)  %6.1f TFLOP/s "
                   "(%.0f%% of mma)\n",
                   fname, bc.tuning.tile_tokens, bc.tuning.k_split, bc.tuning.path,
                   bc.tuning.ring_kb, bc.tuning.mma, bc.tuning.warps, bc.tuning.wg_ahead,
-                  (long long)T,
+                  bc.tuning.pdl, (long long)T,
                   (long long)distinct, eager_us, graph ? "graph" : "     ",
                   us, r.achieved_gbps, routed_bytes / (us * 1e-6) / 1e9,
                   100.0 * routed_bytes / (us * 1e-6) / 1e9 / copy_gbps, r.achieved_tflops,
@@ -572,7 +580,7 @@ int main(int argc, char** argv) {
                     "(%.0f TFLOP/s); weight bytes %.0f GB/s = %.0f%% of copy\n",
                     gemm_us, g.achieved_tflops, 100.0 * g.achieved_tflops / peak, mma_name, peak,
                     g.achieved_gbps, 100.0 * g.achieved_gbps / copy_gbps);
-        if (T <= 64 && bc.tuning.tile_tokens == 0) {
+        if (T <= 64 && bc.tuning.tile_tokens == 0 && bc.tuning.pdl == 0) {
           bench::Record lr;
           lr.kernel = "moe_router_logits";
           lr.shape = "T=" + std::to_string(T) + " gate fp32 [256, 4096]";

@@ -209,6 +209,7 @@ struct Case {
   int64_t oracle_tokens = 0;  // 0 = all
   cuda::MoeTuning tuning;     // default: the heuristic
   std::string expect_error;   // non-empty: forward must fail with a message containing it
+  bool graph = false;  // forward captured in a CUDA graph on its own stream, replayed twice
 };
 
 void run_case(const Case& c) {
@@ -284,8 +285,37 @@ void run_case(const Case& c) {
   ASSERT_TRUE(ws.ok());
   DS_CUDA_ASSERT(ws.poison());
   DS_CUDA_ASSERT(d_y.poison());
-  const Status st = cuda::MoeRunner::forward(*layer, d_x.get(), d_tok.get(), T, d_y.get(),
-                                             ws.get(), 0, c.tuning);
+  // c.graph: the launches recorded once (with MoeTuning::pdl, as programmatic-dependency edges),
+  // then the graph replayed twice with y poisoned before each replay; the second replay's y is
+  // checked. A CUDA error of the capture or a replay comes back as the status's message.
+  auto graph_forward = [&]() -> Status {
+    cudaStream_t stream = nullptr;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) return invalid_argument(std::string("cuda: ") + cudaGetErrorString(e));
+    const Status fst = cuda::MoeRunner::forward(*layer, d_x.get(), d_tok.get(), T, d_y.get(),
+                                                ws.get(), stream, c.tuning);
+    e = cudaStreamEndCapture(stream, &graph);
+    if (fst.ok() && e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+    for (int rep = 0; rep < 2 && fst.ok() && e == cudaSuccess; ++rep) {
+      e = d_y.poison();
+      if (e == cudaSuccess) e = cudaDeviceSynchronize();
+      if (e == cudaSuccess) e = cudaGraphLaunch(exec, stream);
+      if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+    }
+    const auto keep_first = [&e](cudaError_t d) { e = e == cudaSuccess ? d : e; };
+    if (exec) keep_first(cudaGraphExecDestroy(exec));
+    if (graph) keep_first(cudaGraphDestroy(graph));
+    keep_first(cudaStreamDestroy(stream));
+    if (!fst.ok()) return fst;
+    if (e != cudaSuccess) return invalid_argument(std::string("cuda: ") + cudaGetErrorString(e));
+    return ok_status();
+  };
+  const Status st = c.graph ? graph_forward()
+                            : cuda::MoeRunner::forward(*layer, d_x.get(), d_tok.get(), T,
+                                                       d_y.get(), ws.get(), 0, c.tuning);
   if (!c.expect_error.empty()) {
     ASSERT_FALSE(st.ok()) << c.name << ": accepted";
     EXPECT_NE(st.message().find(c.expect_error), std::string::npos) << st.message();
@@ -675,6 +705,40 @@ TEST_F(MoeCuda, WgmmaSplitPrefillVariants) {
   pf.tuning.wg_ahead = 4;
   pf.expect_error = "wg_ahead needs the wgmma";
   run_case(pf);
+}
+
+// Every MoE kernel launched as a programmatic dependent of the previous one (MoeTuning::pdl), eager
+// and inside a CUDA graph (the engine's decode form), on each kernel family: the FP8 decode path
+// (T = 1, 16, 64 at the Flash shape, T = 1 hash-routed at the tiny shape), the bf16 tiles, the
+// prefill tiles (wgmma on sm_90, both pipelines, else mma.sync). A kernel that read its
+// predecessor's output before pdl_begin() would read the poisoned or stale workspace.
+TEST_F(MoeCuda, ProgrammaticDependentLaunch) {
+  for (bool graph : {false, true}) {
+    const std::string g = graph ? " pdl graph" : " pdl";
+    auto pdl_case = [&](Case c, cuda::MoeTuning t = {}) {
+      c.name += g;
+      c.tuning = t;
+      c.tuning.pdl = 1;
+      c.graph = graph;
+      run_case(c);
+    };
+    for (int64_t T : {1, 16, 64}) {
+      Case c{"flash mxfp4", kFlash, WeightFormat::kMxfp4, T};
+      c.oracle_tokens = 8;
+      pdl_case(c);
+    }
+    pdl_case({"tiny hash", kTiny, WeightFormat::kMxfp4, 1, false, true});
+    pdl_case({"tiny nvfp4 bf16 tiles", kTiny, WeightFormat::kNvfp4, 64}, {32, 1, 1, 0});
+    pdl_case({"tiny mxfp4 prefill", kTiny, WeightFormat::kMxfp4, 512}, {0, 0, 3, 0});
+    pdl_case({"tiny mxfp4 default", kTiny, WeightFormat::kMxfp4, 512});
+    cuda::MoeTuning split{0, 0, 4, 0};
+    split.wg_ahead = 5;
+    pdl_case({"tiny nvfp4 wgmma split", kTiny, WeightFormat::kNvfp4, 350}, split);
+  }
+  Case bad{"tiny bad pdl", kTiny, WeightFormat::kMxfp4, 16};
+  bad.tuning.pdl = 2;
+  bad.expect_error = "pdl must be 0 or 1";
+  run_case(bad);
 }
 
 TEST_F(MoeCuda, Bf16PathMxfp4) {

@@ -36,12 +36,13 @@ inline bool ops_pdl_enabled() {
   return enabled;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the stream's
-// previous kernel. The kernel must begin with pdl_begin() (above). A launch error is returned and,
-// like any runtime error, also left for the caller's cudaGetLastError.
+// kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the stream's
+// previous kernel when `pdl` (and ops_pdl_enabled()). The kernel must begin with pdl_begin()
+// (above). A launch error is returned and, like any runtime error, also left for the caller's
+// cudaGetLastError.
 template <typename... Params, typename... Args>
-cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                       cudaStream_t stream, Args&&... args) {
+cudaError_t launch_pdl_if(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                          cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -51,8 +52,15 @@ cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t 
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = ops_pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = pdl && ops_pdl_enabled() ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// launch_pdl_if(true, ...): the op kernels of a decode step.
+template <typename... Params, typename... Args>
+cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                       cudaStream_t stream, Args&&... args) {
+  return launch_pdl_if(true, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace ds::cuda

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/common/wgmma.cuh"
 #include "kernels/cuda/moe/moe.h"
 
@@ -176,6 +177,7 @@ template <bool kBf16, int kEB, int kTB>
 __global__ void router_logits_small_kernel(const float* __restrict__ x,
                                            const void* __restrict__ gate, int64_t T, int64_t D,
                                            int64_t E, float* __restrict__ logits) {
+  pdl_begin();
   __shared__ float part[8][kEB][kTB];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t e0 = int64_t(blockIdx.x) * kEB;
@@ -255,6 +257,7 @@ template <bool kBf16>
 __global__ void __launch_bounds__(256)
     router_logits_tiled_kernel(const float* __restrict__ x, const void* __restrict__ gate,
                                int64_t T, int64_t D, int64_t E, float* __restrict__ logits) {
+  pdl_begin();
   __shared__ __align__(16) float xs[kLogitsK][kLogitsPad];  // [k][token]
   __shared__ __align__(16) float gs[kLogitsK][kLogitsPad];  // [k][expert]
   const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
@@ -326,6 +329,7 @@ struct RouteArgs {
 };
 
 __global__ void route_kernel(RouteArgs a) {
+  pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   if (t >= a.T) return;
@@ -429,6 +433,7 @@ __device__ int block_exclusive_scan(int v, int* scratch /*[32]*/, int* total) {
 }
 
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanArgs a) {
+  pdl_begin();
   __shared__ int count[kPlanThreads];
   __shared__ int cursor[kPlanThreads];
   __shared__ int scratch[33];
@@ -488,6 +493,7 @@ __global__ void quant_rows_kernel(const float* __restrict__ in, int64_t len, int
                                   const int32_t* rows_dev, uint16_t* __restrict__ out, bool fp8,
                                   uint8_t* __restrict__ out8 = nullptr,
                                   float* __restrict__ scale8 = nullptr, bool permute = false) {
+  pdl_begin();
   const int lane = threadIdx.x & 31, sub = lane & 15;
   const int64_t bpr = len / kChunk;
   const int64_t warp = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
@@ -850,6 +856,7 @@ __device__ __forceinline__ void gemm_tile(const GemmArgs& a, const MoeDeviceExpe
 template <int NT, bool kFused, int KS>
 __global__ void __launch_bounds__(kGemmThreads, NT == 1 ? 4 : 1)
     expert_gemm_kernel(GemmArgs a) {
+  pdl_begin();
   __shared__ __align__(16) uint16_t smem[2 * KS * 8 * NT * kChunk];
   if (int(blockIdx.x) >= *a.num_tiles) return;
   const int2 tile = a.tiles[blockIdx.x];
@@ -1294,6 +1301,7 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
 template <int NT, bool kFused, int KS, int kRing, bool kH16, int kWarps>
 __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : kRing > 8192 ? 2 : 3)
     expert_gemm_f8_kernel(GemmArgs a) {
+  pdl_begin();
   extern __shared__ __align__(16) uint8_t f8_smem[];
   if (int(blockIdx.x) >= *a.num_tiles) return;
   const int2 tile = a.tiles[blockIdx.x];
@@ -1598,6 +1606,7 @@ __device__ __forceinline__ void pf_tile(const GemmArgs& a, const MoeDeviceExpert
 
 template <bool kFused>
 __global__ void __launch_bounds__(kPfThreads, 2) expert_gemm_pf_kernel(GemmArgs a) {
+  pdl_begin();
   extern __shared__ __align__(16) uint8_t pf_smem[];
   if (int(blockIdx.x) >= *a.num_tiles) return;
   const int2 tile = a.tiles[blockIdx.x];
@@ -1995,6 +2004,7 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
 
 template <bool kFused, bool kSplit>
 __global__ void __launch_bounds__(kWgThreads, 1) expert_gemm_wg_kernel(GemmArgs a) {
+  pdl_begin();
 #if DS_MOE_WGMMA_PATH
   extern __shared__ __align__(16) uint8_t wg_smem_raw[];
   const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(wg_smem_raw));
@@ -2035,6 +2045,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) expert_gemm_wg_kernel(GemmArgs 
 __global__ void combine_kernel(const float* __restrict__ ybuf, const int32_t* __restrict__ experts,
                                int64_t T, int64_t D, int64_t k, int64_t begin, int64_t end,
                                bool add_shared, float* __restrict__ y) {
+  pdl_begin();
   const int64_t t = blockIdx.x;
   const int64_t d = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * 4;
   if (d >= D) return;
@@ -2072,18 +2083,18 @@ __global__ void combine_kernel(const float* __restrict__ ybuf, const int32_t* __
 template <int NT, int KS>
 Status launch_gemms(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64_t inter,
                     int64_t dim, const float* h, uint16_t* hq, const int32_t* total_rows,
-                    int64_t rows_bound, bool fp8, cudaStream_t stream) {
+                    int64_t rows_bound, bool fp8, bool pdl, cudaStream_t stream) {
   constexpr int WN = 4 / KS;
-  expert_gemm_kernel<NT, true, KS>
-      <<<dim3(unsigned(tiles), unsigned(inter / (16 * WN))), kGemmThreads, 0, stream>>>(g1);
-  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, expert_gemm_kernel<NT, true, KS>,
+                                        dim3(unsigned(tiles), unsigned(inter / (16 * WN))),
+                                        kGemmThreads, 0, stream, g1));
   const int64_t qblocks = rows_bound * (inter / kChunk);
-  quant_rows_kernel<<<unsigned(ceil_div(qblocks, 16)), 256, 0, stream>>>(h, inter, rows_bound,
-                                                                          total_rows, hq, fp8);
-  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  expert_gemm_kernel<NT, false, KS>
-      <<<dim3(unsigned(tiles), unsigned(dim / (32 * WN))), kGemmThreads, 0, stream>>>(g2);
-  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, quant_rows_kernel, unsigned(ceil_div(qblocks, 16)),
+                                        256, 0, stream, h, inter, rows_bound, total_rows, hq, fp8,
+                                        nullptr, nullptr, false));
+  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, expert_gemm_kernel<NT, false, KS>,
+                                        dim3(unsigned(tiles), unsigned(dim / (32 * WN))),
+                                        kGemmThreads, 0, stream, g2));
   return ok_status();
 }
 
@@ -2092,21 +2103,22 @@ constexpr size_t kF8MaxSmem = 227 * 1024;  // sm_90 opt-in maximum per block
 template <int NT, int KS, int kRing, bool kH16, int kWarps>
 Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64_t inter,
                        int64_t dim, const float* h, uint8_t* hq8, float* hs,
-                       const int32_t* total_rows, int64_t rows_bound, cudaStream_t stream) {
+                       const int32_t* total_rows, int64_t rows_bound, bool pdl,
+                       cudaStream_t stream) {
   constexpr int WN = kWarps / KS;
   // (The dynamic shared memory opt-in is done at load time: set_f8_smem_attributes.)
-  expert_gemm_f8_kernel<NT, true, KS, kRing, kH16, kWarps>
-      <<<dim3(unsigned(tiles), unsigned(inter / (16 * WN))), 32 * kWarps,
-         f8_smem_bytes(NT, dim, kRing, kWarps), stream>>>(g1);
-  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, expert_gemm_f8_kernel<NT, true, KS, kRing, kH16, kWarps>,
+                                        dim3(unsigned(tiles), unsigned(inter / (16 * WN))),
+                                        32 * kWarps, f8_smem_bytes(NT, dim, kRing, kWarps), stream,
+                                        g1));
   const int64_t qblocks = rows_bound * (inter / kChunk);
-  quant_rows_kernel<<<unsigned(ceil_div(qblocks, 16)), 256, 0, stream>>>(
-      h, inter, rows_bound, total_rows, nullptr, true, hq8, hs);
-  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  expert_gemm_f8_kernel<NT, false, KS, kRing, kH16, kWarps>
-      <<<dim3(unsigned(tiles), unsigned(dim / (32 * WN))), 32 * kWarps,
-         f8_smem_bytes(NT, inter, kRing, kWarps), stream>>>(g2);
-  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, quant_rows_kernel, unsigned(ceil_div(qblocks, 16)),
+                                        256, 0, stream, h, inter, rows_bound, total_rows, nullptr,
+                                        true, hq8, hs, false));
+  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, expert_gemm_f8_kernel<NT, false, KS, kRing, kH16, kWarps>,
+                                        dim3(unsigned(tiles), unsigned(dim / (32 * WN))),
+                                        32 * kWarps, f8_smem_bytes(NT, inter, kRing, kWarps), stream,
+                                        g2));
   return ok_status();
 }
 
@@ -2116,7 +2128,7 @@ Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, in
 // done at load time: MoeDeviceLayer::create.)
 Status launch_gemms_prefill(bool wg, const GemmArgs& g1, const GemmArgs& g2, int64_t tiles,
                             int64_t inter, int64_t dim, const float* h, uint16_t* hq,
-                            const int32_t* total_rows, int64_t rows_bound, bool fp8,
+                            const int32_t* total_rows, int64_t rows_bound, bool fp8, bool pdl,
                             cudaStream_t stream) {
   const bool split = wg && g1.wg_ahead > 0;
   void (*const gate_up)(GemmArgs) = !wg     ? expert_gemm_pf_kernel<true>
@@ -2127,14 +2139,14 @@ Status launch_gemms_prefill(bool wg, const GemmArgs& g1, const GemmArgs& g2, int
                                          : expert_gemm_wg_kernel<false, false>;
   const int threads = wg ? kWgThreads : kPfThreads;
   const size_t smem = !wg ? kPfSmem : split ? kWgsSmem : kWgSmem;
-  gate_up<<<dim3(unsigned(tiles), unsigned(inter / 64)), threads, smem, stream>>>(g1);
-  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, gate_up, dim3(unsigned(tiles), unsigned(inter / 64)),
+                                        threads, smem, stream, g1));
   const int64_t qblocks = rows_bound * (inter / kChunk);
-  quant_rows_kernel<<<unsigned(ceil_div(qblocks, 16)), 256, 0, stream>>>(
-      h, inter, rows_bound, total_rows, hq, fp8, nullptr, nullptr, wg);
-  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  down<<<dim3(unsigned(tiles), unsigned(dim / 128)), threads, smem, stream>>>(g2);
-  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, quant_rows_kernel, unsigned(ceil_div(qblocks, 16)),
+                                        256, 0, stream, h, inter, rows_bound, total_rows, hq, fp8,
+                                        nullptr, nullptr, wg));
+  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, down, dim3(unsigned(tiles), unsigned(dim / 128)),
+                                        threads, smem, stream, g2));
   return ok_status();
 }
 
@@ -2422,7 +2434,7 @@ int MoeRunner::tile_tokens(int64_t T, const MoeDeviceLayer& layer) {
 
 Status MoeRunner::route(const MoeDeviceLayer& l, const float* x, const int32_t* token_ids,
                         int64_t T, int32_t* experts, float* weights, void* workspace,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, bool pdl) {
   if (T <= 0) return ok_status();
   if (l.tid2eid && !token_ids) return invalid_argument("moe: hash routing needs token_ids");
   const Layout L = make_layout(T, l);
@@ -2432,30 +2444,27 @@ Status MoeRunner::route(const MoeDeviceLayer& l, const float* x, const int32_t* 
                 unsigned(ceil_div(T, kLogitsTile)));
   const dim3 lg_small(unsigned(l.num_experts), unsigned(ceil_div(T, 8)));
   const dim3 lg_mid(unsigned(ceil_div(l.num_experts, 4)), unsigned(ceil_div(T, 16)));
+  const auto logits_kernel = [&](auto k, dim3 grid) {
+    return launch_pdl_if(pdl, k, grid, 256, 0, stream, x, l.gate, T, l.dim, l.num_experts,
+                         logits);
+  };
   if (T <= 8 && l.gate_bf16) {
-    router_logits_small_kernel<true, 1, 8>
-        <<<lg_small, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits);
+    DS_CUDA_RETURN_IF_ERROR(logits_kernel(router_logits_small_kernel<true, 1, 8>, lg_small));
   } else if (T <= 8) {
-    router_logits_small_kernel<false, 1, 8>
-        <<<lg_small, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits);
+    DS_CUDA_RETURN_IF_ERROR(logits_kernel(router_logits_small_kernel<false, 1, 8>, lg_small));
   } else if (T <= 64 && l.gate_bf16) {
-    router_logits_small_kernel<true, 4, 16>
-        <<<lg_mid, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits);
+    DS_CUDA_RETURN_IF_ERROR(logits_kernel(router_logits_small_kernel<true, 4, 16>, lg_mid));
   } else if (T <= 64) {
-    router_logits_small_kernel<false, 4, 16>
-        <<<lg_mid, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts, logits);
+    DS_CUDA_RETURN_IF_ERROR(logits_kernel(router_logits_small_kernel<false, 4, 16>, lg_mid));
   } else if (l.gate_bf16) {
-    router_logits_tiled_kernel<true><<<lg, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts,
-                                                             logits);
+    DS_CUDA_RETURN_IF_ERROR(logits_kernel(router_logits_tiled_kernel<true>, lg));
   } else {
-    router_logits_tiled_kernel<false><<<lg, 256, 0, stream>>>(x, l.gate, T, l.dim, l.num_experts,
-                                                              logits);
+    DS_CUDA_RETURN_IF_ERROR(logits_kernel(router_logits_tiled_kernel<false>, lg));
   }
-  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   RouteArgs ra{logits,      l.bias,         l.tid2eid, token_ids, T,      l.num_experts, l.topk,
                l.route_scale, l.renorm_epsilon, experts,   weights};
-  route_kernel<<<unsigned(ceil_div(T, 8)), 256, 0, stream>>>(ra);
-  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  DS_CUDA_RETURN_IF_ERROR(
+      launch_pdl_if(pdl, route_kernel, unsigned(ceil_div(T, 8)), 256, 0, stream, ra));
   return ok_status();
 }
 
@@ -2481,7 +2490,9 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   auto* hq = reinterpret_cast<uint16_t*>(ws + L.hq);
   auto* ybuf = reinterpret_cast<float*>(ws + L.ybuf);
 
-  DS_RETURN_IF_ERROR(route(l, x, token_ids, T, experts, weights, workspace, stream));
+  if (tuning.pdl != 0 && tuning.pdl != 1) return invalid_argument("moe: tuning.pdl must be 0 or 1");
+  const bool pdl = tuning.pdl == 1;
+  DS_RETURN_IF_ERROR(route(l, x, token_ids, T, experts, weights, workspace, stream, pdl));
 
   const bool pf_forced = tuning.path == 3 || tuning.path == 4;
   const int bt = tuning.tile_tokens > 0 ? tuning.tile_tokens
@@ -2502,8 +2513,7 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   PlanArgs pa{experts,      weights,   T,         l.topk,    l.num_experts, l.expert_begin,
               l.expert_end, l.add_shared, bt,     group_offset, tiles,      num_tiles,
               row_token,    row_slot,  row_weight};
-  plan_kernel<<<1, kPlanThreads, 0, stream>>>(pa);
-  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, plan_kernel, 1, kPlanThreads, 0, stream, pa));
 
   const int64_t xblocks = T * (l.dim / kChunk);
   auto* xq8 = reinterpret_cast<uint8_t*>(ws + L.xq8);
@@ -2511,9 +2521,10 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   auto* hq8 = reinterpret_cast<uint8_t*>(ws + L.hq8);
   auto* hs = reinterpret_cast<float*>(ws + L.hs);
   const bool want_f8 = tuning.path == 2 || (tuning.path == 0 && l.fp8_mma && bt <= 16);
-  quant_rows_kernel<<<unsigned(ceil_div(xblocks, 16)), 256, 0, stream>>>(
-      x, l.dim, T, nullptr, xq, l.quantize_activations, want_f8 ? xq8 : nullptr, xs, use_wg);
-  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, quant_rows_kernel, unsigned(ceil_div(xblocks, 16)),
+                                        256, 0, stream, x, l.dim, T, nullptr, xq,
+                                        l.quantize_activations, want_f8 ? xq8 : nullptr, xs,
+                                        use_wg));
 
   GemmArgs g1{l.experts, int(l.num_experts), tiles, num_tiles, group_offset, row_token, row_slot,
               row_weight, xq, l.dim, l.inter, h, l.swiglu_limit, l.shared_expert_clamp,
@@ -2543,7 +2554,7 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   if (bt >= 32 || (bt == 16 && ks > 2)) ks = 1;  // the instantiated (tile, split) pairs
   const auto run = [&](auto nt, auto kss) {
     return launch_gemms<decltype(nt)::value, decltype(kss)::value>(
-        g1, g2, tiles_bound, l.inter, l.dim, h, hq, total_rows, rows_bound, fp8, stream);
+        g1, g2, tiles_bound, l.inter, l.dim, h, hq, total_rows, rows_bound, fp8, pdl, stream);
   };
   using I1 = std::integral_constant<int, 1>;
   using I2 = std::integral_constant<int, 2>;
@@ -2555,13 +2566,15 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
     constexpr int kNt = decltype(nt)::value, kKs = decltype(kss)::value;
     constexpr int kR = decltype(ring)::value, kW = decltype(warps)::value;
     return h16 ? launch_gemms_f8<kNt, kKs, kR, true, kW>(g1, g2, tiles_bound, l.inter, l.dim, h,
-                                                         hq8, hs, total_rows, rows_bound, stream)
+                                                         hq8, hs, total_rows, rows_bound, pdl,
+                                                         stream)
                : launch_gemms_f8<kNt, kKs, kR, false, kW>(g1, g2, tiles_bound, l.inter, l.dim, h,
-                                                          hq8, hs, total_rows, rows_bound, stream);
+                                                          hq8, hs, total_rows, rows_bound, pdl,
+                                                          stream);
   };
   if (bt == kPfTokens) {
     DS_RETURN_IF_ERROR(launch_gemms_prefill(use_wg, g1, g2, tiles_bound, l.inter, l.dim, h, hq,
-                                            total_rows, rows_bound, fp8, stream));
+                                            total_rows, rows_bound, fp8, pdl, stream));
   } else if (use_f8) {
     // K split and ring of the FP8 path, measured on H200 (bench_moe, session 5): K split 4 at
     // T = 1 (80.6 us vs 84.9 with 2: 896 CTAs instead of 448 for the 7 groups, < 2 waves at 3
@@ -2608,9 +2621,10 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   } else {
     DS_RETURN_IF_ERROR(run(I8{}, I1{}));
   }
-  combine_kernel<<<dim3(unsigned(T), unsigned(ceil_div(l.dim, 1024))), 256, 0, stream>>>(
-      ybuf, experts, T, l.dim, l.topk, l.expert_begin, l.expert_end, l.add_shared, y);
-  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, combine_kernel,
+                                        dim3(unsigned(T), unsigned(ceil_div(l.dim, 1024))), 256, 0,
+                                        stream, ybuf, experts, T, l.dim, l.topk, l.expert_begin,
+                                        l.expert_end, l.add_shared, y));
   return ok_status();
 }
 

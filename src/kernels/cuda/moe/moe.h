@@ -124,6 +124,10 @@ struct MoeTuning {
   // activations); 2 .. 7 the split-issue variant, one warpgroup copying the activations 2 chunks
   // ahead and the other the weights this many chunks ahead (FP8-block weights at most 3).
   int wg_ahead = 0;
+  // 1: every MoE kernel launched as a programmatic dependent of the stream's previous kernel (PDL,
+  // sm_90+; each waits for it at its start, so only the launch overlaps; DEEPSERVE_OPS_PDL=0 turns
+  // the attribute off); 0: plain launches, the default until measured (NOTES.md, session 19).
+  int pdl = 0;
 };
 
 // Runs the MoE forward. Stateless apart from the configuration: all scratch lives in the
@@ -145,9 +149,10 @@ class MoeRunner {
                         const MoeTuning& tuning = {});
 
   // The routing alone (for tests): experts [T, topk] int32, weights [T, topk] fp32, device.
+  // pdl: as MoeTuning::pdl.
   static Status route(const MoeDeviceLayer& layer, const float* x, const int32_t* token_ids,
                       int64_t T, int32_t* experts, float* weights, void* workspace,
-                      cudaStream_t stream);
+                      cudaStream_t stream, bool pdl = false);
 
   // The tokens-per-tile of the grouped GEMMs that forward() picks for T tokens: 8, 16, 32, or
   // 128 (the prefill paths: more than 32 rows per expert expected, or more than 16 where the
