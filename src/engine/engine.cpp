@@ -29,6 +29,7 @@
 #include <malloc.h>
 #endif
 
+#include "core/env.h"
 #include "core/rng.h"
 #include "kernels/cpu/numerics.h"
 #include "kernels/cpu/parallel.h"
@@ -339,10 +340,7 @@ class EngineImpl final : public Engine {
   // Greedy rows that nothing adjusts take only their argmax and finite flag from the backend
   // (SequenceChunk::argmax_only; on a GPU 5 bytes per row instead of 517 KB of logits). The
   // environment variable DEEPSERVE_BACKEND_ARGMAX=0 turns it off (A/B measurements).
-  const bool backend_argmax_ = [] {
-    const char* v = std::getenv("DEEPSERVE_BACKEND_ARGMAX");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
+  const bool backend_argmax_ = !ds::env_switched_off("DEEPSERVE_BACKEND_ARGMAX");
   // Random draws that nothing adjusts (no logprobs, no drafts) are made by the backend
   // (SequenceChunk::backend_sample, cpu::sample_row) when it prefers them (a GPU: the rows stay
   // there); DEEPSERVE_BACKEND_SAMPLING=0 turns it off, =1 on for any backend (the CPU's host

@@ -16,6 +16,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "core/env.h"
 #include "kernels/cpu/kv_entry.h"
 #include "kernels/cpu/moe.h"
 #include "kernels/cuda/attention/sparse_mla_decode.h"
@@ -53,12 +54,6 @@ size_t weight_data_bytes(const cpu::LinearWeight& w) {
       return nk / 2;
   }
   return 0;
-}
-
-// An A/B switch of the environment: `name`=0 turns the feature off.
-bool env_switched_off(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::string(v) == "0";
 }
 
 size_t weight_scale_bytes(const cpu::LinearWeight& w) {

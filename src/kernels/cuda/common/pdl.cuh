@@ -13,9 +13,9 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <utility>
+
+#include "core/env.h"
 
 namespace ds::cuda {
 
@@ -29,10 +29,7 @@ __device__ __forceinline__ void pdl_begin() {
 // Whether launch_pdl sets the attribute: yes unless DEEPSERVE_OPS_PDL=0 (read once; an A/B switch
 // for benchmarks: without the attribute the kernels run in plain stream order).
 inline bool ops_pdl_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("DEEPSERVE_OPS_PDL");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool enabled = !env_switched_off("DEEPSERVE_OPS_PDL");
   return enabled;
 }
 

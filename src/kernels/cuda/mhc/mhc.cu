@@ -19,11 +19,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 
 #include <cooperative_groups.h>
 
 #include "kernels/cuda/mhc/mhc.h"
+#include "core/env.h"
 #include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/norm/device_util.cuh"
 #include "kernels/cuda/norm/norm.h"
@@ -544,10 +544,7 @@ bool fused_shape_ok(int64_t dim) {
 // DEEPSERVE_MHC_FUSED=0 turns the size rule off (path 0 then runs the split-K kernels): an A/B
 // switch for whole-step benchmarks. Read once.
 bool fused_rule_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("DEEPSERVE_MHC_FUSED");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool enabled = !env_switched_off("DEEPSERVE_MHC_FUSED");
   return enabled;
 }
 

@@ -1,0 +1,17 @@
+// Environment switches for A/B measurements: DEEPSERVE_<FEATURE>=0 turns a feature off. Header-only,
+// so the CUDA kernel libraries (which link nothing of core) can use it too.
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+
+namespace ds {
+
+// Whether the environment variable `name` is set to exactly "0" (unset, empty or any other value
+// leaves the feature on).
+inline bool env_switched_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "0") == 0;
+}
+
+}  // namespace ds
