@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <set>
 #include <string>
@@ -311,6 +312,23 @@ Matrices make_fp4(cpu::WeightFormat f, int64_t rows, int64_t cols, int64_t count
 }  // namespace
 }  // namespace ds
 
+// DS_MOE_CASES="fmt:T:path:ahead;..." (e.g. "mxfp4:4096:4:7") runs only the forward cases with that
+// weight format, token count, MoeTuning::path and wg_ahead (the heuristic's rows have path 0): one
+// launch sequence for a profiler (scripts/gpu/h_moe18/run.sh, NCU=1). Unset: every case.
+bool case_selected(const char* fmt, int64_t T, const ds::cuda::MoeTuning& t) {
+  const char* env = std::getenv("DS_MOE_CASES");
+  if (env == nullptr || *env == 0) return true;
+  const std::string want = std::string(fmt) + ":" + std::to_string(T) + ":" +
+                           std::to_string(t.path) + ":" + std::to_string(t.wg_ahead);
+  std::string list = env;
+  for (size_t b = 0; b <= list.size();) {
+    const size_t e = std::min(list.find(';', b), list.size());
+    if (list.compare(b, e - b, want) == 0) return true;
+    b = e + 1;
+  }
+  return false;
+}
+
 int main(int argc, char** argv) {
   using namespace ds;
   const std::string out = argc > 1 ? argv[1] : "bench/results/moe.json";
@@ -459,6 +477,7 @@ int main(int argc, char** argv) {
     }
     for (const BenchCase& bc : cases) {
       const int64_t T = bc.T;
+      if (!case_selected(fname, T, bc.tuning)) continue;
       auto fwd = [&](cudaStream_t s) {
         Status st = cuda::MoeRunner::forward(*layer, x, nullptr, T, y, ws, s, bc.tuning);
         if (!st.ok()) {

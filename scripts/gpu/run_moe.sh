@@ -5,7 +5,8 @@
 #
 #   scripts/gpu/run_moe.sh [OUT_DIR]      (OUT_DIR default $OUT, else bench/results)
 # Env: MOE_TEST_FILTER (gtest filter), MOE_TEST_TIMEOUT / MOE_BENCH_TIMEOUT (seconds),
-# MOE_SANITIZE=1 (compute-sanitizer memcheck over MoeCuda.Tiny*).
+# MOE_SANITIZE=1 (compute-sanitizer memcheck over MOE_SANITIZE_FILTER, default MoeCuda.Tiny*,
+# within MOE_SANITIZE_TIMEOUT seconds, default 90).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:-${OUT:-bench/results}}"
@@ -33,10 +34,11 @@ grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |\] T=|Failure|error|Expected|Which is|
   "$out/test_moe_cuda.log" | head -80
 rc_s=0
 if [ "${MOE_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
-  timeout 90 compute-sanitizer --tool memcheck --error-exitcode 1 "$bin_test" \
-    --gtest_filter='MoeCuda.Tiny*' >"$out/memcheck_moe.log" 2>&1
+  sf="${MOE_SANITIZE_FILTER:-MoeCuda.Tiny*}"
+  timeout "${MOE_SANITIZE_TIMEOUT:-90}" compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$bin_test" --gtest_filter="$sf" >"$out/memcheck_moe.log" 2>&1
   rc_s=$?
-  echo "memcheck (MoeCuda.Tiny*) rc=$rc_s"; grep -E "ERROR SUMMARY|Invalid" "$out/memcheck_moe.log" | head -5
+  echo "memcheck ($sf) rc=$rc_s"; grep -E "ERROR SUMMARY|Invalid" "$out/memcheck_moe.log" | head -5
 fi
 timeout "${MOE_BENCH_TIMEOUT:-100}" "$bin_bench" "$out/moe.json" >"$out/bench_moe.log" 2>&1
 rc_b=$?

@@ -741,6 +741,24 @@ TEST_F(MoeCuda, ProgrammaticDependentLaunch) {
   run_case(bad);
 }
 
+// Tiny-shape cases of the split variant and of the PDL launches, named Tiny* so that the device
+// script's compute-sanitizer memcheck (filter MoeCuda.Tiny*) covers them.
+TEST_F(MoeCuda, TinyWgmmaSplitAndPdl) {
+  for (int ahead : {2, 7}) {
+    for (WeightFormat f : {WeightFormat::kMxfp4, WeightFormat::kNvfp4}) {
+      Case c{"tiny wgmma split", kTiny, f, 350};
+      c.tuning = {0, 0, 4, 0};
+      c.tuning.wg_ahead = ahead;
+      run_case(c);
+    }
+  }
+  for (int64_t T : {1, 16, 512}) {
+    Case c{"tiny pdl", kTiny, WeightFormat::kMxfp4, T};
+    c.tuning.pdl = 1;
+    run_case(c);
+  }
+}
+
 TEST_F(MoeCuda, Bf16PathMxfp4) {
   for (int64_t T : {1, 64}) {
     Case c{"flash mxfp4 bf16 path", kFlash, WeightFormat::kMxfp4, T};
