@@ -14,4 +14,12 @@ inline bool env_switched_off(const char* name) {
   return v != nullptr && std::strcmp(v, "0") == 0;
 }
 
+// A switch that either value can force: "1" on, "0" off, anything else (unset included) `fallback`.
+inline bool env_switch(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (v != nullptr && std::strcmp(v, "1") == 0) return true;
+  if (v != nullptr && std::strcmp(v, "0") == 0) return false;
+  return fallback;
+}
+
 }  // namespace ds

@@ -468,11 +468,8 @@ ds::Status EngineImpl::init(const EngineConfig& config) {
     auto runner = ds::runtime::make_model_runner(config_.device, *weights_, fo, limits, parallel);
     if (!runner.ok()) return runner.status().with_context("device " + config_.device);
     runner_ = std::move(runner).value();
-    {
-      const char* v = std::getenv("DEEPSERVE_BACKEND_SAMPLING");
-      const std::string_view mode = v == nullptr ? "" : v;
-      backend_sampling_ = mode == "1" || (mode != "0" && runner_->prefers_backend_sampling());
-    }
+    backend_sampling_ =
+        ds::env_switch("DEEPSERVE_BACKEND_SAMPLING", runner_->prefers_backend_sampling());
     // The CUDA backend sizes its sequence slots from the memory budget: the scheduler never
     // runs more sequences than it holds.
     max_num_seqs_ = config_.max_num_seqs;

@@ -23,5 +23,21 @@ TEST(EnvSwitch, OnlyZeroTurnsOff) {
   EXPECT_FALSE(env_switched_off(kVar));
 }
 
+TEST(EnvSwitch, OneOrZeroForceElseFallback) {
+  ::unsetenv(kVar);
+  EXPECT_TRUE(env_switch(kVar, true));
+  EXPECT_FALSE(env_switch(kVar, false));
+  for (const char* other : {"", "2", "on", "01"}) {
+    ASSERT_EQ(::setenv(kVar, other, 1), 0);
+    EXPECT_TRUE(env_switch(kVar, true)) << "'" << other << "'";
+    EXPECT_FALSE(env_switch(kVar, false)) << "'" << other << "'";
+  }
+  ASSERT_EQ(::setenv(kVar, "1", 1), 0);
+  EXPECT_TRUE(env_switch(kVar, false));
+  ASSERT_EQ(::setenv(kVar, "0", 1), 0);
+  EXPECT_FALSE(env_switch(kVar, true));
+  ::unsetenv(kVar);
+}
+
 }  // namespace
 }  // namespace ds

@@ -451,6 +451,7 @@ Status CudaOps::init() {
   DS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   kernel_pdl_ = opt_.kernel_pdl && !env_switched_off("DEEPSERVE_GEMM_PDL");
   fused_norm_rope_ = opt_.fused_norm_rope && !env_switched_off("DEEPSERVE_FUSED_NORM_ROPE");
+  moe_pdl_ = env_switch("DEEPSERVE_MOE_PDL", opt_.moe_pdl);
   sparse_mla_wgmma_ =
       opt_.sparse_mla_wgmma && !env_switched_off("DEEPSERVE_SPARSE_MLA_WGMMA") &&
       cuda::sparse_mla_wgmma_supported(int32_t(c.num_attention_heads), int32_t(c.head_dim));
@@ -1743,8 +1744,10 @@ void CudaOps::moe(const dsv4::MoeSite& site, const float* x, float* y) {
   const size_t mark = arena_.mark();
   void* ws = scratch<uint8_t>(int64_t(moe_workspace_bytes_));
   if (!failed()) {
-    (void)check(
-        cuda::MoeRunner::forward(*it->second, x, step_->ids, step_->num_tokens, y, ws, stream_));
+    cuda::MoeTuning tuning;
+    tuning.pdl = moe_pdl_ ? 1 : 0;
+    (void)check(cuda::MoeRunner::forward(*it->second, x, step_->ids, step_->num_tokens, y, ws,
+                                         stream_, tuning));
   }
   arena_.release(mark);
 }

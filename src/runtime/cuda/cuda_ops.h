@@ -116,6 +116,10 @@ struct CudaOpsOptions {
   // enough query tokens (cuda::sparse_mla_wgmma_preferred: >= 8 at 64 heads); the mma.sync kernel
   // otherwise. DEEPSERVE_SPARSE_MLA_WGMMA=0 turns it off (A/B switch).
   bool sparse_mla_wgmma = true;
+  // The MoE kernels launch as programmatic dependents of the previous kernel
+  // (cuda::MoeTuning::pdl; each waits at its start, so only the launches overlap). Off until
+  // measured; DEEPSERVE_MOE_PDL=1 / =0 in the environment turns it on / off (A/B switch).
+  bool moe_pdl = false;
 };
 
 class CudaOps final : public dsv4::Ops {
@@ -325,6 +329,7 @@ class CudaOps final : public dsv4::Ops {
   // CudaOpsOptions::sparse_mla_wgmma on a device and shape that run it, unless
   // DEEPSERVE_SPARSE_MLA_WGMMA=0.
   bool sparse_mla_wgmma_ = false;
+  bool moe_pdl_ = false;  // CudaOpsOptions::moe_pdl, unless DEEPSERVE_MOE_PDL says otherwise
   // bf16 weights padded to a multiple of 8 rows: host data -> (device copy, padded rows).
   std::unordered_map<const void*, std::pair<const uint16_t*, int64_t>> padded_bf16_;
   // Per-layer MoE state, keyed by the layer's host expert array (MoeSite::experts).
