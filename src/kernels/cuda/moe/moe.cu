@@ -328,22 +328,30 @@ struct RouteArgs {
   float* weights;
 };
 
+// One warp per token. Lane r < k ends with slot r's expert and its unbiased score in registers, so
+// the renormalization needs no reload (reading the just-written experts back from global memory,
+// then each one's logit, was a chain of 12 dependent loads: ~10 us at any T, bench_moe session 18).
 __global__ void route_kernel(RouteArgs a) {
   pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   if (t >= a.T) return;
   const float* lg = a.logits + t * a.E;
-  int32_t* ex = a.experts + t * a.k;
+  int my_e = 0;
+  float my_s = 0.0f;
   if (a.tid2eid) {
-    if (lane < a.k) ex[lane] = a.tid2eid[int64_t(a.token_ids[t]) * a.k + lane];
+    if (lane < a.k) {
+      my_e = a.tid2eid[int64_t(a.token_ids[t]) * a.k + lane];
+      my_s = sqrt_softplus_dev(lg[my_e]);
+    }
   } else {
     constexpr int kPer = kMaxExperts / 32;
-    float b[kPer];
+    float raw[kPer], b[kPer];
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int64_t e = lane + 32 * i;
-      b[i] = e < a.E ? sqrt_softplus_dev(lg[e]) + (a.bias ? a.bias[e] : 0.0f) : -INFINITY;
+      raw[i] = e < a.E ? sqrt_softplus_dev(lg[e]) : 0.0f;
+      b[i] = e < a.E ? raw[i] + (a.bias ? a.bias[e] : 0.0f) : -INFINITY;
     }
     for (int r = 0; r < a.k; ++r) {
       float best = -INFINITY;
@@ -365,23 +373,28 @@ __global__ void route_kernel(RouteArgs a) {
           best_idx = oi;
         }
       }
+      // Every lane holds the same winner; its owner drops it and hands over its unbiased score.
+      float sel = 0.0f;
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
-        if (lane + 32 * i == best_idx) b[i] = -INFINITY;
+        if (lane + 32 * i == best_idx) {
+          sel = raw[i];
+          b[i] = -INFINITY;
+        }
       }
-      if (lane == 0) ex[r] = best_idx;
+      const float score = __shfl_sync(0xFFFFFFFFu, sel, best_idx & 31);
+      if (lane == r) {
+        my_e = best_idx;
+        my_s = score;
+      }
     }
   }
-  __syncwarp();
-  if (lane == 0) {
-    // The renormalization in slot order, as cpu::route_token.
-    float s[kMaxTopk];
-    float sum = 0.0f;
-    for (int i = 0; i < a.k; ++i) {
-      s[i] = sqrt_softplus_dev(lg[ex[i]]);
-      sum += s[i];
-    }
-    for (int i = 0; i < a.k; ++i) a.weights[t * a.k + i] = s[i] / (sum + a.eps) * a.route_scale;
+  // The renormalization in slot order, as cpu::route_token (every lane sums the same sequence).
+  float sum = 0.0f;
+  for (int i = 0; i < a.k; ++i) sum += __shfl_sync(0xFFFFFFFFu, my_s, i);
+  if (lane < a.k) {
+    a.experts[t * a.k + lane] = my_e;
+    a.weights[t * a.k + lane] = my_s / (sum + a.eps) * a.route_scale;
   }
 }
 
@@ -2042,29 +2055,41 @@ __global__ void __launch_bounds__(kWgThreads, 1) expert_gemm_wg_kernel(GemmArgs 
 
 // ---- 8. combine --------------------------------------------------------------------------------
 
+// y[t] = the token's routed slots in ascending expert order (stable: the order of
+// cpu::moe_forward's expert loop), then the shared row. kK >= k: the slots' experts and ranks stay
+// in registers (the order as 4-bit fields of one word), so no load waits for another (an insertion
+// sort through global and local memory cost ~6 us at T = 1, bench_moe session 18).
+template <int kK>
 __global__ void combine_kernel(const float* __restrict__ ybuf, const int32_t* __restrict__ experts,
                                int64_t T, int64_t D, int64_t k, int64_t begin, int64_t end,
                                bool add_shared, float* __restrict__ y) {
+  static_assert(kK <= 16, "the order holds 16 slots of 4 bits");
   pdl_begin();
   const int64_t t = blockIdx.x;
   const int64_t d = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * 4;
   if (d >= D) return;
-  // Slots in ascending expert order (stable), the order of cpu::moe_forward's expert loop.
-  int order[kMaxTopk];
+  int e[kK];
+#pragma unroll
+  for (int i = 0; i < kK; ++i) {
+    e[i] = i < k ? experts[t * k + i] : 0;
+    if (i >= k || e[i] < begin || e[i] >= end) e[i] = -1;  // not summed here
+  }
+  uint64_t order = 0;  // 4 bits per position: the slot summed at that position
   int n = 0;
-  for (int i = 0; i < k; ++i) {
-    const int e = experts[t * k + i];
-    if (e < begin || e >= end) continue;
-    int p = n++;
-    while (p > 0 && experts[t * k + order[p - 1]] > e) {
-      order[p] = order[p - 1];
-      --p;
-    }
-    order[p] = i;
+#pragma unroll
+  for (int i = 0; i < kK; ++i) {
+    if (e[i] < 0) continue;
+    int rank = 0;
+#pragma unroll
+    for (int j = 0; j < kK; ++j)
+      rank += e[j] >= 0 && (e[j] < e[i] || (e[j] == e[i] && j < i)) ? 1 : 0;
+    order |= uint64_t(i) << (4 * rank);
+    ++n;
   }
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int i = 0; i < n; ++i) {
-    const float4 v = *reinterpret_cast<const float4*>(ybuf + (t * k + order[i]) * D + d);
+  for (int r = 0; r < n; ++r) {
+    const int64_t slot = int64_t((order >> (4 * r)) & 15u);
+    const float4 v = *reinterpret_cast<const float4*>(ybuf + (t * k + slot) * D + d);
     acc.x += v.x;
     acc.y += v.y;
     acc.z += v.z;
@@ -2621,7 +2646,7 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   } else {
     DS_RETURN_IF_ERROR(run(I8{}, I1{}));
   }
-  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, combine_kernel,
+  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, l.topk <= 8 ? combine_kernel<8> : combine_kernel<16>,
                                         dim3(unsigned(T), unsigned(ceil_div(l.dim, 1024))), 256, 0,
                                         stream, ybuf, experts, T, l.dim, l.topk, l.expert_begin,
                                         l.expert_end, l.add_shared, y));
