@@ -173,10 +173,28 @@ __device__ __forceinline__ void cp_async_wait() {
 // loaded once per 4 experts instead of once per expert: at T = 64 the L2 traffic falls from
 // ~295 MB to ~82 MB). Every logit gets the same arithmetic whatever the tile (per lane the same
 // fmaf chain over k, the same shuffle tree, the warps added in order): bit-identical results.
+// The quantization of x that forward() folds into the small-T logits kernel (section 4/6).
+struct XQuant {
+  bool on = false;
+  uint16_t* out = nullptr;
+  bool fp8 = false;
+  uint8_t* out8 = nullptr;
+  float* scale8 = nullptr;
+  bool permute = false;
+};
+__device__ __forceinline__ void quant_rows_warp(int64_t warp, const float* __restrict__ in,
+                                                int64_t len, int64_t rows,
+                                                uint16_t* __restrict__ out, bool fp8,
+                                                uint8_t* __restrict__ out8,
+                                                float* __restrict__ scale8, bool permute);
+
+// With q.on, warp w of the grid (CTA-linear) afterwards quantizes x's 128-blocks 2w and 2w + 1
+// as quant_rows_kernel does (the host checks that the grid covers T x D / 128 blocks), which saves
+// the decode step a launch.
 template <bool kBf16, int kEB, int kTB>
 __global__ void router_logits_small_kernel(const float* __restrict__ x,
                                            const void* __restrict__ gate, int64_t T, int64_t D,
-                                           int64_t E, float* __restrict__ logits) {
+                                           int64_t E, float* __restrict__ logits, XQuant q) {
   pdl_begin();
   __shared__ float part[8][kEB][kTB];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -242,6 +260,10 @@ __global__ void router_logits_small_kernel(const float* __restrict__ x,
     float v = 0.0f;
     for (int w = 0; w < 8; ++w) v += part[w][i][j];
     logits[(t0 + j) * E + e0 + i] = v;
+  }
+  if (q.on) {
+    const int64_t gwarp = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * 8 + warp;
+    quant_rows_warp(gwarp, x, D, T, q.out, q.fp8, q.out8, q.scale8, q.permute);
   }
 }
 
@@ -502,16 +524,15 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanArgs a) {
 // [rows, len / 128]; out (bf16) is then nullable. With permute (the sm_90a prefill path) every
 // output (out and out8) holds each 128-block in wg_tile's K order: position 16 kk + 8 h + 2 t + e
 // holds element 32 t + 4 kk + 2 h + e, so lane `sub` loads elements 32 i + 2 sub + {0, 1}.
-__global__ void quant_rows_kernel(const float* __restrict__ in, int64_t len, int64_t rows_bound,
-                                  const int32_t* rows_dev, uint16_t* __restrict__ out, bool fp8,
-                                  uint8_t* __restrict__ out8 = nullptr,
-                                  float* __restrict__ scale8 = nullptr, bool permute = false) {
-  pdl_begin();
+// The two blocks 2 warp and 2 warp + 1 of in [rows, len] (half a warp each; the whole warp calls).
+__device__ __forceinline__ void quant_rows_warp(int64_t warp, const float* __restrict__ in,
+                                                int64_t len, int64_t rows,
+                                                uint16_t* __restrict__ out, bool fp8,
+                                                uint8_t* __restrict__ out8,
+                                                float* __restrict__ scale8, bool permute) {
   const int lane = threadIdx.x & 31, sub = lane & 15;
   const int64_t bpr = len / kChunk;
-  const int64_t warp = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   const int64_t block = warp * 2 + (lane >> 4);
-  const int64_t rows = rows_dev ? int64_t(*rows_dev) : rows_bound;
   const bool active = block < rows * bpr;
   const int64_t row = active ? block / bpr : 0;
   const int64_t col = active ? (block % bpr) * kChunk + sub * 8 : 0;  // output position
@@ -564,6 +585,16 @@ __global__ void quant_rows_kernel(const float* __restrict__ in, int64_t len, int
   o.z = pack_bf16x2(v[4], v[5]);
   o.w = pack_bf16x2(v[6], v[7]);
   *reinterpret_cast<uint4*>(out + row * len + col) = o;
+}
+
+__global__ void quant_rows_kernel(const float* __restrict__ in, int64_t len, int64_t rows_bound,
+                                  const int32_t* rows_dev, uint16_t* __restrict__ out, bool fp8,
+                                  uint8_t* __restrict__ out8 = nullptr,
+                                  float* __restrict__ scale8 = nullptr, bool permute = false) {
+  pdl_begin();
+  const int64_t warp = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
+  const int64_t rows = rows_dev ? int64_t(*rows_dev) : rows_bound;
+  quant_rows_warp(warp, in, len, rows, out, fp8, out8, scale8, permute);
 }
 
 // ---- 5/7. grouped expert GEMMs -----------------------------------------------------------------
@@ -2457,9 +2488,15 @@ int MoeRunner::tile_tokens(int64_t T, const MoeDeviceLayer& layer) {
   return kPfTokens;
 }
 
-Status MoeRunner::route(const MoeDeviceLayer& l, const float* x, const int32_t* token_ids,
-                        int64_t T, int32_t* experts, float* weights, void* workspace,
-                        cudaStream_t stream, bool pdl) {
+namespace {
+
+// MoeRunner::route, and with q.on the quantization of x inside the small-T logits kernel where its
+// grid covers x's blocks (*quantized tells whether it did; else the caller launches
+// quant_rows_kernel).
+Status route_impl(const MoeDeviceLayer& l, const float* x, const int32_t* token_ids, int64_t T,
+                  int32_t* experts, float* weights, void* workspace, cudaStream_t stream, bool pdl,
+                  XQuant q, bool* quantized) {
+  *quantized = false;
   if (T <= 0) return ok_status();
   if (l.tid2eid && !token_ids) return invalid_argument("moe: hash routing needs token_ids");
   const Layout L = make_layout(T, l);
@@ -2469,28 +2506,44 @@ Status MoeRunner::route(const MoeDeviceLayer& l, const float* x, const int32_t* 
                 unsigned(ceil_div(T, kLogitsTile)));
   const dim3 lg_small(unsigned(l.num_experts), unsigned(ceil_div(T, 8)));
   const dim3 lg_mid(unsigned(ceil_div(l.num_experts, 4)), unsigned(ceil_div(T, 16)));
-  const auto logits_kernel = [&](auto k, dim3 grid) {
+  const auto small_kernel = [&](auto k, dim3 grid) {
+    // Two 128-blocks per warp of the grid's 8-warp CTAs.
+    q.on = q.on && int64_t(grid.x) * grid.y * 16 >= T * (l.dim / kChunk);
+    *quantized = q.on;
     return launch_pdl_if(pdl, k, grid, 256, 0, stream, x, l.gate, T, l.dim, l.num_experts,
-                         logits);
+                         logits, q);
+  };
+  const auto tiled_kernel = [&](auto k) {
+    return launch_pdl_if(pdl, k, lg, 256, 0, stream, x, l.gate, T, l.dim, l.num_experts, logits);
   };
   if (T <= 8 && l.gate_bf16) {
-    DS_CUDA_RETURN_IF_ERROR(logits_kernel(router_logits_small_kernel<true, 1, 8>, lg_small));
+    DS_CUDA_RETURN_IF_ERROR(small_kernel(router_logits_small_kernel<true, 1, 8>, lg_small));
   } else if (T <= 8) {
-    DS_CUDA_RETURN_IF_ERROR(logits_kernel(router_logits_small_kernel<false, 1, 8>, lg_small));
+    DS_CUDA_RETURN_IF_ERROR(small_kernel(router_logits_small_kernel<false, 1, 8>, lg_small));
   } else if (T <= 64 && l.gate_bf16) {
-    DS_CUDA_RETURN_IF_ERROR(logits_kernel(router_logits_small_kernel<true, 4, 16>, lg_mid));
+    DS_CUDA_RETURN_IF_ERROR(small_kernel(router_logits_small_kernel<true, 4, 16>, lg_mid));
   } else if (T <= 64) {
-    DS_CUDA_RETURN_IF_ERROR(logits_kernel(router_logits_small_kernel<false, 4, 16>, lg_mid));
+    DS_CUDA_RETURN_IF_ERROR(small_kernel(router_logits_small_kernel<false, 4, 16>, lg_mid));
   } else if (l.gate_bf16) {
-    DS_CUDA_RETURN_IF_ERROR(logits_kernel(router_logits_tiled_kernel<true>, lg));
+    DS_CUDA_RETURN_IF_ERROR(tiled_kernel(router_logits_tiled_kernel<true>));
   } else {
-    DS_CUDA_RETURN_IF_ERROR(logits_kernel(router_logits_tiled_kernel<false>, lg));
+    DS_CUDA_RETURN_IF_ERROR(tiled_kernel(router_logits_tiled_kernel<false>));
   }
   RouteArgs ra{logits,      l.bias,         l.tid2eid, token_ids, T,      l.num_experts, l.topk,
                l.route_scale, l.renorm_epsilon, experts,   weights};
   DS_CUDA_RETURN_IF_ERROR(
       launch_pdl_if(pdl, route_kernel, unsigned(ceil_div(T, 8)), 256, 0, stream, ra));
   return ok_status();
+}
+
+}  // namespace
+
+Status MoeRunner::route(const MoeDeviceLayer& l, const float* x, const int32_t* token_ids,
+                        int64_t T, int32_t* experts, float* weights, void* workspace,
+                        cudaStream_t stream, bool pdl) {
+  bool quantized = false;
+  return route_impl(l, x, token_ids, T, experts, weights, workspace, stream, pdl, XQuant{},
+                    &quantized);
 }
 
 Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t* token_ids,
@@ -2517,8 +2570,6 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
 
   if (tuning.pdl != 0 && tuning.pdl != 1) return invalid_argument("moe: tuning.pdl must be 0 or 1");
   const bool pdl = tuning.pdl == 1;
-  DS_RETURN_IF_ERROR(route(l, x, token_ids, T, experts, weights, workspace, stream, pdl));
-
   const bool pf_forced = tuning.path == 3 || tuning.path == 4;
   const int bt = tuning.tile_tokens > 0 ? tuning.tile_tokens
                  : pf_forced            ? kPfTokens
@@ -2535,21 +2586,29 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   const bool use_wg = bt == kPfTokens && tuning.path != 3 && l.pf_wgmma;
   if (tuning.wg_ahead != 0 && !use_wg)
     return invalid_argument("moe: tuning.wg_ahead needs the wgmma prefill path (128-row tiles)");
-  PlanArgs pa{experts,      weights,   T,         l.topk,    l.num_experts, l.expert_begin,
-              l.expert_end, l.add_shared, bt,     group_offset, tiles,      num_tiles,
-              row_token,    row_slot,  row_weight};
-  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, plan_kernel, 1, kPlanThreads, 0, stream, pa));
-
-  const int64_t xblocks = T * (l.dim / kChunk);
   auto* xq8 = reinterpret_cast<uint8_t*>(ws + L.xq8);
   auto* xs = reinterpret_cast<float*>(ws + L.xs);
   auto* hq8 = reinterpret_cast<uint8_t*>(ws + L.hq8);
   auto* hs = reinterpret_cast<float*>(ws + L.hs);
   const bool want_f8 = tuning.path == 2 || (tuning.path == 0 && l.fp8_mma && bt <= 16);
-  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, quant_rows_kernel, unsigned(ceil_div(xblocks, 16)),
-                                        256, 0, stream, x, l.dim, T, nullptr, xq,
-                                        l.quantize_activations, want_f8 ? xq8 : nullptr, xs,
-                                        use_wg));
+  // x's activation quantization (xq bf16 in the GEMMs' K order; with the FP8 path also e4m3 codes
+  // xq8 and scales xs): inside the small-T logits kernel where it can, else its own launch below.
+  const XQuant xquant{true, xq, l.quantize_activations, want_f8 ? xq8 : nullptr, xs, use_wg};
+  bool x_quantized = false;
+  DS_RETURN_IF_ERROR(route_impl(l, x, token_ids, T, experts, weights, workspace, stream, pdl,
+                                xquant, &x_quantized));
+
+  PlanArgs pa{experts,      weights,   T,         l.topk,    l.num_experts, l.expert_begin,
+              l.expert_end, l.add_shared, bt,     group_offset, tiles,      num_tiles,
+              row_token,    row_slot,  row_weight};
+  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, plan_kernel, 1, kPlanThreads, 0, stream, pa));
+
+  if (!x_quantized) {
+    const int64_t xblocks = T * (l.dim / kChunk);
+    DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, quant_rows_kernel, unsigned(ceil_div(xblocks, 16)),
+                                          256, 0, stream, x, l.dim, T, nullptr, xq,
+                                          l.quantize_activations, xquant.out8, xs, use_wg));
+  }
 
   GemmArgs g1{l.experts, int(l.num_experts), tiles, num_tiles, group_offset, row_token, row_slot,
               row_weight, xq, l.dim, l.inter, h, l.swiglu_limit, l.shared_expert_clamp,
