@@ -353,11 +353,9 @@ struct RouteArgs {
 // One warp per token. Lane r < k ends with slot r's expert and its unbiased score in registers, so
 // the renormalization needs no reload (reading the just-written experts back from global memory,
 // then each one's logit, was a chain of 12 dependent loads: ~10 us at any T, bench_moe session 18).
-__global__ void route_kernel(RouteArgs a) {
-  pdl_begin();
+// Token t's experts and weights (the whole warp calls).
+__device__ __forceinline__ void route_token(const RouteArgs& a, int64_t t) {
   const int lane = threadIdx.x & 31;
-  const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
-  if (t >= a.T) return;
   const float* lg = a.logits + t * a.E;
   int my_e = 0;
   float my_s = 0.0f;
@@ -420,6 +418,12 @@ __global__ void route_kernel(RouteArgs a) {
   }
 }
 
+__global__ void route_kernel(RouteArgs a) {
+  pdl_begin();
+  const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (t < a.T) route_token(a, t);
+}
+
 // ---- 3. plan -----------------------------------------------------------------------------------
 
 struct PlanArgs {
@@ -467,8 +471,8 @@ __device__ int block_exclusive_scan(int v, int* scratch /*[32]*/, int* total) {
   return out;
 }
 
-__global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanArgs a) {
-  pdl_begin();
+// The tiles and row maps of the grouped GEMMs from the routed slots (one CTA of kPlanThreads).
+__device__ __forceinline__ void plan_block(const PlanArgs& a) {
   __shared__ int count[kPlanThreads];
   __shared__ int cursor[kPlanThreads];
   __shared__ int scratch[33];
@@ -515,6 +519,22 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanArgs a) {
       a.row_weight[base + t] = 1.0f;
     }
   }
+}
+
+__global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanArgs a) {
+  pdl_begin();
+  plan_block(a);
+}
+
+// Decode sizes (T <= kRoutePlanMaxTokens): the routing of every token (a warp per token, as
+// route_kernel) and the plan in one CTA, one launch instead of two. The CTA barrier makes the
+// experts and weights its warps wrote visible to the plan.
+constexpr int64_t kRoutePlanMaxTokens = 64;
+__global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(RouteArgs ra, PlanArgs pa) {
+  pdl_begin();
+  for (int64_t t = threadIdx.x >> 5; t < ra.T; t += kPlanThreads / 32) route_token(ra, t);
+  __syncthreads();
+  plan_block(pa);
 }
 
 // ---- 4/6. activation quantization --------------------------------------------------------------
@@ -2490,13 +2510,15 @@ int MoeRunner::tile_tokens(int64_t T, const MoeDeviceLayer& layer) {
 
 namespace {
 
-// MoeRunner::route, and with q.on the quantization of x inside the small-T logits kernel where its
-// grid covers x's blocks (*quantized tells whether it did; else the caller launches
-// quant_rows_kernel).
+// MoeRunner::route, and for forward(): with q.on the quantization of x inside the small-T logits
+// kernel where its grid covers x's blocks (*quantized tells whether it did; else the caller
+// launches quant_rows_kernel); with a plan, at T <= kRoutePlanMaxTokens the routing and the plan
+// as one route_plan_kernel (*planned; else the caller launches plan_kernel).
 Status route_impl(const MoeDeviceLayer& l, const float* x, const int32_t* token_ids, int64_t T,
                   int32_t* experts, float* weights, void* workspace, cudaStream_t stream, bool pdl,
-                  XQuant q, bool* quantized) {
+                  XQuant q, bool* quantized, const PlanArgs* plan, bool* planned) {
   *quantized = false;
+  *planned = false;
   if (T <= 0) return ok_status();
   if (l.tid2eid && !token_ids) return invalid_argument("moe: hash routing needs token_ids");
   const Layout L = make_layout(T, l);
@@ -2531,8 +2553,14 @@ Status route_impl(const MoeDeviceLayer& l, const float* x, const int32_t* token_
   }
   RouteArgs ra{logits,      l.bias,         l.tid2eid, token_ids, T,      l.num_experts, l.topk,
                l.route_scale, l.renorm_epsilon, experts,   weights};
-  DS_CUDA_RETURN_IF_ERROR(
-      launch_pdl_if(pdl, route_kernel, unsigned(ceil_div(T, 8)), 256, 0, stream, ra));
+  if (plan && T <= kRoutePlanMaxTokens) {
+    *planned = true;
+    DS_CUDA_RETURN_IF_ERROR(
+        launch_pdl_if(pdl, route_plan_kernel, 1, kPlanThreads, 0, stream, ra, *plan));
+  } else {
+    DS_CUDA_RETURN_IF_ERROR(
+        launch_pdl_if(pdl, route_kernel, unsigned(ceil_div(T, 8)), 256, 0, stream, ra));
+  }
   return ok_status();
 }
 
@@ -2541,9 +2569,9 @@ Status route_impl(const MoeDeviceLayer& l, const float* x, const int32_t* token_
 Status MoeRunner::route(const MoeDeviceLayer& l, const float* x, const int32_t* token_ids,
                         int64_t T, int32_t* experts, float* weights, void* workspace,
                         cudaStream_t stream, bool pdl) {
-  bool quantized = false;
+  bool quantized = false, planned = false;
   return route_impl(l, x, token_ids, T, experts, weights, workspace, stream, pdl, XQuant{},
-                    &quantized);
+                    &quantized, nullptr, &planned);
 }
 
 Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t* token_ids,
@@ -2594,14 +2622,15 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   // x's activation quantization (xq bf16 in the GEMMs' K order; with the FP8 path also e4m3 codes
   // xq8 and scales xs): inside the small-T logits kernel where it can, else its own launch below.
   const XQuant xquant{true, xq, l.quantize_activations, want_f8 ? xq8 : nullptr, xs, use_wg};
-  bool x_quantized = false;
+  // The plan: with the routing in one launch at decode sizes, else its own launch.
+  const PlanArgs pa{experts,      weights,   T,         l.topk,    l.num_experts, l.expert_begin,
+                    l.expert_end, l.add_shared, bt,     group_offset, tiles,      num_tiles,
+                    row_token,    row_slot,  row_weight};
+  bool x_quantized = false, planned = false;
   DS_RETURN_IF_ERROR(route_impl(l, x, token_ids, T, experts, weights, workspace, stream, pdl,
-                                xquant, &x_quantized));
-
-  PlanArgs pa{experts,      weights,   T,         l.topk,    l.num_experts, l.expert_begin,
-              l.expert_end, l.add_shared, bt,     group_offset, tiles,      num_tiles,
-              row_token,    row_slot,  row_weight};
-  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, plan_kernel, 1, kPlanThreads, 0, stream, pa));
+                                xquant, &x_quantized, &pa, &planned));
+  if (!planned)
+    DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, plan_kernel, 1, kPlanThreads, 0, stream, pa));
 
   if (!x_quantized) {
     const int64_t xblocks = T * (l.dim / kChunk);
