@@ -109,6 +109,15 @@ struct Record {
   double floor_us = 0, ratio = 0, achieved_gbps = 0, achieved_tflops = 0;
   double max_error = 0;             // correctness error of the same run
   std::string error_metric;
+
+  // time_us = us, and what follows from it: the ratio to floor_us (0 without a floor) and the
+  // achieved rates of bytes and flops (set those three first).
+  void set_time(double us) {
+    time_us = us;
+    ratio = floor_us > 0 ? us / floor_us : 0.0;
+    achieved_gbps = bytes / (us * 1e-6) / 1e9;
+    achieved_tflops = flops / (us * 1e-6) / 1e12;
+  }
 };
 
 // Writes {"gpu":..., "records":[...]} to `path` and prints a table.

@@ -294,7 +294,8 @@ cuda::Fp8SmallMParams small_m_params(const Weights& w, int c, bool tiled, const 
   return p;
 }
 
-// A graph-mode record: floor = max(bytes / copy bandwidth, flops / the FP8 rate).
+// A graph-mode record (the cuBLASLt rows reset mode): floor = max(bytes / copy bandwidth, flops /
+// the FP8 rate).
 Rec graph_rec(const std::string& shape, const std::string& kernel, const std::string& cfg,
               double us, double err, double bytes, double flops, double copy_gbps,
               double fp8_tflops) {
@@ -823,21 +824,8 @@ int main(int argc, char** argv) {
       const double flops = 2.0 * double(m) * double(gn) * double(s.k);
       auto make = [&](const std::string& kernel, const std::string& cfg, double us, double err,
                       double extra_bytes) {
-        Rec r;
-        r.kernel = kernel;
-        r.shape = shape_str(s, m);
-        r.mode = "graph";
-        r.config = cfg;
-        r.time_us = us;
-        r.bytes = bytes + extra_bytes;
-        r.flops = flops;
-        r.floor_us = std::max(r.bytes / (copy_gbps * 1e3), flops / (fp8_tflops * 1e6));
-        r.ratio = us / r.floor_us;
-        r.gbps = r.bytes / (us * 1e3);
-        r.tflops = flops / (us * 1e6);
-        r.hbm_fraction = r.gbps / copy_gbps;
-        r.err = err;
-        return r;
+        return graph_rec(shape_str(s, m), kernel, cfg, us, err, bytes + extra_bytes, flops,
+                         copy_gbps, fp8_tflops);
       };
       // The heuristic's plan (what GemmRunner::linear_fp8 runs on pre-quantized input).
       const cuda::Fp8SmallMPlan plan = cuda::fp8_small_m_plan(params(0, 0, 0, true), dev.sm_count);
@@ -1082,22 +1070,11 @@ int main(int argc, char** argv) {
         }
       }
       auto make = [&](const std::string& kernel, double us, double err, double extra) {
-        Rec r;
-        r.kernel = kernel;
-        r.shape = shape_str(s, m);
+        Rec r = graph_rec(shape_str(s, m), kernel, "cuBLASLt", us, err, bytes + extra, flops,
+                          copy_gbps, fp8_tflops);
         r.mode = "eager";
-        r.config = "cuBLASLt";
-        r.time_us = us;
-        r.bytes = bytes + extra;
-        r.flops = flops;
-        r.floor_us = std::max(r.bytes / (copy_gbps * 1e3), flops / (fp8_tflops * 1e6));
-        r.ratio = us / r.floor_us;
-        r.gbps = r.bytes / (us * 1e3);
-        r.tflops = flops / (us * 1e6);
-        r.hbm_fraction = r.gbps / copy_gbps;
         r.fp8_rate_fraction = r.tflops / fp8_tflops;
         r.same_shape_fraction = same_us > 0 ? same_us / us : 0;
-        r.err = err;
         return r;
       };
       const double gemm_us = bench::time_us(

@@ -443,13 +443,10 @@ int main(int argc, char** argv) {
                 " entries=" + std::to_string(entries) + " maxlen=" + std::to_string(cs.max_len) +
                 " splits=" + std::to_string(plan.max_splits);
       r.mode = g == 2 ? "graph_hot" : g ? "graph" : "eager";
-      r.time_us = g == 2 ? graph_hot_us : g ? graph_us : eager_us;
       r.bytes = bytes;
       r.flops = flops;
       r.floor_us = floor_us;
-      r.ratio = r.time_us / floor_us;
-      r.achieved_gbps = bytes / (r.time_us * 1e-6) / 1e9;
-      r.achieved_tflops = flops / (r.time_us * 1e-6) / 1e12;
+      r.set_time(g == 2 ? graph_hot_us : g ? graph_us : eager_us);
       r.error_metric = "query 0: max |selected score - reference| (sorted) / tolerance (<= 1)";
       r.max_error = worst;
       records.push_back(r);

@@ -538,17 +538,14 @@ int main(int argc, char** argv) {
                     (long long)T, (long long)distinct, double(expert_bytes) / 1e6);
       r.shape = shape;
       r.mode = graph ? "graph" : "eager";
-      r.time_us = us;
       r.bytes = bytes;
       r.flops = flops;
-      r.achieved_gbps = bytes / (us * 1e-6) / 1e9;
-      r.achieved_tflops = flops / (us * 1e-6) / 1e12;
       if (T <= 128) {
         r.floor_us = bytes / (copy_gbps * 1e9) * 1e6;
       } else {
         r.floor_us = std::max(flops / (fwd_peak * 1e12), bytes / (copy_gbps * 1e9)) * 1e6;
       }
-      r.ratio = us / r.floor_us;
+      r.set_time(us);
       r.max_error = double(nonfinite);
       r.error_metric = "non-finite outputs (correctness: test_moe_cuda)";
       records.push_back(r);
@@ -587,13 +584,10 @@ int main(int argc, char** argv) {
         g.kernel = "moe_gemms_" + r.kernel.substr(std::string("moe_forward_").size());
         g.shape = std::string(shape) + " (" + mma_name + ")";
         g.mode = "graph node";
-        g.time_us = gemm_us;
         g.bytes = routed_bytes + double(shared_bytes);
-        g.achieved_gbps = g.bytes / (gemm_us * 1e-6) / 1e9;
-        g.achieved_tflops = flops / (gemm_us * 1e-6) / 1e12;
         g.floor_us = T <= 128 ? g.bytes / (copy_gbps * 1e9) * 1e6
                               : std::max(flops / (peak * 1e12), g.bytes / (copy_gbps * 1e9)) * 1e6;
-        g.ratio = gemm_us / g.floor_us;
+        g.set_time(gemm_us);
         records.push_back(g);
         std::printf("  expert GEMMs %.1f us = %.1f TFLOP/s = %.1f%% of the %s peak "
                     "(%.0f TFLOP/s); weight bytes %.0f GB/s = %.0f%% of copy\n",
@@ -604,11 +598,9 @@ int main(int argc, char** argv) {
           lr.kernel = "moe_router_logits";
           lr.shape = "T=" + std::to_string(T) + " gate fp32 [256, 4096]";
           lr.mode = "graph node";
-          lr.time_us = logits_us;
           lr.bytes = double(kExperts * kDim * 4) + double(T * kDim * 4) + double(T * kExperts * 4);
           lr.floor_us = lr.bytes / (copy_gbps * 1e9) * 1e6;
-          lr.ratio = logits_us / lr.floor_us;
-          lr.achieved_gbps = lr.bytes / (logits_us * 1e-6) / 1e9;
+          lr.set_time(logits_us);
           lr.error_metric = "none (routing checked by test_moe_cuda)";
           records.push_back(lr);
           std::printf("  router logits T=%lld %.2f us = %.0f GB/s = %.0f%% of copy\n",
@@ -633,11 +625,9 @@ int main(int argc, char** argv) {
         r.kernel = "moe_route";
         r.shape = "T=" + std::to_string(T) + " gate fp32 [256, 4096]";
         r.mode = T <= 64 ? "graph" : "eager";
-        r.time_us = us;
         r.bytes = double(kExperts * kDim * 4) + double(T * kDim * 4);
         r.floor_us = r.bytes / (copy_gbps * 1e9) * 1e6;
-        r.ratio = us / r.floor_us;
-        r.achieved_gbps = r.bytes / (us * 1e-6) / 1e9;
+        r.set_time(us);
         r.error_metric = "none";
         records.push_back(r);
         std::printf("route T=%-5lld %8.1f us\n", (long long)T, us);

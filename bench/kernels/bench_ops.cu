@@ -137,13 +137,10 @@ void run_case(Ctx& c, const std::string& kernel, const std::string& shape, bool 
   r.kernel = kernel;
   r.shape = shape;
   r.mode = graph ? "graph" : "eager";
-  r.time_us = us;
   r.bytes = bytes;
   r.flops = flops;
   r.floor_us = std::max(bytes / (c.copy_gbps * 1e9), flops / (c.fp32_tflops * 1e12)) * 1e6;
-  r.ratio = us / r.floor_us;
-  r.achieved_gbps = bytes / (us * 1e-6) / 1e9;
-  r.achieved_tflops = flops / (us * 1e-6) / 1e12;
+  r.set_time(us);
   r.max_error = check();
   r.error_metric = metric;
   c.records.push_back(r);
