@@ -7,13 +7,6 @@
 
 namespace ds {
 
-// Whether the environment variable `name` is set to exactly "0" (unset, empty or any other value
-// leaves the feature on).
-inline bool env_switched_off(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, "0") == 0;
-}
-
 // A switch that either value can force: "1" on, "0" off, anything else (unset included) `fallback`.
 inline bool env_switch(const char* name, bool fallback) {
   const char* v = std::getenv(name);
@@ -21,5 +14,9 @@ inline bool env_switch(const char* name, bool fallback) {
   if (v != nullptr && std::strcmp(v, "0") == 0) return false;
   return fallback;
 }
+
+// Whether the environment variable `name` is set to exactly "0" (unset, empty or any other value
+// leaves the feature on).
+inline bool env_switched_off(const char* name) { return !env_switch(name, true); }
 
 }  // namespace ds

@@ -350,10 +350,10 @@ struct RouteArgs {
   float* weights;
 };
 
-// One warp per token. Lane r < k ends with slot r's expert and its unbiased score in registers, so
-// the renormalization needs no reload (reading the just-written experts back from global memory,
-// then each one's logit, was a chain of 12 dependent loads: ~10 us at any T, bench_moe session 18).
-// Token t's experts and weights (the whole warp calls).
+// Token t's experts and weights (the whole warp calls). Lane r < k ends with slot r's expert and
+// its unbiased score in registers, so the renormalization needs no reload (reading the
+// just-written experts back from global memory, then each one's logit, was a chain of 12
+// dependent loads: ~10 us at any T, bench_moe session 18).
 __device__ __forceinline__ void route_token(const RouteArgs& a, int64_t t) {
   const int lane = threadIdx.x & 31;
   const float* lg = a.logits + t * a.E;
@@ -609,8 +609,8 @@ __device__ __forceinline__ void quant_rows_warp(int64_t warp, const float* __res
 
 __global__ void quant_rows_kernel(const float* __restrict__ in, int64_t len, int64_t rows_bound,
                                   const int32_t* rows_dev, uint16_t* __restrict__ out, bool fp8,
-                                  uint8_t* __restrict__ out8 = nullptr,
-                                  float* __restrict__ scale8 = nullptr, bool permute = false) {
+                                  uint8_t* __restrict__ out8, float* __restrict__ scale8,
+                                  bool permute) {
   pdl_begin();
   const int64_t warp = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   const int64_t rows = rows_dev ? int64_t(*rows_dev) : rows_bound;
