@@ -210,6 +210,9 @@ struct Case {
   cuda::MoeTuning tuning;     // default: the heuristic
   std::string expect_error;   // non-empty: forward must fail with a message containing it
   bool graph = false;  // forward captured in a CUDA graph on its own stream, replayed twice
+  // Also runs the forward with the other prefill grid order (tuning.pf_raster flipped) and checks
+  // that both give the same y bit for bit (each tile's arithmetic does not depend on the order).
+  bool compare_grid_orders = false;
 };
 
 void run_case(const Case& c) {
@@ -326,6 +329,24 @@ void run_case(const Case& c) {
   DS_CUDA_ASSERT(cudaDeviceSynchronize());
   std::vector<float> y;
   DS_CUDA_ASSERT(d_y.download(y));
+  if (c.compare_grid_orders) {
+    cuda::MoeTuning other = c.tuning;
+    other.pf_raster = 1 - other.pf_raster;
+    DeviceBuffer<float> d_y2(size_t(T * D));
+    ASSERT_TRUE(d_y2.ok());
+    DS_CUDA_ASSERT(d_y2.poison());
+    DS_CUDA_ASSERT(ws.poison());
+    const Status st2 = cuda::MoeRunner::forward(*layer, d_x.get(), d_tok.get(), T, d_y2.get(),
+                                                ws.get(), 0, other);
+    ASSERT_TRUE(st2.ok()) << st2.message();
+    DS_CUDA_ASSERT(cudaDeviceSynchronize());
+    std::vector<float> y2;
+    DS_CUDA_ASSERT(d_y2.download(y2));
+    ASSERT_EQ(y2.size(), y.size());
+    ASSERT_EQ(std::memcmp(y.data(), y2.data(), y.size() * sizeof(float)), 0)
+        << c.name << ": pf_raster " << c.tuning.pf_raster << " and " << other.pf_raster
+        << " give different outputs";
+  }
 
   // Routing on the GPU vs the CPU for every token.
   DeviceBuffer<int32_t> d_ex(size_t(T * K));
@@ -756,6 +777,50 @@ TEST_F(MoeCuda, TinyWgmmaSplitAndPdl) {
     Case c{"tiny pdl", kTiny, WeightFormat::kMxfp4, T};
     c.tuning.pdl = 1;
     run_case(c);
+  }
+}
+
+// The prefill grids' two orders (MoeTuning::pf_raster: 0, the default, the N blocks of a tile side
+// by side; 1 the tiles side by side) on both prefill kernels: each case is checked against the
+// oracle in one order and bit for bit against the other order. Tiny shapes (in the memcheck
+// filter): many tiles of many groups (T = 512), one group of 32 full tiles (skewed T = 4096), the
+// split-issue variant; a bad order value is refused. Off sm_90 the wgmma cases are skipped.
+TEST_F(MoeCuda, TinyPrefillGridOrders) {
+  for (int path : {3, 4}) {
+    for (int raster : {0, 1}) {
+      const std::string tag = " path" + std::to_string(path) + " raster" + std::to_string(raster);
+      auto run = [&](Case c, int ahead = 0) {
+        c.name += tag;
+        c.tuning = {0, 0, path, 0};
+        c.tuning.pf_raster = raster;
+        c.tuning.wg_ahead = ahead;
+        c.compare_grid_orders = true;
+        run_case(c);
+      };
+      run({"tiny mxfp4 grid order", kTiny, WeightFormat::kMxfp4, 512});
+      run({"tiny skew nvfp4 grid order", kTiny, WeightFormat::kNvfp4, 4096, true});
+      if (path == 4) run({"tiny nvfp4 grid order split", kTiny, WeightFormat::kNvfp4, 350}, 7);
+    }
+  }
+  Case bad{"tiny bad grid order", kTiny, WeightFormat::kMxfp4, 512};
+  bad.tuning = {0, 0, 3, 0};
+  bad.tuning.pf_raster = 2;
+  bad.expect_error = "pf_raster must be 0 or 1";
+  run_case(bad);
+}
+
+// The same at the Flash shape (16 / 32 N blocks per tile, ~48 rows per expert at T = 2048) and with
+// every token to one expert (T = 4096: 32 full tiles of one group).
+TEST_F(MoeCuda, PrefillGridOrdersFlash) {
+  for (int path : {3, 4}) {
+    for (Case c : {Case{"flash mxfp4 grid order", kFlash, WeightFormat::kMxfp4, 2048},
+                   Case{"flash skew mxfp4 grid order", kFlash, WeightFormat::kMxfp4, 4096, true}}) {
+      c.name += " path" + std::to_string(path);
+      c.tuning = {0, 0, path, 0};
+      c.oracle_tokens = 12;
+      c.compare_grid_orders = true;
+      run_case(c);
+    }
   }
 }
 

@@ -649,7 +649,20 @@ struct GemmArgs {
   const uint8_t* act8 = nullptr;
   const float* act_scale = nullptr;
   int wg_ahead = 0;  // the wgmma split-issue variant's weight lookahead (MoeTuning::wg_ahead)
+  bool tiles_fastest = false;  // prefill grids (tiles, N blocks) instead of (N blocks, tiles)
 };
+
+// The prefill kernels' (128-row tiles) place in their grid. By default the grid is (N blocks,
+// tiles): the N blocks of one tile are launched side by side, so the tile's activation rows come
+// from HBM once and from L2 for its other N blocks. `tiles_fastest` (MoeTuning::pf_raster = 1)
+// is the order before session 20, (tiles, N blocks), which re-read every tile's activations from
+// HBM once per N block when they exceed L2 (ncu, T = 4096: 3-4x the GEMMs' minimal DRAM bytes).
+__device__ __forceinline__ int pf_tile_index(const GemmArgs& a) {
+  return int(a.tiles_fastest ? blockIdx.x : blockIdx.y);
+}
+__device__ __forceinline__ int64_t pf_n_block(const GemmArgs& a) {
+  return int64_t(a.tiles_fastest ? blockIdx.y : blockIdx.x);
+}
 
 // The gate/up epilogue of one h element, in cpu::moe_forward's order: gate `av` and up `bv` (fp32
 // sums, block scales applied) rounded to bf16 where REF keeps bf16, the clamped SwiGLU (the
@@ -1473,7 +1486,7 @@ __device__ __forceinline__ void pf_tile(const GemmArgs& a, const MoeDeviceExpert
   uint8_t* as = smem + kPfBSlots * kPfTileBytes;   // [2][128 weight rows][64] bf16
 
   // This thread's weight row (dequantization: row tid of the tile) and the tile's first feature.
-  const int64_t n0 = kFused ? int64_t(blockIdx.y) * 64 : int64_t(blockIdx.y) * 128;
+  const int64_t n0 = pf_n_block(a) * (kFused ? 64 : 128);
   // w1 / w3 / w2 (selects, not a dynamic index: the struct stays in registers)
   const bool up = kFused && tid >= 64;
   const int64_t wrow = kFused ? n0 + (tid & 63) : n0 + tid;
@@ -1672,8 +1685,9 @@ template <bool kFused>
 __global__ void __launch_bounds__(kPfThreads, 2) expert_gemm_pf_kernel(GemmArgs a) {
   pdl_begin();
   extern __shared__ __align__(16) uint8_t pf_smem[];
-  if (int(blockIdx.x) >= *a.num_tiles) return;
-  const int2 tile = a.tiles[blockIdx.x];
+  const int tile_index = pf_tile_index(a);
+  if (tile_index >= *a.num_tiles) return;
+  const int2 tile = a.tiles[tile_index];
   const int g = tile.x, row0 = tile.y;
   const int base = a.group_offset[g];
   const int rows = min(kPfTokens, a.group_offset[g + 1] - base - row0);
@@ -1791,14 +1805,15 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
   const int gid = lane >> 2, t4 = lane & 3;
   const int64_t K = a.K;
   const int chunks = int(K / kChunk);
+  const int64_t nb = pf_n_block(a);  // the N block: 64 inter columns (gate/up) or 128 outputs
 
   // This thread's two weight rows (A fragment rows g and g + 8 of its warp) and their local ids.
   const int lrow = 64 * wg + 16 * wq + gid;  // local row of the first (the second is + 8)
   // Gate/up: rows 0-7 of a warp's 16 are w1 of inter columns c0 .. c0 + 7, rows 8-15 w3 of the
   // same columns (wrow[0] = wrow[1]); down: w2 rows lrow and lrow + 8 of the CTA's 128.
   int64_t wrow[2];
-  wrow[0] = kFused ? int64_t(blockIdx.y) * 64 + 32 * wg + 8 * wq + gid
-                   : int64_t(blockIdx.y) * 128 + lrow;
+  wrow[0] = kFused ? nb * 64 + 32 * wg + 8 * wq + gid
+                   : nb * 128 + lrow;
   wrow[1] = kFused ? wrow[0] : wrow[0] + 8;
   const uint8_t* wdata[2] = {kFused ? ex.data[0] : ex.data[2], kFused ? ex.data[1] : ex.data[2]};
   const uint8_t* wscale[2] = {kFused ? ex.scale[0] : ex.scale[2],
@@ -1870,16 +1885,16 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
       const int tp = u + 128 * q, lp = tp & 31, wgp = tp >> 7, wqp = (tp >> 5) & 3;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int64_t row = kFused ? int64_t(blockIdx.y) * 64 + 32 * wgp + 8 * wqp + (lp >> 2)
-                                   : int64_t(blockIdx.y) * 128 + 64 * wgp + 16 * wqp + (lp >> 2) +
+        const int64_t row = kFused ? nb * 64 + 32 * wgp + 8 * wqp + (lp >> 2)
+                                   : nb * 128 + 64 * wgp + 16 * wqp + (lp >> 2) +
                                          8 * r;
         wsrc[q][r] = wdata[r] + row * (kFp8 ? K : K / 2) + (kFp8 ? 32 : 16) * (lp & 3);
       }
     }
     if constexpr (!kFp8) {
-      const int64_t row = kFused ? int64_t(blockIdx.y) * 64 + 32 * (u >> 6) + 8 * ((u >> 4) & 3) +
+      const int64_t row = kFused ? nb * 64 + 32 * (u >> 6) + 8 * ((u >> 4) & 3) +
                                        (u & 7)
-                                 : int64_t(blockIdx.y) * 128 + u;
+                                 : nb * 128 + u;
       ssrc = ((u >> 3) & 1 ? wscale[1] : wscale[0]) + row * (K / (kMx ? 32 : 16));
     }
   }
@@ -2073,8 +2088,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) expert_gemm_wg_kernel(GemmArgs 
   extern __shared__ __align__(16) uint8_t wg_smem_raw[];
   const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(wg_smem_raw));
   uint8_t* smem = wg_smem_raw + ((1024u - (sa & 1023u)) & 1023u);
-  if (int(blockIdx.x) >= *a.num_tiles) return;
-  const int2 tile = a.tiles[blockIdx.x];
+  const int tile_index = pf_tile_index(a);
+  if (tile_index >= *a.num_tiles) return;
+  const int2 tile = a.tiles[tile_index];
   const int g = tile.x, row0 = tile.y;
   const int base = a.group_offset[g];
   const int rows = min(kPfTokens, a.group_offset[g + 1] - base - row0);
@@ -2215,14 +2231,22 @@ Status launch_gemms_prefill(bool wg, const GemmArgs& g1, const GemmArgs& g2, int
                                          : expert_gemm_wg_kernel<false, false>;
   const int threads = wg ? kWgThreads : kPfThreads;
   const size_t smem = !wg ? kPfSmem : split ? kWgsSmem : kWgSmem;
-  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, gate_up, dim3(unsigned(tiles), unsigned(inter / 64)),
-                                        threads, smem, stream, g1));
+  // (N blocks, tiles) by default, (tiles, N blocks) with tiles_fastest: pf_tile_index.
+  const auto grid = [&](int64_t n_blocks) {
+    return g1.tiles_fastest ? dim3(unsigned(tiles), unsigned(n_blocks))
+                            : dim3(unsigned(n_blocks), unsigned(tiles));
+  };
+  if (!g1.tiles_fastest && tiles > 65535)
+    return invalid_argument("moe: " + std::to_string(tiles) +
+                            " prefill tiles exceed the grid's 65535 rows; run fewer tokens per "
+                            "forward");
+  DS_CUDA_RETURN_IF_ERROR(
+      launch_pdl_if(pdl, gate_up, grid(inter / 64), threads, smem, stream, g1));
   const int64_t qblocks = rows_bound * (inter / kChunk);
   DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, quant_rows_kernel, unsigned(ceil_div(qblocks, 16)),
                                         256, 0, stream, h, inter, rows_bound, total_rows, hq, fp8,
                                         nullptr, nullptr, wg));
-  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, down, dim3(unsigned(tiles), unsigned(dim / 128)),
-                                        threads, smem, stream, g2));
+  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, down, grid(dim / 128), threads, smem, stream, g2));
   return ok_status();
 }
 
@@ -2614,6 +2638,8 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   const bool use_wg = bt == kPfTokens && tuning.path != 3 && l.pf_wgmma;
   if (tuning.wg_ahead != 0 && !use_wg)
     return invalid_argument("moe: tuning.wg_ahead needs the wgmma prefill path (128-row tiles)");
+  if (tuning.pf_raster != 0 && tuning.pf_raster != 1)
+    return invalid_argument("moe: tuning.pf_raster must be 0 or 1");
   auto* xq8 = reinterpret_cast<uint8_t*>(ws + L.xq8);
   auto* xs = reinterpret_cast<float*>(ws + L.xs);
   auto* hq8 = reinterpret_cast<uint8_t*>(ws + L.hq8);
@@ -2645,6 +2671,7 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   g1.act8 = xq8;
   g1.act_scale = xs;
   g1.wg_ahead = tuning.wg_ahead;
+  g1.tiles_fastest = tuning.pf_raster == 1;
   GemmArgs g2 = g1;
   g2.act = hq;
   g2.act8 = hq8;

@@ -124,6 +124,9 @@ struct MoeTuning {
   // activations); 2 .. 7 the split-issue variant, one warpgroup copying the activations 2 chunks
   // ahead and the other the weights this many chunks ahead (FP8-block weights at most 3).
   int wg_ahead = 0;
+  // Prefill paths (128-row tiles): 0 launches the N blocks of a tile side by side (its activation
+  // rows read from HBM once), 1 the tiles side by side (the order before session 20; NOTES.md).
+  int pf_raster = 0;
   // 1: every MoE kernel launched as a programmatic dependent of the stream's previous kernel (PDL,
   // sm_90+; each waits for it at its start, so only the launch overlaps; DEEPSERVE_OPS_PDL=0 turns
   // the attribute off); 0: plain launches, the default until measured (NOTES.md, session 19).
