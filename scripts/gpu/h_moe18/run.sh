@@ -6,11 +6,12 @@
 # test_cuda_ops (its prefill chunks of > 128 tokens run the MoE prefill tiles), and writes the SASS
 # of the wgmma kernels with an opcode histogram of each (cuobjdump).
 #   scripts/gpu/h_moe18/run.sh [OUT_DIR]     env: as run_moe.sh (MOE_TEST_FILTER, ...), SKIP_OPS=1,
-#   SKIP_MOE=1 (no test_moe_cuda / bench_moe run: an NCU-only call),
+#   SKIP_MOE=1 (no test_moe_cuda / bench_moe run: an NCU-only call), SKIP_SASS=1 (no cuobjdump),
 #   BINS (the packed binaries, default build/c18/bins.tar.xz; session 19's are build/c19/...),
 #   NCU=1: ncu (--set full, SASS stall samples) of the first gate/up + down wgmma launches of each
-#   bench case in NCU_CASES (default "mxfp4:4096:4:0 mxfp4:4096:4:7": v1 and the split variant at
-#   T = 4096; bench_moe's DS_MOE_CASES selects them), summaries in ncu_<case>.txt
+#   bench case in NCU_CASES (default "mxfp4:4096:0:0:0 mxfp4:4096:4:0:1": the default path and the
+#   tiles-first grid order at T = 4096; bench_moe's DS_MOE_CASES "fmt:T:path:ahead:raster" selects
+#   them), summaries in ncu_<case>.txt
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 out="${1:-${OUT:-/tmp/h_moe18_out}}"
@@ -31,7 +32,7 @@ if [ "${SKIP_OPS:-0}" != 1 ]; then
   grep -E '^\[  FAILED' "$out/test_cuda_ops.log"
 fi
 if [ "${NCU:-0}" = 1 ]; then
-  for sel in ${NCU_CASES:-mxfp4:4096:4:0 mxfp4:4096:4:7}; do
+  for sel in ${NCU_CASES:-mxfp4:4096:0:0:0 mxfp4:4096:4:0:1}; do
     tag="${sel//:/_}"
     DS_MOE_CASES="$sel" timeout 300 ncu --clock-control none --kernel-name regex:expert_gemm_wg_kernel \
       --launch-count 2 --set full --import-source yes -f -o "/tmp/ncu_$tag" "$c/bench_moe" \
@@ -40,12 +41,12 @@ if [ "${NCU:-0}" = 1 ]; then
     ncu -i "/tmp/ncu_$tag.ncu-rep" --page details >"$out/ncu_$tag.txt" 2>&1
     ncu -i "/tmp/ncu_$tag.ncu-rep" --page source --csv --print-source=sass >"/tmp/ncu_$tag.csv" 2>&1
     python3 scripts/gpu/h_mla16/sass_top.py "/tmp/ncu_$tag.csv" 30 >"$out/ncu_${tag}_sass.txt" 2>&1
-    grep -E "expert_gemm_wg|Duration|Issue Slots Busy|Eligible Warps|No Eligible|DRAM Throughput|L2 Hit|Memory Throughput|Stall|stall" \
+    grep -E "expert_gemm_wg|Duration|Issue Slots Busy|Eligible Warps|No Eligible|DRAM Throughput|L2 Hit|Memory Throughput" \
       "$out/ncu_$tag.txt" | head -40
   done
 fi
 cuobj="$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2>/dev/null | head -1)"
-if [ -n "$cuobj" ]; then
+if [ -n "$cuobj" ] && [ "${SKIP_SASS:-0}" != 1 ]; then
   timeout 60 "$cuobj" -sass "$c/bench_moe" 2>/dev/null | python3 -c '
 import collections, re, sys
 t = sys.stdin.read()
