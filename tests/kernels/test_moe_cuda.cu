@@ -809,8 +809,8 @@ TEST_F(MoeCuda, TinyPrefillGridOrders) {
   run_case(bad);
 }
 
-// The same at the Flash shape (16 / 32 N blocks per tile, ~48 rows per expert at T = 2048) and with
-// every token to one expert (T = 4096: 32 full tiles of one group).
+// The same at the Flash shape (32 N blocks per tile in both GEMMs, ~48 rows per expert at
+// T = 2048) and with every token to one expert (T = 4096: 32 full tiles of one group).
 TEST_F(MoeCuda, PrefillGridOrdersFlash) {
   for (int path : {3, 4}) {
     for (Case c : {Case{"flash mxfp4 grid order", kFlash, WeightFormat::kMxfp4, 2048},
