@@ -312,16 +312,14 @@ Matrices make_fp4(cpu::WeightFormat f, int64_t rows, int64_t cols, int64_t count
 }  // namespace
 }  // namespace ds
 
-// DS_MOE_CASES="fmt:T:path:ahead:raster;..." (e.g. "mxfp4:4096:4:7:0") runs only the forward cases
-// with that weight format, token count, MoeTuning::path, wg_ahead and pf_raster (the heuristic's
-// rows have path 0): one launch sequence for a profiler (scripts/gpu/h_moe18/run.sh, NCU=1).
-// Unset: every case.
+// DS_MOE_CASES="fmt:T:path:raster;..." (e.g. "mxfp4:4096:4:1") runs only the forward cases with
+// that weight format, token count, MoeTuning::path and pf_raster (the heuristic's rows have path
+// 0): one launch sequence for a profiler (scripts/gpu/h_moe18/run.sh, NCU=1). Unset: every case.
 bool case_selected(const char* fmt, int64_t T, const ds::cuda::MoeTuning& t) {
   const char* env = std::getenv("DS_MOE_CASES");
   if (env == nullptr || *env == 0) return true;
   const std::string want = std::string(fmt) + ":" + std::to_string(T) + ":" +
-                           std::to_string(t.path) + ":" + std::to_string(t.wg_ahead) + ":" +
-                           std::to_string(t.pf_raster);
+                           std::to_string(t.path) + ":" + std::to_string(t.pf_raster);
   std::string list = env;
   for (size_t b = 0; b <= list.size();) {
     const size_t e = std::min(list.find(';', b), list.size());
@@ -466,17 +464,13 @@ int main(int argc, char** argv) {
       t.pdl = 1;
       cases.push_back({T, t});
     }
-    // The wgmma kernel's split-issue variant (MoeTuning::wg_ahead; lookahead 2 .. 7 measured flat
-    // in session 20), and the prefill grids in the order before session 20 (MoeTuning::pf_raster
-    // = 1: tiles side by side) next to the default rows (N blocks of a tile side by side).
+    // The prefill grids in the order before session 20 (MoeTuning::pf_raster = 1: tiles side by
+    // side) next to the default rows (the N blocks of a tile side by side).
     const bool mx = fmt == cpu::WeightFormat::kMxfp4;
     if (layer->pf_wgmma) {
-      for (int64_t T : mx ? std::vector<int64_t>{512, 4096, 8192} : std::vector<int64_t>{4096}) {
-        cuda::MoeTuning t{0, 0, 4, 0};
-        t.wg_ahead = 7;
-        cases.push_back({T, t});
-      }
-      for (int64_t T : mx ? std::vector<int64_t>{512, 1024, 4096, 8192} : std::vector<int64_t>{4096}) {
+      const std::vector<int64_t> ts = mx ? std::vector<int64_t>{512, 1024, 4096, 8192}
+                                         : std::vector<int64_t>{4096};
+      for (int64_t T : ts) {
         cuda::MoeTuning t{0, 0, 4, 0};
         t.pf_raster = 1;
         cases.push_back({T, t});
@@ -541,7 +535,6 @@ int main(int argc, char** argv) {
         if (bc.tuning.ring_kb > 0) r.kernel += "_ring" + std::to_string(bc.tuning.ring_kb);
         if (bc.tuning.mma > 0) r.kernel += bc.tuning.mma == 1 ? "_e4m3" : "_f16";
         if (bc.tuning.warps > 0) r.kernel += "_w" + std::to_string(bc.tuning.warps);
-        if (bc.tuning.wg_ahead > 0) r.kernel += "_ahead" + std::to_string(bc.tuning.wg_ahead);
         if (bc.tuning.pf_raster == 1) r.kernel += "_tilesfirst";
       }
       if (bc.tuning.pdl) r.kernel += "_pdl";
@@ -562,11 +555,11 @@ int main(int argc, char** argv) {
       r.max_error = double(nonfinite);
       r.error_metric = "non-finite outputs (correctness: test_moe_cuda)";
       records.push_back(r);
-      std::printf("%s bt%d ks%d p%d r%d m%d w%d a%d rs%d pdl%d T=%-5lld distinct=%-3lld eager %9.1f us  %s "
+      std::printf("%s bt%d ks%d p%d r%d m%d w%d rs%d pdl%d T=%-5lld distinct=%-3lld eager %9.1f us  %s "
                   "%9.1f us  %7.0f GB/s (expert bytes %.0f GB/s = %.0f%% of copy)  %6.1f TFLOP/s "
                   "(%.0f%% of mma)\n",
                   fname, bc.tuning.tile_tokens, bc.tuning.k_split, bc.tuning.path,
-                  bc.tuning.ring_kb, bc.tuning.mma, bc.tuning.warps, bc.tuning.wg_ahead, bc.tuning.pf_raster,
+                  bc.tuning.ring_kb, bc.tuning.mma, bc.tuning.warps, bc.tuning.pf_raster,
                   bc.tuning.pdl, (long long)T,
                   (long long)distinct, eager_us, graph ? "graph" : "     ",
                   us, r.achieved_gbps, routed_bytes / (us * 1e-6) / 1e9,

@@ -700,38 +700,10 @@ TEST_F(MoeCuda, WgmmaPrefillPathVariants) {
   run_prefill_variants({0, 0, 4, 0}, "wg", {1, 16, 100, 200, 350, 512}, {1024, 2048});
 }
 
-// The wgmma kernel's split-issue variant (MoeTuning::wg_ahead: warpgroup 0 copies the activations,
-// warpgroup 1 the weights and block scales `ahead` chunks ahead into a ring of ahead + 1 slots) on
-// the same cases: ahead 2 (a 3-slot ring: every slot reused each 3 chunks), 3 (the FP8-block
-// shared expert's largest ring) and 7 (the FP4 ring's largest; the FP8 shared expert clamps to 3).
-// The Flash shapes have 32 (gate/up) and 16 (down) chunks per tile, so each ring wraps; the tiny
-// shape's K (256 / 128) has fewer chunks than the lookahead, which exercises the guards on chunks
-// past the end. A slot reused too early or a wrong source row is an O(1) error.
-TEST_F(MoeCuda, WgmmaSplitPrefillVariants) {
-  for (int ahead : {2, 3, 7}) {
-    cuda::MoeTuning t{0, 0, 4, 0};
-    t.wg_ahead = ahead;
-    run_prefill_variants(t, "wgs" + std::to_string(ahead), {1, 100, 350, 512}, {1024, 2048});
-  }
-  // Out-of-range lookaheads and the lookahead without the wgmma path are refused.
-  for (int ahead : {1, 8, -1}) {
-    Case c{"tiny wgs bad ahead", kTiny, WeightFormat::kMxfp4, 512};
-    c.tuning = {0, 0, 4, 0};
-    c.tuning.wg_ahead = ahead;
-    c.expect_error = "wg_ahead must be";
-    run_case(c);
-  }
-  Case pf{"tiny wgs on the mma.sync path", kTiny, WeightFormat::kMxfp4, 512};
-  pf.tuning = {0, 0, 3, 0};
-  pf.tuning.wg_ahead = 4;
-  pf.expect_error = "wg_ahead needs the wgmma";
-  run_case(pf);
-}
-
 // Every MoE kernel launched as a programmatic dependent of the previous one (MoeTuning::pdl), eager
 // and inside a CUDA graph (the engine's decode form), on each kernel family: the FP8 decode path
 // (T = 1, 16, 64 at the Flash shape, T = 1 hash-routed at the tiny shape), the bf16 tiles, the
-// prefill tiles (wgmma on sm_90, both pipelines, else mma.sync). A kernel that read its
+// prefill tiles (wgmma on sm_90, else mma.sync). A kernel that read its
 // predecessor's output before pdl_begin() would read the poisoned or stale workspace.
 TEST_F(MoeCuda, ProgrammaticDependentLaunch) {
   for (bool graph : {false, true}) {
@@ -752,9 +724,7 @@ TEST_F(MoeCuda, ProgrammaticDependentLaunch) {
     pdl_case({"tiny nvfp4 bf16 tiles", kTiny, WeightFormat::kNvfp4, 64}, {32, 1, 1, 0});
     pdl_case({"tiny mxfp4 prefill", kTiny, WeightFormat::kMxfp4, 512}, {0, 0, 3, 0});
     pdl_case({"tiny mxfp4 default", kTiny, WeightFormat::kMxfp4, 512});
-    cuda::MoeTuning split{0, 0, 4, 0};
-    split.wg_ahead = 5;
-    pdl_case({"tiny nvfp4 wgmma split", kTiny, WeightFormat::kNvfp4, 350}, split);
+    pdl_case({"tiny nvfp4 wgmma", kTiny, WeightFormat::kNvfp4, 350}, {0, 0, 4, 0});
   }
   Case bad{"tiny bad pdl", kTiny, WeightFormat::kMxfp4, 16};
   bad.tuning.pdl = 2;
@@ -762,17 +732,9 @@ TEST_F(MoeCuda, ProgrammaticDependentLaunch) {
   run_case(bad);
 }
 
-// Tiny-shape cases of the split variant and of the PDL launches, named Tiny* so that the device
-// script's compute-sanitizer memcheck (filter MoeCuda.Tiny*) covers them.
-TEST_F(MoeCuda, TinyWgmmaSplitAndPdl) {
-  for (int ahead : {2, 7}) {
-    for (WeightFormat f : {WeightFormat::kMxfp4, WeightFormat::kNvfp4}) {
-      Case c{"tiny wgmma split", kTiny, f, 350};
-      c.tuning = {0, 0, 4, 0};
-      c.tuning.wg_ahead = ahead;
-      run_case(c);
-    }
-  }
+// Tiny-shape cases of the PDL launches, named Tiny* so that the device script's compute-sanitizer
+// memcheck (filter MoeCuda.Tiny*) covers them.
+TEST_F(MoeCuda, TinyPdl) {
   for (int64_t T : {1, 16, 512}) {
     Case c{"tiny pdl", kTiny, WeightFormat::kMxfp4, T};
     c.tuning.pdl = 1;
@@ -783,23 +745,23 @@ TEST_F(MoeCuda, TinyWgmmaSplitAndPdl) {
 // The prefill grids' two orders (MoeTuning::pf_raster: 0, the default, the N blocks of a tile side
 // by side; 1 the tiles side by side) on both prefill kernels: each case is checked against the
 // oracle in one order and bit for bit against the other order. Tiny shapes (in the memcheck
-// filter): many tiles of many groups (T = 512), one group of 32 full tiles (skewed T = 4096), the
-// split-issue variant; a bad order value is refused. Off sm_90 the wgmma cases are skipped.
+// filter): many tiles of many groups (T = 512), one group of 32 full tiles (skewed T = 4096), NVFP4
+// with ~88 rows per expert (T = 350); a bad order value is refused. Off sm_90 the wgmma cases are
+// skipped.
 TEST_F(MoeCuda, TinyPrefillGridOrders) {
   for (int path : {3, 4}) {
     for (int raster : {0, 1}) {
       const std::string tag = " path" + std::to_string(path) + " raster" + std::to_string(raster);
-      auto run = [&](Case c, int ahead = 0) {
+      auto run = [&](Case c) {
         c.name += tag;
         c.tuning = {0, 0, path, 0};
         c.tuning.pf_raster = raster;
-        c.tuning.wg_ahead = ahead;
         c.compare_grid_orders = true;
         run_case(c);
       };
       run({"tiny mxfp4 grid order", kTiny, WeightFormat::kMxfp4, 512});
       run({"tiny skew nvfp4 grid order", kTiny, WeightFormat::kNvfp4, 4096, true});
-      if (path == 4) run({"tiny nvfp4 grid order split", kTiny, WeightFormat::kNvfp4, 350}, 7);
+      run({"tiny nvfp4 grid order", kTiny, WeightFormat::kNvfp4, 350});
     }
   }
   Case bad{"tiny bad grid order", kTiny, WeightFormat::kMxfp4, 512};

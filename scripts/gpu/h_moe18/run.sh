@@ -9,8 +9,8 @@
 #   SKIP_MOE=1 (no test_moe_cuda / bench_moe run: an NCU-only call), SKIP_SASS=1 (no cuobjdump),
 #   BINS (the packed binaries, default build/c18/bins.tar.xz; session 19's are build/c19/...),
 #   NCU=1: ncu (--set full, SASS stall samples) of the first gate/up + down wgmma launches of each
-#   bench case in NCU_CASES (default "mxfp4:4096:0:0:0 mxfp4:4096:4:0:1": the default path and the
-#   tiles-first grid order at T = 4096; bench_moe's DS_MOE_CASES "fmt:T:path:ahead:raster" selects
+#   bench case in NCU_CASES (default "mxfp4:4096:0:0 mxfp4:4096:4:1": the default path and the
+#   tiles-first grid order at T = 4096; bench_moe's DS_MOE_CASES "fmt:T:path:raster" selects
 #   them), summaries in ncu_<case>.txt
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -32,7 +32,7 @@ if [ "${SKIP_OPS:-0}" != 1 ]; then
   grep -E '^\[  FAILED' "$out/test_cuda_ops.log"
 fi
 if [ "${NCU:-0}" = 1 ]; then
-  for sel in ${NCU_CASES:-mxfp4:4096:0:0:0 mxfp4:4096:4:0:1}; do
+  for sel in ${NCU_CASES:-mxfp4:4096:0:0 mxfp4:4096:4:1}; do
     tag="${sel//:/_}"
     DS_MOE_CASES="$sel" timeout 300 ncu --clock-control none --kernel-name regex:expert_gemm_wg_kernel \
       --launch-count 2 --set full --import-source yes -f -o "/tmp/ncu_$tag" "$c/bench_moe" \

@@ -23,7 +23,6 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -651,7 +650,6 @@ struct GemmArgs {
   // FP8 path: e4m3 activation codes (rows as act) and their scales per 128 K.
   const uint8_t* act8 = nullptr;
   const float* act_scale = nullptr;
-  int wg_ahead = 0;  // the wgmma split-issue variant's weight lookahead (MoeTuning::wg_ahead)
   bool tiles_fastest = false;  // prefill grids (tiles, N blocks) instead of (N blocks, tiles)
 };
 
@@ -1720,8 +1718,6 @@ __global__ void __launch_bounds__(kPfThreads, 2) expert_gemm_pf_kernel(GemmArgs 
 //   - one CTA barrier per chunk (the activations are shared by both warpgroups);
 //   - two halves of 64 K: wait until the wgmma group that last read this half's A registers is
 //     done, dequantize (the previous group runs on the tensor cores meanwhile), 4 wgmma, commit.
-// (MoeTuning::wg_ahead > 0 selects the split-issue variant, kWgsSmem's comment: the weights copied
-// by one warpgroup further ahead than the activations, which the other copies.)
 // K order: lane t4 owns the 32 elements [32 t4, 32 t4 + 32) of a chunk (one MXFP4 block, two NVFP4
 // blocks), and its A fragment of k16 step kk holds elements 32 t4 + 4 kk + {0..3}, i.e. logical k
 // 16 kk + {2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9}. The activations must be stored in that logical
@@ -1743,18 +1739,6 @@ constexpr int kWgScaleBytes = 128 * 8;                 // NVFP4: 8 scale bytes p
 constexpr int kWgSlotBytes = kWgActBytes + kWgRawBytes + kWgScaleBytes;  // 49 KB (1024-aligned)
 constexpr size_t kWgSmem = size_t(kWgSlots) * kWgSlotBytes + 1024;     // + base alignment
 static_assert(kWgSlotBytes % 1024 == 0, "wgmma B atoms need 1024-byte alignment");
-// The split-issue variant (kSplit, MoeTuning::wg_ahead): warpgroup 0 copies the activations, 2
-// chunks ahead into 4 slots of 32 KB; warpgroup 1 copies the raw weights and their block scales
-// `ahead` chunks ahead into a ring of ahead + 1 slots (64 KB: 8 FP4 / 4 FP8 slots, so ahead <= 7
-// / 3). cp.async groups complete in order per thread, so a thread that copied both (v1) cannot
-// wait for near chunks while far ones are in flight; with one kind per thread each warpgroup waits
-// at its own depth.
-constexpr int kWgsRawRing = 64 * 1024;
-constexpr int kWgsOffRaw = kWgSlots * kWgActBytes;             // 128 KB of activation slots
-constexpr int kWgsOffScale = kWgsOffRaw + kWgsRawRing;         // 8 slots of kWgScaleBytes
-constexpr size_t kWgsSmem = size_t(kWgsOffScale) + 8 * kWgScaleBytes + 1024;  // + base alignment
-constexpr int kWgsMaxAheadFp4 = kWgsRawRing / (2 * kWgThreads * 16) - 1;    // 7
-constexpr int kWgsMaxAheadFp8 = kWgsRawRing / (4 * kWgThreads * 16) - 1;    // 3
 
 #if DS_MOE_WGMMA_PATH
 // cp.async of 4 or 8 bytes (the .ca form: .cg copies 16 only).
@@ -1782,23 +1766,10 @@ __device__ __forceinline__ void mma_half(float (&acc)[64], const uint32_t (&a)[4
   for (int kk = 0; kk < 4; ++kk)
     mma_rs<N>(acc, a[kk], wgmma::desc(b_addr + 32u * kk), first && kk == 0 ? 0 : 1);
 }
-
-// cp.async.wait_group with a run-time depth (1 .. 6; the immediate operand needs a constant).
-__device__ __forceinline__ void cp_async_wait_dyn(int n) {
-  switch (n) {
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    case 3: cp_async_wait<3>(); break;
-    case 4: cp_async_wait<4>(); break;
-    case 5: cp_async_wait<5>(); break;
-    default: cp_async_wait<6>(); break;
-  }
-}
 #endif
 
 // N: the wgmma width, the tile's valid rows rounded up to 32 (the columns past them are dropped).
-// kSplit: the split-issue variant (kWgsSmem's comment; v1 when false).
-template <bool kFused, int FMT, int N, bool kSplit>
+template <bool kFused, int FMT, int N>
 __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert& ex, int g,
                                         int base, int row0, int rows, uint8_t* smem) {
 #if DS_MOE_WGMMA_PATH
@@ -1825,13 +1796,12 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
   const float gscale1 = kFused ? ex.global_scale[1] : ex.global_scale[2];
 
   // Activation rows: thread tid copies 16-byte unit (tid & 7) of atom (tid >> 3) & 1 of tile rows
-  // (tid >> 4) + 16 j (kSplit: warpgroup 0 alone, rows (tid >> 4) + 8 j).
-  constexpr int kActJ = kSplit ? 16 : 8, kActStep = kSplit ? 8 : 16;
+  // (tid >> 4) + 16 j.
   const int bu = tid & 7, batom = (tid >> 3) & 1;
-  uint32_t src_row[kActJ];  // element offset of the row in act (rows * K < 2^31: checked by forward)
+  uint32_t src_row[8];  // element offset of the row in act (rows * K < 2^31: checked by forward)
 #pragma unroll
-  for (int j = 0; j < kActJ; ++j) {
-    const int r = (tid >> 4) + kActStep * j;
+  for (int j = 0; j < 8; ++j) {
+    const int r = (tid >> 4) + 16 * j;
     const int gr = base + row0 + min(r, rows - 1);
     src_row[j] = uint32_t((kFused ? int64_t(a.row_token[gr]) : int64_t(gr)) * K);
   }
@@ -1874,68 +1844,6 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
     cp_async_commit();
   };
 
-  // kSplit: warpgroup 1's thread u copies the raw bytes of threads u and u + 128 (both rows) and
-  // the block scales of local row u, `ahead` chunks ahead into raw slot (chunk % (ahead + 1)).
-  const int ahead = kSplit ? max(2, min(a.wg_ahead, kFp8 ? kWgsMaxAheadFp8 : kWgsMaxAheadFp4)) : 2;
-  constexpr int kRawChunk = kFp8 ? 4 * kWgThreads * 16 : 2 * kWgThreads * 16;  // 16 / 8 KB
-  constexpr int kScaleBytes = kMx ? 4 : 8;
-  const int u = tid & 127;
-  const uint8_t* wsrc[2][2] = {};
-  const uint8_t* ssrc = nullptr;
-  if constexpr (kSplit) {
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int tp = u + 128 * q, lp = tp & 31, wgp = tp >> 7, wqp = (tp >> 5) & 3;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int64_t row = kFused ? nb * 64 + 32 * wgp + 8 * wqp + (lp >> 2)
-                                   : nb * 128 + 64 * wgp + 16 * wqp + (lp >> 2) +
-                                         8 * r;
-        wsrc[q][r] = wdata[r] + row * (kFp8 ? K : K / 2) + (kFp8 ? 32 : 16) * (lp & 3);
-      }
-    }
-    if constexpr (!kFp8) {
-      const int64_t row = kFused ? nb * 64 + 32 * (u >> 6) + 8 * ((u >> 4) & 3) +
-                                       (u & 7)
-                                 : nb * 128 + u;
-      ssrc = ((u >> 3) & 1 ? wscale[1] : wscale[0]) + row * (K / (kMx ? 32 : 16));
-    }
-  }
-  auto issue_act = [&](int c) {  // kSplit, warpgroup 0: activation chunk c into slot c % 4
-    if (c < chunks) {
-      uint8_t* act = smem + (c % kWgSlots) * kWgActBytes + batom * kWgAtomBytes;
-      const uint16_t* src = a.act + int64_t(c) * kChunk + batom * 64 + bu * 8;
-#pragma unroll
-      for (int j = 0; j < kActJ; ++j) {
-        const int r = (tid >> 4) + kActStep * j;
-        if (r < rows) cp_async16(act + r * 128 + ((bu ^ (r & 7)) << 4), src + src_row[j]);
-      }
-    }
-  };
-  auto issue_w = [&](int c, int slot) {  // kSplit, warpgroup 1: weight chunk c into raw slot
-    if (c < chunks) {
-      uint8_t* raw = smem + kWgsOffRaw + slot * kRawChunk;
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int tp = u + 128 * q;
-          if constexpr (kFp8) {
-            const uint8_t* p = wsrc[q][r] + int64_t(c) * 128;
-            cp_async16(raw + ((0 * 2 + r) * kWgThreads + tp) * 16, p);
-            cp_async16(raw + ((1 * 2 + r) * kWgThreads + tp) * 16, p + 16);
-          } else {
-            cp_async16(raw + (r * kWgThreads + tp) * 16, wsrc[q][r] + int64_t(c) * 64);
-          }
-        }
-      }
-      if constexpr (!kFp8) {
-        cp_async_small(smem + kWgsOffScale + slot * kWgScaleBytes + u * 8,
-                       ssrc + int64_t(c) * kScaleBytes, kScaleBytes);
-      }
-    }
-  };
-
   float acc[64];  // written first by a scale-d 0 wgmma (mma_half's `first`)
   uint32_t afr[2][4][4];  // [half][k16 step][fragment register]
   // FP8 block scales (128 x 128 blocks: one per row and chunk), one chunk ahead in registers.
@@ -1949,53 +1857,16 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
   }
   const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
 
-  if constexpr (kSplit) {
-    // One commit group per chunk and kind: warpgroup 0 {act 0}, {act 1}; warpgroup 1 {weights 0},
-    // ..., {weights ahead - 1}; then every thread one group per chunk.
-    if (wg == 0) {
-      issue_act(0);
-      cp_async_commit();
-      issue_act(1);
-      cp_async_commit();
-    } else {
-      for (int i = 0; i < ahead; ++i) {
-        issue_w(i, i);
-        cp_async_commit();
-      }
-    }
-  } else {
-    issue(0);
-    issue(1);
-  }
-  int rs = 0;  // kSplit: the raw slot of chunk c (c % (ahead + 1))
+  issue(0);
+  issue(1);
   for (int c = 0; c < chunks; ++c) {
-    if constexpr (kSplit) {
-      if (wg == 0) {
-        cp_async_wait<1>();  // activations of chunk c (c + 1's may be in flight)
-      } else {
-        cp_async_wait_dyn(ahead - 1);  // weights of chunk c (up to c + ahead - 1 in flight)
-      }
-    } else {
-      cp_async_wait<1>();  // this thread's copies of chunk c (chunk c + 1 may be in flight)
-    }
+    cp_async_wait<1>();  // this thread's copies of chunk c (chunk c + 1 may be in flight)
     wgmma::fence_proxy_async();
     __syncthreads();     // everyone's chunk c; every warpgroup is done with chunk c - 2
-    if constexpr (kSplit) {
-      // Activations into chunk c - 2's slot; weights c + ahead into chunk c - 1's raw slot
-      // (every thread read its bytes and scales of chunk c - 1 before this barrier).
-      if (wg == 0) {
-        issue_act(c + 2);
-      } else {
-        issue_w(c + ahead, rs == 0 ? ahead : rs - 1);
-      }
-      cp_async_commit();
-    } else {
-      issue(c + 2);        // into chunk c - 2's slot
-    }
+    issue(c + 2);        // into chunk c - 2's slot
     const int s = c % kWgSlots;
-    const uint8_t* raw = kSplit ? smem + kWgsOffRaw + rs * kRawChunk
-                                : smem + s * kWgSlotBytes + kWgActBytes;
-    const uint8_t* scl = kSplit ? smem + kWgsOffScale + rs * kWgScaleBytes : raw + kWgRawBytes;
+    const uint8_t* raw = smem + s * kWgSlotBytes + kWgActBytes;
+    const uint8_t* scl = raw + kWgRawBytes;
     float nsc[2] = {0.0f, 0.0f};
     if constexpr (kFp8) {
       if (c + 1 < chunks) {
@@ -2041,8 +1912,7 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
         }
       }
       wgmma::fence();
-      const uint32_t b_addr =
-          smem_addr + uint32_t(s * (kSplit ? kWgActBytes : kWgSlotBytes) + h * kWgAtomBytes);
+      const uint32_t b_addr = smem_addr + uint32_t(s * kWgSlotBytes + h * kWgAtomBytes);
       mma_half<N>(acc, afr[h], b_addr, c == 0 && h == 0);
       wgmma::commit();
     }
@@ -2050,7 +1920,6 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
       fsc[0] = nsc[0];
       fsc[1] = nsc[1];
     }
-    if constexpr (kSplit) rs = rs == ahead ? 0 : rs + 1;
   }
   wgmma::wait<0>();
   cp_async_wait<0>();
@@ -2084,7 +1953,7 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
 #endif
 }
 
-template <bool kFused, bool kSplit>
+template <bool kFused>
 __global__ void __launch_bounds__(kWgThreads, 1) expert_gemm_wg_kernel(GemmArgs a) {
   pdl_begin();
 #if DS_MOE_WGMMA_PATH
@@ -2104,10 +1973,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) expert_gemm_wg_kernel(GemmArgs 
   const auto run = [&](auto fmt_c) {
     constexpr int F = decltype(fmt_c)::value;
     switch ((rows + 31) >> 5) {
-      case 1: wg_tile<kFused, F, 32, kSplit>(a, ex, g, base, row0, rows, smem); break;
-      case 2: wg_tile<kFused, F, 64, kSplit>(a, ex, g, base, row0, rows, smem); break;
-      case 3: wg_tile<kFused, F, 96, kSplit>(a, ex, g, base, row0, rows, smem); break;
-      default: wg_tile<kFused, F, 128, kSplit>(a, ex, g, base, row0, rows, smem); break;
+      case 1: wg_tile<kFused, F, 32>(a, ex, g, base, row0, rows, smem); break;
+      case 2: wg_tile<kFused, F, 64>(a, ex, g, base, row0, rows, smem); break;
+      case 3: wg_tile<kFused, F, 96>(a, ex, g, base, row0, rows, smem); break;
+      default: wg_tile<kFused, F, 128>(a, ex, g, base, row0, rows, smem); break;
     }
   };
   if (fmt == int(WeightFormat::kMxfp4)) {
@@ -2218,22 +2087,16 @@ Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, in
 }
 
 // The 128-row prefill tiles, one grid for both kernels: the wgmma kernel (wg; its activations, xq
-// from forward and hq here, are in wg_tile's K order: quant_rows_kernel's permute; its split-issue
-// variant when g1.wg_ahead > 0) or the bf16 mma.sync one. (The dynamic shared memory opt-in is
-// done at load time: MoeDeviceLayer::create.)
+// from forward and hq here, are in wg_tile's K order: quant_rows_kernel's permute) or the bf16
+// mma.sync one. (The dynamic shared memory opt-in is done at load time: MoeDeviceLayer::create.)
 Status launch_gemms_prefill(bool wg, const GemmArgs& g1, const GemmArgs& g2, int64_t tiles,
                             int64_t inter, int64_t dim, const float* h, uint16_t* hq,
                             const int32_t* total_rows, int64_t rows_bound, bool fp8, bool pdl,
                             cudaStream_t stream) {
-  const bool split = wg && g1.wg_ahead > 0;
-  void (*const gate_up)(GemmArgs) = !wg     ? expert_gemm_pf_kernel<true>
-                                    : split ? expert_gemm_wg_kernel<true, true>
-                                            : expert_gemm_wg_kernel<true, false>;
-  void (*const down)(GemmArgs) = !wg     ? expert_gemm_pf_kernel<false>
-                                 : split ? expert_gemm_wg_kernel<false, true>
-                                         : expert_gemm_wg_kernel<false, false>;
+  void (*const gate_up)(GemmArgs) = wg ? expert_gemm_wg_kernel<true> : expert_gemm_pf_kernel<true>;
+  void (*const down)(GemmArgs) = wg ? expert_gemm_wg_kernel<false> : expert_gemm_pf_kernel<false>;
   const int threads = wg ? kWgThreads : kPfThreads;
-  const size_t smem = !wg ? kPfSmem : split ? kWgsSmem : kWgSmem;
+  const size_t smem = wg ? kWgSmem : kPfSmem;
   // (N blocks, tiles) by default, (tiles, N blocks) with tiles_fastest: pf_tile_index.
   const auto grid = [&](int64_t n_blocks) {
     return g1.tiles_fastest ? dim3(unsigned(tiles), unsigned(n_blocks))
@@ -2253,22 +2116,13 @@ Status launch_gemms_prefill(bool wg, const GemmArgs& g1, const GemmArgs& g2, int
   return ok_status();
 }
 
-// Opts the prefill kernels into their dynamic shared memory on the current device (load time):
-// the mma.sync pair, or (wg) both wgmma pairs.
+// Opts a prefill kernel pair into its dynamic shared memory on the current device (load time).
 cudaError_t set_prefill_smem_attributes(bool wg) {
-  struct Kernel {
-    void (*f)(GemmArgs);
-    size_t bytes;
-  };
-  const Kernel pf[] = {{expert_gemm_pf_kernel<true>, kPfSmem},
-                       {expert_gemm_pf_kernel<false>, kPfSmem}};
-  const Kernel wgk[] = {{expert_gemm_wg_kernel<true, false>, kWgSmem},
-                        {expert_gemm_wg_kernel<false, false>, kWgSmem},
-                        {expert_gemm_wg_kernel<true, true>, kWgsSmem},
-                        {expert_gemm_wg_kernel<false, true>, kWgsSmem}};
-  for (const Kernel& k : wg ? std::span<const Kernel>(wgk) : std::span<const Kernel>(pf)) {
+  const int bytes = int(wg ? kWgSmem : kPfSmem);
+  for (void (*f)(GemmArgs) : {wg ? expert_gemm_wg_kernel<true> : expert_gemm_pf_kernel<true>,
+                              wg ? expert_gemm_wg_kernel<false> : expert_gemm_pf_kernel<false>}) {
     const cudaError_t e =
-        cudaFuncSetAttribute(k.f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(k.bytes));
+        cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -2635,12 +2489,8 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
     return invalid_argument("moe: 128-row tiles are the prefill paths (3, 4) and vice versa");
   if (tuning.path == 4 && !l.pf_wgmma)
     return invalid_argument("moe: the wgmma prefill path needs an sm_90 device");
-  if (tuning.wg_ahead != 0 && (tuning.wg_ahead < 2 || tuning.wg_ahead > 7))
-    return invalid_argument("moe: tuning.wg_ahead must be 0 or 2 .. 7");
   // The prefill tiles run on wgmma (sm_90a) unless the mma.sync kernel is forced (path 3).
   const bool use_wg = bt == kPfTokens && tuning.path != 3 && l.pf_wgmma;
-  if (tuning.wg_ahead != 0 && !use_wg)
-    return invalid_argument("moe: tuning.wg_ahead needs the wgmma prefill path (128-row tiles)");
   if (tuning.pf_raster != 0 && tuning.pf_raster != 1)
     return invalid_argument("moe: tuning.pf_raster must be 0 or 1");
   auto* xq8 = reinterpret_cast<uint8_t*>(ws + L.xq8);
@@ -2673,7 +2523,6 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
               l.round_bf16};
   g1.act8 = xq8;
   g1.act_scale = xs;
-  g1.wg_ahead = tuning.wg_ahead;
   g1.tiles_fastest = tuning.pf_raster == 1;
   GemmArgs g2 = g1;
   g2.act = hq;

@@ -120,10 +120,6 @@ struct MoeTuning {
   int ring_kb = 0;      // FP8 path, 8-row tiles: weight ring per warp, 8 (default) or 16 KB
   int mma = 0;          // FP8 path: 0 the device's (fp8_f16), 1 e4m3 mma.sync, 2 f16 mma.sync
   int warps = 0;        // FP8 path: warps per CTA, 4 (default) or 8 (8-row tiles, 8 KB ring)
-  // wgmma prefill path: 0 its v1 pipeline (each thread copies its weights 2 chunks ahead with the
-  // activations); 2 .. 7 the split-issue variant, one warpgroup copying the activations 2 chunks
-  // ahead and the other the weights this many chunks ahead (FP8-block weights at most 3).
-  int wg_ahead = 0;
   // Prefill paths (128-row tiles): 0 launches the N blocks of a tile side by side (its activation
   // rows read from HBM once), 1 the tiles side by side (the order before session 20; NOTES.md).
   int pf_raster = 0;
