@@ -1786,8 +1786,7 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
   // Gate/up: rows 0-7 of a warp's 16 are w1 of inter columns c0 .. c0 + 7, rows 8-15 w3 of the
   // same columns (wrow[0] = wrow[1]); down: w2 rows lrow and lrow + 8 of the CTA's 128.
   int64_t wrow[2];
-  wrow[0] = kFused ? nb * 64 + 32 * wg + 8 * wq + gid
-                   : nb * 128 + lrow;
+  wrow[0] = kFused ? nb * 64 + 32 * wg + 8 * wq + gid : nb * 128 + lrow;
   wrow[1] = kFused ? wrow[0] : wrow[0] + 8;
   const uint8_t* wdata[2] = {kFused ? ex.data[0] : ex.data[2], kFused ? ex.data[1] : ex.data[2]};
   const uint8_t* wscale[2] = {kFused ? ex.scale[0] : ex.scale[2],
