@@ -117,8 +117,9 @@ struct CudaOpsOptions {
   // otherwise. DEEPSERVE_SPARSE_MLA_WGMMA=0 turns it off (A/B switch).
   bool sparse_mla_wgmma = true;
   // The MoE kernels launch as programmatic dependents of the previous kernel
-  // (cuda::MoeTuning::pdl; each waits at its start, so only the launches overlap). Off until
-  // measured; DEEPSERVE_MOE_PDL=1 / =0 in the environment turns it on / off (A/B switch).
+  // (cuda::MoeTuning::pdl; each waits at its start, so only the launches overlap). Off: no
+  // decode-step gain measured (bench/results/ab_moe_pdl.json); DEEPSERVE_MOE_PDL=1 / =0 in the
+  // environment turns it on / off (A/B switch).
   bool moe_pdl = false;
 };
 

@@ -125,7 +125,7 @@ struct MoeTuning {
   int pf_raster = 0;
   // 1: every MoE kernel launched as a programmatic dependent of the stream's previous kernel (PDL,
   // sm_90+; each waits for it at its start, so only the launch overlaps; DEEPSERVE_OPS_PDL=0 turns
-  // the attribute off); 0: plain launches, the default until measured (NOTES.md, session 19).
+  // the attribute off); 0: plain launches, the default (no step-level gain: NOTES.md, session 20).
   int pdl = 0;
 };
 
