@@ -312,14 +312,16 @@ Matrices make_fp4(cpu::WeightFormat f, int64_t rows, int64_t cols, int64_t count
 }  // namespace
 }  // namespace ds
 
-// DS_MOE_CASES="fmt:T:path:raster;..." (e.g. "mxfp4:4096:4:1") runs only the forward cases with
-// that weight format, token count, MoeTuning::path and pf_raster (the heuristic's rows have path
-// 0): one launch sequence for a profiler (scripts/gpu/h_moe18/run.sh, NCU=1). Unset: every case.
+// DS_MOE_CASES="fmt:T:path:raster[:rows];..." (e.g. "mxfp4:4096:4:1", "mxfp4:4096:4:0:256") runs
+// only the forward cases with that weight format, token count, MoeTuning::path, pf_raster and (when
+// set) pf_rows (the heuristic's rows have path 0): one launch sequence for a profiler
+// (scripts/gpu/h_moe18/run.sh, NCU=1). Unset: every case.
 bool case_selected(const char* fmt, int64_t T, const ds::cuda::MoeTuning& t) {
   const char* env = std::getenv("DS_MOE_CASES");
   if (env == nullptr || *env == 0) return true;
   const std::string want = std::string(fmt) + ":" + std::to_string(T) + ":" +
-                           std::to_string(t.path) + ":" + std::to_string(t.pf_raster);
+                           std::to_string(t.path) + ":" + std::to_string(t.pf_raster) +
+                           (t.pf_rows != 0 ? ":" + std::to_string(t.pf_rows) : "");
   std::string list = env;
   for (size_t b = 0; b <= list.size();) {
     const size_t e = std::min(list.find(';', b), list.size());
@@ -481,6 +483,17 @@ int main(int argc, char** argv) {
       t.pf_raster = 1;
       cases.push_back({4096, t});
     }
+    // The wgmma prefill kernel's CTAs of 256 weight rows (MoeTuning::pf_rows) next to the 128-row
+    // rows above (path 4 forced at 512 / 1024, the default at 4096 / 8192).
+    if (layer->pf_wgmma) {
+      const std::vector<int64_t> ts = mx ? std::vector<int64_t>{512, 1024, 4096, 8192}
+                                         : std::vector<int64_t>{4096};
+      for (int64_t T : ts) {
+        cuda::MoeTuning t{0, 0, 4, 0};
+        t.pf_rows = 256;
+        cases.push_back({T, t});
+      }
+    }
     for (const BenchCase& bc : cases) {
       const int64_t T = bc.T;
       if (!case_selected(fname, T, bc.tuning)) continue;
@@ -536,6 +549,7 @@ int main(int argc, char** argv) {
         if (bc.tuning.mma > 0) r.kernel += bc.tuning.mma == 1 ? "_e4m3" : "_f16";
         if (bc.tuning.warps > 0) r.kernel += "_w" + std::to_string(bc.tuning.warps);
         if (bc.tuning.pf_raster == 1) r.kernel += "_tilesfirst";
+        if (bc.tuning.pf_rows != 0) r.kernel += "_r" + std::to_string(bc.tuning.pf_rows);
       }
       if (bc.tuning.pdl) r.kernel += "_pdl";
       char shape[160];
@@ -555,12 +569,12 @@ int main(int argc, char** argv) {
       r.max_error = double(nonfinite);
       r.error_metric = "non-finite outputs (correctness: test_moe_cuda)";
       records.push_back(r);
-      std::printf("%s bt%d ks%d p%d r%d m%d w%d rs%d pdl%d T=%-5lld distinct=%-3lld eager %9.1f us  %s "
+      std::printf("%s bt%d ks%d p%d r%d m%d w%d rs%d rows%d pdl%d T=%-5lld distinct=%-3lld eager %9.1f us  %s "
                   "%9.1f us  %7.0f GB/s (expert bytes %.0f GB/s = %.0f%% of copy)  %6.1f TFLOP/s "
                   "(%.0f%% of mma)\n",
                   fname, bc.tuning.tile_tokens, bc.tuning.k_split, bc.tuning.path,
                   bc.tuning.ring_kb, bc.tuning.mma, bc.tuning.warps, bc.tuning.pf_raster,
-                  bc.tuning.pdl, (long long)T,
+                  bc.tuning.pf_rows, bc.tuning.pdl, (long long)T,
                   (long long)distinct, eager_us, graph ? "graph" : "     ",
                   us, r.achieved_gbps, routed_bytes / (us * 1e-6) / 1e9,
                   100.0 * routed_bytes / (us * 1e-6) / 1e9 / copy_gbps, r.achieved_tflops,

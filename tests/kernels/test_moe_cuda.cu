@@ -213,6 +213,9 @@ struct Case {
   // Also runs the forward with the other prefill grid order (tuning.pf_raster flipped) and checks
   // that both give the same y bit for bit (each tile's arithmetic does not depend on the order).
   bool compare_grid_orders = false;
+  // The same with the other wgmma CTA width (tuning.pf_rows 128 <-> 256: each output element is
+  // the same sequence of wgmmas on the same operands in either).
+  bool compare_cta_rows = false;
 };
 
 void run_case(const Case& c) {
@@ -329,9 +332,21 @@ void run_case(const Case& c) {
   DS_CUDA_ASSERT(cudaDeviceSynchronize());
   std::vector<float> y;
   DS_CUDA_ASSERT(d_y.download(y));
+  // Tunings that must give the same y bit for bit.
+  std::vector<std::pair<cuda::MoeTuning, std::string>> same;
   if (c.compare_grid_orders) {
-    cuda::MoeTuning other = c.tuning;
-    other.pf_raster = 1 - other.pf_raster;
+    cuda::MoeTuning o = c.tuning;
+    o.pf_raster = 1 - o.pf_raster;
+    same.emplace_back(o, "pf_raster " + std::to_string(c.tuning.pf_raster) + " and " +
+                             std::to_string(o.pf_raster));
+  }
+  if (c.compare_cta_rows) {
+    cuda::MoeTuning o = c.tuning;
+    o.pf_rows = o.pf_rows == 256 ? 128 : 256;
+    same.emplace_back(o, "pf_rows " + std::to_string(c.tuning.pf_rows) + " and " +
+                             std::to_string(o.pf_rows));
+  }
+  for (const auto& [other, what] : same) {
     DeviceBuffer<float> d_y2(size_t(T * D));
     ASSERT_TRUE(d_y2.ok());
     DS_CUDA_ASSERT(d_y2.poison());
@@ -344,8 +359,7 @@ void run_case(const Case& c) {
     DS_CUDA_ASSERT(d_y2.download(y2));
     ASSERT_EQ(y2.size(), y.size());
     ASSERT_EQ(std::memcmp(y.data(), y2.data(), y.size() * sizeof(float)), 0)
-        << c.name << ": pf_raster " << c.tuning.pf_raster << " and " << other.pf_raster
-        << " give different outputs";
+        << c.name << ": " << what << " give different outputs";
   }
 
   // Routing on the GPU vs the CPU for every token.
@@ -763,6 +777,49 @@ TEST_F(MoeCuda, TinyPrefillGridOrders) {
   bad.tuning = {0, 0, 3, 0};
   bad.tuning.pf_raster = 2;
   bad.expect_error = "pf_raster must be 0 or 1";
+  run_case(bad);
+}
+
+// The wgmma kernel's CTAs of 256 weight rows (MoeTuning::pf_rows = 256; the tiny shape's inter 128
+// and dim 256 are one wide N block each) on run_prefill_variants' cases against the oracle; the
+// tiny ones are also compared bit for bit with the 128-row CTAs in TinyWidePrefillCtas below, and
+// Flash T = 4096 here (~96 rows per expert: n96 / n128 tiles, the shared expert's 32 FP8 tiles).
+TEST_F(MoeCuda, WgmmaWidePrefillVariants) {
+  cuda::MoeTuning t{0, 0, 4, 0};
+  t.pf_rows = 256;
+  run_prefill_variants(t, "wg256", {1, 16, 100, 200, 350, 512}, {1024, 2048});
+  Case c{"flash mxfp4 wide", kFlash, WeightFormat::kMxfp4, 4096};
+  c.tuning = t;
+  c.oracle_tokens = 12;
+  c.compare_cta_rows = true;
+  run_case(c);
+}
+
+// 256-row CTAs bit for bit against 128-row ones and the oracle (tiny shapes, in the memcheck
+// filter): many groups (T = 512, with the FP8-block shared expert's tiles, which run as two
+// 128-row halves), one group of 32 full tiles (skewed T = 4096), NVFP4 at ~88 rows per expert, both
+// grid orders; bad widths and a width on the wrong path are refused. Skipped (printed) off sm_90.
+TEST_F(MoeCuda, TinyWidePrefillCtas) {
+  for (Case c : {Case{"tiny mxfp4 wide", kTiny, WeightFormat::kMxfp4, 512},
+                 Case{"tiny skew mxfp4 wide", kTiny, WeightFormat::kMxfp4, 4096, true},
+                 Case{"tiny nvfp4 wide", kTiny, WeightFormat::kNvfp4, 350}}) {
+    c.tuning = {0, 0, 4, 0};
+    c.tuning.pf_rows = 256;
+    c.compare_cta_rows = true;
+    run_case(c);
+    c.name += " tiles first";
+    c.tuning.pf_raster = 1;
+    run_case(c);
+  }
+  Case bad{"tiny bad cta rows", kTiny, WeightFormat::kMxfp4, 512};
+  bad.tuning = {0, 0, 4, 0};
+  bad.tuning.pf_rows = 64;
+  bad.expect_error = "pf_rows must be 0, 128 or 256";
+  run_case(bad);
+  bad.name = "tiny wide cta on mma.sync";
+  bad.tuning = {0, 0, 3, 0};
+  bad.tuning.pf_rows = 256;
+  bad.expect_error = "256-row prefill CTAs need the wgmma prefill path";
   run_case(bad);
 }
 

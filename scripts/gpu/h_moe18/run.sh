@@ -41,8 +41,8 @@ if [ "${NCU:-0}" = 1 ]; then
     ncu -i "/tmp/ncu_$tag.ncu-rep" --page details >"$out/ncu_$tag.txt" 2>&1
     ncu -i "/tmp/ncu_$tag.ncu-rep" --page source --csv --print-source=sass >"/tmp/ncu_$tag.csv" 2>&1
     python3 scripts/gpu/h_mla16/sass_top.py "/tmp/ncu_$tag.csv" 30 >"$out/ncu_${tag}_sass.txt" 2>&1
-    grep -E "expert_gemm_wg|Duration|Issue Slots Busy|Eligible Warps|No Eligible|DRAM Throughput|L2 Hit|Memory Throughput" \
-      "$out/ncu_$tag.txt" | head -40
+    grep -E "expert_gemm_wg|Duration|Issue Slots Busy|Eligible Warps|No Eligible|DRAM Throughput|L2 Hit|Memory Throughput|L2 Cache Throughput|L1\/TEX Cache Throughput|Compute \(SM\) Throughput|Executed Ipc Active" \
+      "$out/ncu_$tag.txt" | head -60
   done
 fi
 cuobj="$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2>/dev/null | head -1)"

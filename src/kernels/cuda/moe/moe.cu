@@ -23,6 +23,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -1739,6 +1740,11 @@ constexpr int kWgScaleBytes = 128 * 8;                 // NVFP4: 8 scale bytes p
 constexpr int kWgSlotBytes = kWgActBytes + kWgRawBytes + kWgScaleBytes;  // 49 KB (1024-aligned)
 constexpr size_t kWgSmem = size_t(kWgSlots) * kWgSlotBytes + 1024;     // + base alignment
 static_assert(kWgSlotBytes % 1024 == 0, "wgmma B atoms need 1024-byte alignment");
+// The wide CTAs (256 weight rows, kRg = 2; FP4 only): the same raw bytes (2 row groups x 2 rows x
+// 16 B per thread), the scales of 256 rows.
+constexpr int kWgWideSlotBytes = kWgActBytes + kWgRawBytes + 2 * kWgScaleBytes;  // 50 KB
+constexpr size_t kWgWideSmem = size_t(kWgSlots) * kWgWideSlotBytes + 1024 + 128 * 4;  // + rows
+static_assert(kWgWideSlotBytes % 1024 == 0, "wgmma B atoms need 1024-byte alignment");
 
 #if DS_MOE_WGMMA_PATH
 // cp.async of 4 or 8 bytes (the .ca form: .cg copies 16 only).
@@ -1769,25 +1775,36 @@ __device__ __forceinline__ void mma_half(float (&acc)[64], const uint32_t (&a)[4
 #endif
 
 // N: the wgmma width, the tile's valid rows rounded up to 32 (the columns past them are dropped).
-template <bool kFused, int FMT, int N>
+// kRg: m64 row groups per warpgroup. 1: the CTA's 128 weight rows (N block nb of 64 inter columns
+// for gate/up, 128 outputs for down); 2 (the wide CTAs, FP4 formats only): 256 weight rows (128
+// inter columns / 256 outputs), so each activation chunk copied into shared memory feeds twice the
+// MMAs (half the L2 -> SM traffic per FLOP). Row group v = kRg wg + rg of the CTA holds the weight
+// rows 64 v .. 64 v + 63 in the layout of the narrow tile's warpgroup v.
+template <bool kFused, int FMT, int N, int kRg = 1>
 __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert& ex, int g,
-                                        int base, int row0, int rows, uint8_t* smem) {
+                                        int base, int row0, int rows, int64_t nb, uint8_t* smem) {
 #if DS_MOE_WGMMA_PATH
   constexpr bool kFp8 = FMT == int(WeightFormat::kFp8Block);
   constexpr bool kMx = FMT == int(WeightFormat::kMxfp4);
+  static_assert(kRg == 1 || (kRg == 2 && !kFp8), "the wide CTAs take FP4 weights only");
+  constexpr int kSlotBytes = kRg == 1 ? kWgSlotBytes : kWgWideSlotBytes;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
   const int gid = lane >> 2, t4 = lane & 3;
   const int64_t K = a.K;
   const int chunks = int(K / kChunk);
-  const int64_t nb = pf_n_block(a);  // the N block: 64 inter columns (gate/up) or 128 outputs
 
-  // This thread's two weight rows (A fragment rows g and g + 8 of its warp) and their local ids.
-  const int lrow = 64 * wg + 16 * wq + gid;  // local row of the first (the second is + 8)
-  // Gate/up: rows 0-7 of a warp's 16 are w1 of inter columns c0 .. c0 + 7, rows 8-15 w3 of the
-  // same columns (wrow[0] = wrow[1]); down: w2 rows lrow and lrow + 8 of the CTA's 128.
-  int64_t wrow[2];
-  wrow[0] = kFused ? nb * 64 + 32 * wg + 8 * wq + gid : nb * 128 + lrow;
-  wrow[1] = kFused ? wrow[0] : wrow[0] + 8;
+  // This thread's two weight rows per row group (A fragment rows g and g + 8 of its warp) and
+  // their local ids. Gate/up: rows 0-7 of a warp's 16 are w1 of inter columns c0 .. c0 + 7, rows
+  // 8-15 w3 of the same columns (wrow[rg][0] = wrow[rg][1]); down: w2 rows lrow and lrow + 8.
+  int lrow[kRg];  // local row of the first (the second is + 8)
+  int64_t wrow[kRg][2];
+#pragma unroll
+  for (int rg = 0; rg < kRg; ++rg) {
+    const int v = kRg * wg + rg;
+    lrow[rg] = 64 * v + 16 * wq + gid;
+    wrow[rg][0] = kFused ? nb * (64 * kRg) + 32 * v + 8 * wq + gid : nb * (128 * kRg) + lrow[rg];
+    wrow[rg][1] = kFused ? wrow[rg][0] : wrow[rg][0] + 8;
+  }
   const uint8_t* wdata[2] = {kFused ? ex.data[0] : ex.data[2], kFused ? ex.data[1] : ex.data[2]};
   const uint8_t* wscale[2] = {kFused ? ex.scale[0] : ex.scale[2],
                               kFused ? ex.scale[1] : ex.scale[2]};
@@ -1797,34 +1814,48 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
   // Activation rows: thread tid copies 16-byte unit (tid & 7) of atom (tid >> 3) & 1 of tile rows
   // (tid >> 4) + 16 j.
   const int bu = tid & 7, batom = (tid >> 3) & 1;
-  uint32_t src_row[8];  // element offset of the row in act (rows * K < 2^31: checked by forward)
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int r = (tid >> 4) + 16 * j;
+  // The element offset of each tile row in act (rows * K < 2^31: checked by forward): in registers
+  // (kRg 1), or in a table after the slots that the wide CTAs read per copy (their registers are
+  // short: 128 accumulators per thread).
+  uint32_t src_row[kRg == 1 ? 8 : 1];
+  uint32_t* const row_tab = reinterpret_cast<uint32_t*>(smem + kWgSlots * kSlotBytes);
+  const auto row_offset = [&](int r) {
     const int gr = base + row0 + min(r, rows - 1);
-    src_row[j] = uint32_t((kFused ? int64_t(a.row_token[gr]) : int64_t(gr)) * K);
+    return uint32_t((kFused ? int64_t(a.row_token[gr]) : int64_t(gr)) * K);
+  };
+  if constexpr (kRg == 1) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) src_row[j] = row_offset((tid >> 4) + 16 * j);
+  } else {
+    if (tid < kPfTokens) row_tab[tid] = row_offset(tid);
+    __syncthreads();
   }
 
   auto issue = [&](int c) {  // chunk c into slot c % kWgSlots, one commit group (maybe empty)
     if (c < chunks) {
-      uint8_t* slot = smem + (c % kWgSlots) * kWgSlotBytes;
+      uint8_t* slot = smem + (c % kWgSlots) * kSlotBytes;
       uint8_t* act = slot + batom * kWgAtomBytes;
       const uint16_t* src = a.act + int64_t(c) * kChunk + batom * 64 + bu * 8;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int r = (tid >> 4) + 16 * j;
-        if (r < rows) cp_async16(act + r * 128 + ((bu ^ (r & 7)) << 4), src + src_row[j]);
+        if (r < rows)
+          cp_async16(act + r * 128 + ((bu ^ (r & 7)) << 4),
+                     src + (kRg == 1 ? src_row[j] : row_tab[r]));
       }
       uint8_t* raw = slot + kWgActBytes;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if constexpr (kFp8) {
-          const uint8_t* p = wdata[r] + wrow[r] * K + int64_t(c) * 128 + 32 * t4;
-          cp_async16(raw + ((0 * 2 + r) * kWgThreads + tid) * 16, p);
-          cp_async16(raw + ((1 * 2 + r) * kWgThreads + tid) * 16, p + 16);
-        } else {
-          cp_async16(raw + (r * kWgThreads + tid) * 16,
-                     wdata[r] + wrow[r] * (K / 2) + int64_t(c) * 64 + 16 * t4);
+      for (int rg = 0; rg < kRg; ++rg) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          if constexpr (kFp8) {
+            const uint8_t* p = wdata[r] + wrow[rg][r] * K + int64_t(c) * 128 + 32 * t4;
+            cp_async16(raw + ((0 * 2 + r) * kWgThreads + tid) * 16, p);
+            cp_async16(raw + ((1 * 2 + r) * kWgThreads + tid) * 16, p + 16);
+          } else {
+            cp_async16(raw + ((2 * rg + r) * kWgThreads + tid) * 16,
+                       wdata[r] + wrow[rg][r] * (K / 2) + int64_t(c) * 64 + 16 * t4);
+          }
         }
       }
       if constexpr (!kFp8) {
@@ -1833,21 +1864,25 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
         // chunk's barrier.
         if (t4 < 2) {
           constexpr int kScaleBytes = kMx ? 4 : 8;
-          const uint8_t* p = (t4 == 0 ? wscale[0] + wrow[0] * (K / (kMx ? 32 : 16))
-                                      : wscale[1] + wrow[1] * (K / (kMx ? 32 : 16))) +
-                             int64_t(c) * kScaleBytes;
-          cp_async_small(slot + kWgActBytes + kWgRawBytes + (lrow + 8 * t4) * 8, p, kScaleBytes);
+#pragma unroll
+          for (int rg = 0; rg < kRg; ++rg) {
+            const uint8_t* p = (t4 == 0 ? wscale[0] + wrow[rg][0] * (K / (kMx ? 32 : 16))
+                                        : wscale[1] + wrow[rg][1] * (K / (kMx ? 32 : 16))) +
+                               int64_t(c) * kScaleBytes;
+            cp_async_small(slot + kWgActBytes + kWgRawBytes + (lrow[rg] + 8 * t4) * 8, p,
+                           kScaleBytes);
+          }
         }
       }
     }
     cp_async_commit();
   };
 
-  float acc[64];  // written first by a scale-d 0 wgmma (mma_half's `first`)
-  uint32_t afr[2][4][4];  // [half][k16 step][fragment register]
+  float acc[kRg][64];     // written first by a scale-d 0 wgmma (mma_half's `first`)
+  uint32_t afr[2][4][4];  // [buffer][k16 step][fragment register]; the groups alternate buffers
   // FP8 block scales (128 x 128 blocks: one per row and chunk), one chunk ahead in registers.
   auto fp8_scale = [&](int r, int c) {
-    return e8m0_to_float_dev(__ldg(wscale[r] + (wrow[r] / 128) * (K / 128) + c));
+    return e8m0_to_float_dev(__ldg(wscale[r] + (wrow[0][r] / 128) * (K / 128) + c));
   };
   float fsc[2] = {0.0f, 0.0f};
   if constexpr (kFp8) {
@@ -1864,7 +1899,7 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
     __syncthreads();     // everyone's chunk c; every warpgroup is done with chunk c - 2
     issue(c + 2);        // into chunk c - 2's slot
     const int s = c % kWgSlots;
-    const uint8_t* raw = smem + s * kWgSlotBytes + kWgActBytes;
+    const uint8_t* raw = smem + s * kSlotBytes + kWgActBytes;
     const uint8_t* scl = raw + kWgRawBytes;
     float nsc[2] = {0.0f, 0.0f};
     if constexpr (kFp8) {
@@ -1875,45 +1910,49 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      // The group that last read afr[h] (chunk c - 1, half h) must be done; the group issued
-      // just before (the other half) keeps the tensor cores busy during the dequantization.
-      wgmma::wait<1>();
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if constexpr (kFp8) {
-          const uint4 q =
-              *reinterpret_cast<const uint4*>(raw + ((h * 2 + r) * kWgThreads + tid) * 16);
+      for (int rg = 0; rg < kRg; ++rg) {
+        // The group that last read this buffer (two groups back) must be done; the group issued
+        // just before keeps the tensor cores busy during the dequantization.
+        const int b = (h * kRg + rg) & 1;
+        wgmma::wait<1>();
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const uint32_t w = word(q, i);
-            const float2 f0 = e4m3x2_to_float2(w), f1 = e4m3x2_to_float2(w >> 16);
-            afr[h][i][r] = pack_bf16x2(f0.x * fsc[r], f0.y * fsc[r]);
-            afr[h][i][2 + r] = pack_bf16x2(f1.x * fsc[r], f1.y * fsc[r]);
-          }
-        } else {
-          const uint2 q =
-              *reinterpret_cast<const uint2*>(raw + (r * kWgThreads + tid) * 16 + 8 * h);
-          uint32_t bits;
-          if constexpr (kMx) {
-            bits = e8m0_to_bf16_bits(scl[(lrow + 8 * r) * 8 + t4]);
+        for (int r = 0; r < 2; ++r) {
+          if constexpr (kFp8) {
+            const uint4 q =
+                *reinterpret_cast<const uint4*>(raw + ((h * 2 + r) * kWgThreads + tid) * 16);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const uint32_t w = word(q, i);
+              const float2 f0 = e4m3x2_to_float2(w), f1 = e4m3x2_to_float2(w >> 16);
+              afr[b][i][r] = pack_bf16x2(f0.x * fsc[r], f0.y * fsc[r]);
+              afr[b][i][2 + r] = pack_bf16x2(f1.x * fsc[r], f1.y * fsc[r]);
+            }
           } else {
-            bits = bf16_bits(e4m3_to_float_dev(scl[(lrow + 8 * r) * 8 + 2 * t4 + h]));
-          }
-          const uint32_t s2 = bits | (bits << 16);
+            const uint2 q = *reinterpret_cast<const uint2*>(
+                raw + ((2 * rg + r) * kWgThreads + tid) * 16 + 8 * h);
+            uint32_t bits;
+            if constexpr (kMx) {
+              bits = e8m0_to_bf16_bits(scl[(lrow[rg] + 8 * r) * 8 + t4]);
+            } else {
+              bits = bf16_bits(e4m3_to_float_dev(scl[(lrow[rg] + 8 * r) * 8 + 2 * t4 + h]));
+            }
+            const uint32_t s2 = bits | (bits << 16);
 #pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const uint4 o = e2m1x8_to_bf16x8(i == 0 ? q.x : q.y, s2);
-            afr[h][2 * i][r] = o.x;
-            afr[h][2 * i][2 + r] = o.y;
-            afr[h][2 * i + 1][r] = o.z;
-            afr[h][2 * i + 1][2 + r] = o.w;
+            for (int i = 0; i < 2; ++i) {
+              const uint4 o = e2m1x8_to_bf16x8(i == 0 ? q.x : q.y, s2);
+              afr[b][2 * i][r] = o.x;
+              afr[b][2 * i][2 + r] = o.y;
+              afr[b][2 * i + 1][r] = o.z;
+              afr[b][2 * i + 1][2 + r] = o.w;
+            }
           }
         }
+        wgmma::fence();
+        const uint32_t b_addr = smem_addr + uint32_t(s * kSlotBytes + h * kWgAtomBytes);
+        mma_half<N>(acc[rg], afr[b], b_addr, c == 0 && h == 0);
+        wgmma::commit();
       }
-      wgmma::fence();
-      const uint32_t b_addr = smem_addr + uint32_t(s * kWgSlotBytes + h * kWgAtomBytes);
-      mma_half<N>(acc, afr[h], b_addr, c == 0 && h == 0);
-      wgmma::commit();
     }
     if constexpr (kFp8) {
       fsc[0] = nsc[0];
@@ -1923,36 +1962,42 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
   wgmma::wait<0>();
   cp_async_wait<0>();
 
-  // Epilogue. acc[4 j + e]: row g (w1 / the first w2 row), token 8 j + 2 t4 + e; acc[4 j + 2 + e]:
-  // row g + 8 (w3 / the second w2 row), the same token.
+  // Epilogue. acc[rg][4 j + e]: row g (w1 / the first w2 row), token 8 j + 2 t4 + e;
+  // acc[rg][4 j + 2 + e]: row g + 8 (w3 / the second w2 row), the same token.
   const bool shared = g == a.E;
 #pragma unroll
-  for (int j = 0; j < N / 8; ++j) {
+  for (int rg = 0; rg < kRg; ++rg) {
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int r = 8 * j + 2 * t4 + e;
-      if (r >= rows) continue;
-      const int gr = base + row0 + r;
-      if constexpr (kFused) {
-        a.out[int64_t(gr) * a.N + wrow[0]] =
-            swiglu_hidden(a, acc[4 * j + e] * gscale0, acc[4 * j + 2 + e] * gscale1, shared, gr);
-      } else {
-        const int64_t orow = int64_t(a.row_slot[gr]) * a.N;
+    for (int j = 0; j < N / 8; ++j) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          float v = acc[4 * j + 2 * i + e] * gscale0;
-          if (a.round_bf16) v = round_bf16_dev(v);
-          a.out[orow + wrow[i]] = v;
+      for (int e = 0; e < 2; ++e) {
+        const int r = 8 * j + 2 * t4 + e;
+        if (r >= rows) continue;
+        const int gr = base + row0 + r;
+        if constexpr (kFused) {
+          a.out[int64_t(gr) * a.N + wrow[rg][0]] = swiglu_hidden(
+              a, acc[rg][4 * j + e] * gscale0, acc[rg][4 * j + 2 + e] * gscale1, shared, gr);
+        } else {
+          const int64_t orow = int64_t(a.row_slot[gr]) * a.N;
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            float v = acc[rg][4 * j + 2 * i + e] * gscale0;
+            if (a.round_bf16) v = round_bf16_dev(v);
+            a.out[orow + wrow[rg][i]] = v;
+          }
         }
       }
     }
   }
 #else
-  (void)a, (void)ex, (void)g, (void)base, (void)row0, (void)rows, (void)smem;
+  (void)a, (void)ex, (void)g, (void)base, (void)row0, (void)rows, (void)nb, (void)smem;
 #endif
 }
 
-template <bool kFused>
+// kRg 1: CTAs of 128 weight rows; 2: the wide CTAs of 256 (FP4 tiles; an FP8-block tile, the
+// shared expert of the checkpoints, runs as the two 128-row halves of its N block one after the
+// other).
+template <bool kFused, int kRg = 1>
 __global__ void __launch_bounds__(kWgThreads, 1) expert_gemm_wg_kernel(GemmArgs a) {
   pdl_begin();
 #if DS_MOE_WGMMA_PATH
@@ -1967,23 +2012,30 @@ __global__ void __launch_bounds__(kWgThreads, 1) expert_gemm_wg_kernel(GemmArgs 
   const int rows = min(kPfTokens, a.group_offset[g + 1] - base - row0);
   const MoeDeviceExpert ex = a.experts[g];
   const int fmt = kFused ? ex.format[0] : ex.format[2];
+  const int64_t nb = pf_n_block(a);
   // One instantiation per (format, wgmma width): a width chosen inside the K loop made ptxas
   // serialize the wgmmas (C7515: the branches' accumulator moves).
-  const auto run = [&](auto fmt_c) {
-    constexpr int F = decltype(fmt_c)::value;
+  const auto run = [&](auto fmt_c, auto rg_c, int64_t n_block) {
+    constexpr int F = decltype(fmt_c)::value, R = decltype(rg_c)::value;
     switch ((rows + 31) >> 5) {
-      case 1: wg_tile<kFused, F, 32>(a, ex, g, base, row0, rows, smem); break;
-      case 2: wg_tile<kFused, F, 64>(a, ex, g, base, row0, rows, smem); break;
-      case 3: wg_tile<kFused, F, 96>(a, ex, g, base, row0, rows, smem); break;
-      default: wg_tile<kFused, F, 128>(a, ex, g, base, row0, rows, smem); break;
+      case 1: wg_tile<kFused, F, 32, R>(a, ex, g, base, row0, rows, n_block, smem); break;
+      case 2: wg_tile<kFused, F, 64, R>(a, ex, g, base, row0, rows, n_block, smem); break;
+      case 3: wg_tile<kFused, F, 96, R>(a, ex, g, base, row0, rows, n_block, smem); break;
+      default: wg_tile<kFused, F, 128, R>(a, ex, g, base, row0, rows, n_block, smem); break;
     }
   };
+  using Rg = std::integral_constant<int, kRg>;
   if (fmt == int(WeightFormat::kMxfp4)) {
-    run(std::integral_constant<int, int(WeightFormat::kMxfp4)>{});
+    run(std::integral_constant<int, int(WeightFormat::kMxfp4)>{}, Rg{}, nb);
   } else if (fmt == int(WeightFormat::kNvfp4)) {
-    run(std::integral_constant<int, int(WeightFormat::kNvfp4)>{});
+    run(std::integral_constant<int, int(WeightFormat::kNvfp4)>{}, Rg{}, nb);
   } else {
-    run(std::integral_constant<int, int(WeightFormat::kFp8Block)>{});
+    using Fp8 = std::integral_constant<int, int(WeightFormat::kFp8Block)>;
+    using One = std::integral_constant<int, 1>;
+    for (int half = 0; half < kRg; ++half) {
+      if (half > 0) __syncthreads();  // the other warpgroup's last wgmmas may still read a slot
+      run(Fp8{}, One{}, kRg * nb + half);
+    }
   }
 #else
   (void)a;
@@ -2087,15 +2139,21 @@ Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, in
 
 // The 128-row prefill tiles, one grid for both kernels: the wgmma kernel (wg; its activations, xq
 // from forward and hq here, are in wg_tile's K order: quant_rows_kernel's permute) or the bf16
-// mma.sync one. (The dynamic shared memory opt-in is done at load time: MoeDeviceLayer::create.)
-Status launch_gemms_prefill(bool wg, const GemmArgs& g1, const GemmArgs& g2, int64_t tiles,
-                            int64_t inter, int64_t dim, const float* h, uint16_t* hq,
+// mma.sync one. wide: the wgmma kernel's CTAs of 256 weight rows (half the N blocks). (The dynamic
+// shared memory opt-in is done at load time: MoeDeviceLayer::create.)
+Status launch_gemms_prefill(bool wg, bool wide, const GemmArgs& g1, const GemmArgs& g2,
+                            int64_t tiles, int64_t inter, int64_t dim, const float* h, uint16_t* hq,
                             const int32_t* total_rows, int64_t rows_bound, bool fp8, bool pdl,
                             cudaStream_t stream) {
-  void (*const gate_up)(GemmArgs) = wg ? expert_gemm_wg_kernel<true> : expert_gemm_pf_kernel<true>;
-  void (*const down)(GemmArgs) = wg ? expert_gemm_wg_kernel<false> : expert_gemm_pf_kernel<false>;
+  void (*const gate_up)(GemmArgs) = !wg    ? expert_gemm_pf_kernel<true>
+                                    : wide ? expert_gemm_wg_kernel<true, 2>
+                                           : expert_gemm_wg_kernel<true, 1>;
+  void (*const down)(GemmArgs) = !wg    ? expert_gemm_pf_kernel<false>
+                                 : wide ? expert_gemm_wg_kernel<false, 2>
+                                        : expert_gemm_wg_kernel<false, 1>;
   const int threads = wg ? kWgThreads : kPfThreads;
-  const size_t smem = wg ? kWgSmem : kPfSmem;
+  const size_t smem = !wg ? kPfSmem : wide ? kWgWideSmem : kWgSmem;
+  const int64_t rows_per_cta = wide ? 2 : 1;
   // (N blocks, tiles) by default, (tiles, N blocks) with tiles_fastest: pf_tile_index.
   const auto grid = [&](int64_t n_blocks) {
     return g1.tiles_fastest ? dim3(unsigned(tiles), unsigned(n_blocks))
@@ -2106,22 +2164,31 @@ Status launch_gemms_prefill(bool wg, const GemmArgs& g1, const GemmArgs& g2, int
                             " prefill tiles exceed the grid's 65535 rows; run fewer tokens per "
                             "forward");
   DS_CUDA_RETURN_IF_ERROR(
-      launch_pdl_if(pdl, gate_up, grid(inter / 64), threads, smem, stream, g1));
+      launch_pdl_if(pdl, gate_up, grid(inter / (64 * rows_per_cta)), threads, smem, stream, g1));
   const int64_t qblocks = rows_bound * (inter / kChunk);
   DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, quant_rows_kernel, unsigned(ceil_div(qblocks, 16)),
                                         256, 0, stream, h, inter, rows_bound, total_rows, hq, fp8,
                                         nullptr, nullptr, wg));
-  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, down, grid(dim / 128), threads, smem, stream, g2));
+  DS_CUDA_RETURN_IF_ERROR(
+      launch_pdl_if(pdl, down, grid(dim / (128 * rows_per_cta)), threads, smem, stream, g2));
   return ok_status();
 }
 
-// Opts a prefill kernel pair into its dynamic shared memory on the current device (load time).
+// Opts the prefill kernels into their dynamic shared memory on the current device (load time):
+// the mma.sync pair, or (wg) the wgmma kernels of both CTA widths.
 cudaError_t set_prefill_smem_attributes(bool wg) {
-  const int bytes = int(wg ? kWgSmem : kPfSmem);
-  for (void (*f)(GemmArgs) : {wg ? expert_gemm_wg_kernel<true> : expert_gemm_pf_kernel<true>,
-                              wg ? expert_gemm_wg_kernel<false> : expert_gemm_pf_kernel<false>}) {
+  struct Fn {
+    void (*f)(GemmArgs);
+    size_t bytes;
+  };
+  const Fn pf[] = {{expert_gemm_pf_kernel<true>, kPfSmem}, {expert_gemm_pf_kernel<false>, kPfSmem}};
+  const Fn wgk[] = {{expert_gemm_wg_kernel<true, 1>, kWgSmem},
+                    {expert_gemm_wg_kernel<false, 1>, kWgSmem},
+                    {expert_gemm_wg_kernel<true, 2>, kWgWideSmem},
+                    {expert_gemm_wg_kernel<false, 2>, kWgWideSmem}};
+  for (const Fn& f : wg ? std::span<const Fn>(wgk) : std::span<const Fn>(pf)) {
     const cudaError_t e =
-        cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        cudaFuncSetAttribute(f.f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(f.bytes));
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -2492,6 +2559,15 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   const bool use_wg = bt == kPfTokens && tuning.path != 3 && l.pf_wgmma;
   if (tuning.pf_raster != 0 && tuning.pf_raster != 1)
     return invalid_argument("moe: tuning.pf_raster must be 0 or 1");
+  if (tuning.pf_rows != 0 && tuning.pf_rows != 128 && tuning.pf_rows != 256)
+    return invalid_argument("moe: tuning.pf_rows must be 0, 128 or 256");
+  // The wgmma kernel's CTAs of 256 weight rows: where asked and the N blocks divide the shapes.
+  const bool wide_fits = l.inter % 128 == 0 && l.dim % 256 == 0;
+  if (tuning.pf_rows == 256 && !(use_wg && wide_fits))
+    return invalid_argument(
+        "moe: 256-row prefill CTAs need the wgmma prefill path, inter % 128 == 0 and dim % 256 == "
+        "0");
+  const bool use_wide = use_wg && wide_fits && tuning.pf_rows == 256;
   auto* xq8 = reinterpret_cast<uint8_t*>(ws + L.xq8);
   auto* xs = reinterpret_cast<float*>(ws + L.xs);
   auto* hq8 = reinterpret_cast<uint8_t*>(ws + L.hq8);
@@ -2564,8 +2640,8 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
                                                           stream);
   };
   if (bt == kPfTokens) {
-    DS_RETURN_IF_ERROR(launch_gemms_prefill(use_wg, g1, g2, tiles_bound, l.inter, l.dim, h, hq,
-                                            total_rows, rows_bound, fp8, pdl, stream));
+    DS_RETURN_IF_ERROR(launch_gemms_prefill(use_wg, use_wide, g1, g2, tiles_bound, l.inter, l.dim,
+                                            h, hq, total_rows, rows_bound, fp8, pdl, stream));
   } else if (use_f8) {
     // K split and ring of the FP8 path, measured on H200 (bench_moe, session 5): K split 4 at
     // T = 1 (80.6 us vs 84.9 with 2: 896 CTAs instead of 448 for the 7 groups, < 2 waves at 3
