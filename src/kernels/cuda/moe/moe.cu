@@ -2010,7 +2010,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) expert_gemm_wg_kernel(GemmArgs 
   const int g = tile.x, row0 = tile.y;
   const int base = a.group_offset[g];
   const int rows = min(kPfTokens, a.group_offset[g + 1] - base - row0);
-  const MoeDeviceExpert ex = a.experts[g];
+  // The expert's fields are read where wg_tile needs them (a register copy of the whole entry,
+  // live across the FP8 halves of a wide CTA, made ptxas spill).
+  const MoeDeviceExpert& ex = a.experts[g];
   const int fmt = kFused ? ex.format[0] : ex.format[2];
   const int64_t nb = pf_n_block(a);
   // One instantiation per (format, wgmma width): a width chosen inside the K loop made ptxas
