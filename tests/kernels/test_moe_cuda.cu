@@ -213,9 +213,9 @@ struct Case {
   // Also runs the forward with the other prefill grid order (tuning.pf_raster flipped) and checks
   // that both give the same y bit for bit (each tile's arithmetic does not depend on the order).
   bool compare_grid_orders = false;
-  // The same with the other wgmma CTA width (tuning.pf_rows 128 <-> 256: each output element is
-  // the same sequence of wgmmas on the same operands in either).
-  bool compare_cta_rows = false;
+  // Other tunings whose forward must give the same y bit for bit (the wgmma kernel's CTA widths
+  // and A-buffer counts: each output element is the same sequence of wgmmas on the same operands).
+  std::vector<cuda::MoeTuning> bit_equal;
 };
 
 void run_case(const Case& c) {
@@ -340,11 +340,10 @@ void run_case(const Case& c) {
     same.emplace_back(o, "pf_raster " + std::to_string(c.tuning.pf_raster) + " and " +
                              std::to_string(o.pf_raster));
   }
-  if (c.compare_cta_rows) {
-    cuda::MoeTuning o = c.tuning;
-    o.pf_rows = o.pf_rows == 256 ? 128 : 256;
-    same.emplace_back(o, "pf_rows " + std::to_string(c.tuning.pf_rows) + " and " +
-                             std::to_string(o.pf_rows));
+  for (const cuda::MoeTuning& o : c.bit_equal) {
+    same.emplace_back(o, "(pf_rows, pf_abuf) (" + std::to_string(c.tuning.pf_rows) + ", " +
+                             std::to_string(c.tuning.pf_abuf) + ") and (" +
+                             std::to_string(o.pf_rows) + ", " + std::to_string(o.pf_abuf) + ")");
   }
   for (const auto& [other, what] : same) {
     DeviceBuffer<float> d_y2(size_t(T * D));
@@ -791,24 +790,42 @@ TEST_F(MoeCuda, WgmmaWidePrefillVariants) {
   Case c{"flash mxfp4 wide", kFlash, WeightFormat::kMxfp4, 4096};
   c.tuning = t;
   c.oracle_tokens = 12;
-  c.compare_cta_rows = true;
+  c.bit_equal = {cuda::MoeTuning{0, 0, 4, 0}};
   run_case(c);
 }
 
-// 256-row CTAs bit for bit against 128-row ones and the oracle (tiny shapes, in the memcheck
-// filter): many groups (T = 512, with the FP8-block shared expert's tiles, which run as two
-// 128-row halves), one group of 32 full tiles (skewed T = 4096), NVFP4 at ~88 rows per expert, both
-// grid orders; bad widths and a width on the wrong path are refused. Skipped (printed) off sm_90.
+// The wgmma kernel with four A buffers per warpgroup (MoeTuning::pf_abuf = 4: FP4 tiles of the
+// 128-row CTAs, five shared-memory slots; the FP8-block shared expert's tiles keep two) on
+// run_prefill_variants' cases against the oracle (their Flash K has 32 and 16 chunks, the tiny
+// down GEMM's K one: the odd-chunk ending), and Flash T = 4096 bit for bit against two buffers.
+TEST_F(MoeCuda, WgmmaDeepPrefillVariants) {
+  cuda::MoeTuning t{0, 0, 4, 0};
+  t.pf_abuf = 4;
+  run_prefill_variants(t, "wg4buf", {1, 16, 100, 200, 350, 512}, {1024, 2048});
+  Case c{"flash mxfp4 4 A buffers", kFlash, WeightFormat::kMxfp4, 4096};
+  c.tuning = t;
+  c.oracle_tokens = 12;
+  c.bit_equal = {cuda::MoeTuning{0, 0, 4, 0}};
+  run_case(c);
+}
+
+// 256-row CTAs bit for bit against 128-row ones (two and four A buffers) and the oracle (tiny
+// shapes, in the memcheck filter): many groups (T = 512, with the FP8-block shared expert's tiles:
+// three slots, one chunk ahead), one group of 32 full tiles (skewed T = 4096), NVFP4 at ~88 rows
+// per expert, both grid orders; bad widths / buffer counts and combinations without a kernel are
+// refused. Skipped (printed) off sm_90.
 TEST_F(MoeCuda, TinyWidePrefillCtas) {
   for (Case c : {Case{"tiny mxfp4 wide", kTiny, WeightFormat::kMxfp4, 512},
                  Case{"tiny skew mxfp4 wide", kTiny, WeightFormat::kMxfp4, 4096, true},
                  Case{"tiny nvfp4 wide", kTiny, WeightFormat::kNvfp4, 350}}) {
     c.tuning = {0, 0, 4, 0};
     c.tuning.pf_rows = 256;
-    c.compare_cta_rows = true;
+    cuda::MoeTuning narrow{0, 0, 4, 0}, deep{0, 0, 4, 0};
+    deep.pf_abuf = 4;
+    c.bit_equal = {narrow, deep};
     run_case(c);
     c.name += " tiles first";
-    c.tuning.pf_raster = 1;
+    for (cuda::MoeTuning* t : {&c.tuning, &c.bit_equal[0], &c.bit_equal[1]}) t->pf_raster = 1;
     run_case(c);
   }
   Case bad{"tiny bad cta rows", kTiny, WeightFormat::kMxfp4, 512};
@@ -820,6 +837,16 @@ TEST_F(MoeCuda, TinyWidePrefillCtas) {
   bad.tuning = {0, 0, 3, 0};
   bad.tuning.pf_rows = 256;
   bad.expect_error = "256-row prefill CTAs need the wgmma prefill path";
+  run_case(bad);
+  bad.name = "tiny bad A buffers";
+  bad.tuning = {0, 0, 4, 0};
+  bad.tuning.pf_abuf = 3;
+  bad.expect_error = "pf_abuf must be 0, 2 or 4";
+  run_case(bad);
+  bad.name = "tiny 4 A buffers on wide ctas";
+  bad.tuning.pf_abuf = 4;
+  bad.tuning.pf_rows = 256;
+  bad.expect_error = "4 A buffers need the wgmma prefill path with 128-row CTAs";
   run_case(bad);
 }
 
