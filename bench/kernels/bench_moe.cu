@@ -312,18 +312,16 @@ Matrices make_fp4(cpu::WeightFormat f, int64_t rows, int64_t cols, int64_t count
 }  // namespace
 }  // namespace ds
 
-// DS_MOE_CASES="fmt:T:path:raster[:rows[:abuf]];..." (e.g. "mxfp4:4096:4:1", "mxfp4:4096:4:0:256",
-// "mxfp4:4096:4:0:0:4") runs only the forward cases with that weight format, token count,
-// MoeTuning::path, pf_raster and (when set) pf_rows / pf_abuf (the heuristic's rows have path 0):
-// one launch sequence for a profiler (scripts/gpu/h_moe18/run.sh, NCU=1). Unset: every case.
+// DS_MOE_CASES="fmt:T:path:raster[:rows];..." (e.g. "mxfp4:4096:4:1", "mxfp4:4096:4:0:256") runs
+// only the forward cases with that weight format, token count, MoeTuning::path, pf_raster and (when
+// set) pf_rows (the heuristic's rows have path 0): one launch sequence for a profiler
+// (scripts/gpu/h_moe18/run.sh, NCU=1). Unset: every case.
 bool case_selected(const char* fmt, int64_t T, const ds::cuda::MoeTuning& t) {
   const char* env = std::getenv("DS_MOE_CASES");
   if (env == nullptr || *env == 0) return true;
   const std::string want = std::string(fmt) + ":" + std::to_string(T) + ":" +
                            std::to_string(t.path) + ":" + std::to_string(t.pf_raster) +
-                           (t.pf_rows != 0 || t.pf_abuf != 0 ? ":" + std::to_string(t.pf_rows)
-                                                              : "") +
-                           (t.pf_abuf != 0 ? ":" + std::to_string(t.pf_abuf) : "");
+                           (t.pf_rows != 0 ? ":" + std::to_string(t.pf_rows) : "");
   std::string list = env;
   for (size_t b = 0; b <= list.size();) {
     const size_t e = std::min(list.find(';', b), list.size());
@@ -485,17 +483,14 @@ int main(int argc, char** argv) {
       t.pf_raster = 1;
       cases.push_back({4096, t});
     }
-    // The wgmma prefill kernel's CTAs of 256 weight rows (MoeTuning::pf_rows) next to the 128-row
-    // rows above (path 4 forced at 512 / 1024, the default at 4096 / 8192).
+    // The wgmma prefill kernel's CTAs of 128 weight rows (MoeTuning::pf_rows) next to the 256-row
+    // default rows above (path 4 forced at 512 / 1024, the default at 4096 / 8192).
     if (layer->pf_wgmma) {
       const std::vector<int64_t> ts = mx ? std::vector<int64_t>{512, 1024, 4096, 8192}
                                          : std::vector<int64_t>{4096};
       for (int64_t T : ts) {
         cuda::MoeTuning t{0, 0, 4, 0};
-        t.pf_rows = 256;
-        cases.push_back({T, t});
-        t.pf_rows = 0;
-        t.pf_abuf = 4;  // and the 128-row CTAs with four A buffers
+        t.pf_rows = 128;
         cases.push_back({T, t});
       }
     }
@@ -555,7 +550,6 @@ int main(int argc, char** argv) {
         if (bc.tuning.warps > 0) r.kernel += "_w" + std::to_string(bc.tuning.warps);
         if (bc.tuning.pf_raster == 1) r.kernel += "_tilesfirst";
         if (bc.tuning.pf_rows != 0) r.kernel += "_r" + std::to_string(bc.tuning.pf_rows);
-        if (bc.tuning.pf_abuf != 0) r.kernel += "_abuf" + std::to_string(bc.tuning.pf_abuf);
       }
       if (bc.tuning.pdl) r.kernel += "_pdl";
       char shape[160];

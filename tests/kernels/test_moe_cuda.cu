@@ -213,8 +213,8 @@ struct Case {
   // Also runs the forward with the other prefill grid order (tuning.pf_raster flipped) and checks
   // that both give the same y bit for bit (each tile's arithmetic does not depend on the order).
   bool compare_grid_orders = false;
-  // Other tunings whose forward must give the same y bit for bit (the wgmma kernel's CTA widths
-  // and A-buffer counts: each output element is the same sequence of wgmmas on the same operands).
+  // Other tunings whose forward must give the same y bit for bit (the wgmma kernel's CTA widths:
+  // each output element is the same sequence of wgmmas on the same operands).
   std::vector<cuda::MoeTuning> bit_equal;
 };
 
@@ -341,9 +341,8 @@ void run_case(const Case& c) {
                              std::to_string(o.pf_raster));
   }
   for (const cuda::MoeTuning& o : c.bit_equal) {
-    same.emplace_back(o, "(pf_rows, pf_abuf) (" + std::to_string(c.tuning.pf_rows) + ", " +
-                             std::to_string(c.tuning.pf_abuf) + ") and (" +
-                             std::to_string(o.pf_rows) + ", " + std::to_string(o.pf_abuf) + ")");
+    same.emplace_back(o, "pf_rows " + std::to_string(c.tuning.pf_rows) + " and " +
+                             std::to_string(o.pf_rows));
   }
   for (const auto& [other, what] : same) {
     DeviceBuffer<float> d_y2(size_t(T * D));
@@ -703,14 +702,17 @@ TEST_F(MoeCuda, PrefillPathVariants) {
 
 // The sm_90a prefill kernel (expert_gemm_wg_kernel: wgmma with the weights dequantized into the
 // A fragments, the default for 128-row tiles on sm_90, so the T = 4096 Flash cases above run it
-// there) forced, with token counts whose tiles take each wgmma width (valid rows rounded up to
+// there, in CTAs of 256 weight rows) forced in CTAs of 128 weight rows (pf_rows 128; the 256-row
+// ones: WgmmaWidePrefillVariants), with token counts whose tiles take each wgmma width (valid rows rounded up to
 // 32: T = 16 at the tiny shape has ~4 rows per expert (n32), T = 200 ~50 (n64), T = 350 ~88 (n96),
 // T = 512 128 +- a few (n128 and a second, small tile); Flash T = 1024 24 rows per expert, T = 2048
 // 48). The activations reach it in its permuted K order (quant_rows_kernel's permute); a wrong
 // order or fragment layout would be O(1) wrong, far outside the tolerance. Skipped (printed) off
 // sm_90.
 TEST_F(MoeCuda, WgmmaPrefillPathVariants) {
-  run_prefill_variants({0, 0, 4, 0}, "wg", {1, 16, 100, 200, 350, 512}, {1024, 2048});
+  cuda::MoeTuning t{0, 0, 4, 0};
+  t.pf_rows = 128;
+  run_prefill_variants(t, "wg", {1, 16, 100, 200, 350, 512}, {1024, 2048});
 }
 
 // Every MoE kernel launched as a programmatic dependent of the previous one (MoeTuning::pdl), eager
@@ -790,42 +792,27 @@ TEST_F(MoeCuda, WgmmaWidePrefillVariants) {
   Case c{"flash mxfp4 wide", kFlash, WeightFormat::kMxfp4, 4096};
   c.tuning = t;
   c.oracle_tokens = 12;
-  c.bit_equal = {cuda::MoeTuning{0, 0, 4, 0}};
+  c.bit_equal = {t};
+  c.bit_equal[0].pf_rows = 128;
   run_case(c);
 }
 
-// The wgmma kernel with four A buffers per warpgroup (MoeTuning::pf_abuf = 4: FP4 tiles of the
-// 128-row CTAs, five shared-memory slots; the FP8-block shared expert's tiles keep two) on
-// run_prefill_variants' cases against the oracle (their Flash K has 32 and 16 chunks, the tiny
-// down GEMM's K one: the odd-chunk ending), and Flash T = 4096 bit for bit against two buffers.
-TEST_F(MoeCuda, WgmmaDeepPrefillVariants) {
-  cuda::MoeTuning t{0, 0, 4, 0};
-  t.pf_abuf = 4;
-  run_prefill_variants(t, "wg4buf", {1, 16, 100, 200, 350, 512}, {1024, 2048});
-  Case c{"flash mxfp4 4 A buffers", kFlash, WeightFormat::kMxfp4, 4096};
-  c.tuning = t;
-  c.oracle_tokens = 12;
-  c.bit_equal = {cuda::MoeTuning{0, 0, 4, 0}};
-  run_case(c);
-}
-
-// 256-row CTAs bit for bit against 128-row ones (two and four A buffers) and the oracle (tiny
+// 256-row CTAs bit for bit against 128-row ones and the oracle (tiny
 // shapes, in the memcheck filter): many groups (T = 512, with the FP8-block shared expert's tiles:
 // three slots, one chunk ahead), one group of 32 full tiles (skewed T = 4096), NVFP4 at ~88 rows
-// per expert, both grid orders; bad widths / buffer counts and combinations without a kernel are
-// refused. Skipped (printed) off sm_90.
+// per expert, both grid orders; bad widths and a width on the wrong path are refused. Skipped
+// (printed) off sm_90.
 TEST_F(MoeCuda, TinyWidePrefillCtas) {
   for (Case c : {Case{"tiny mxfp4 wide", kTiny, WeightFormat::kMxfp4, 512},
                  Case{"tiny skew mxfp4 wide", kTiny, WeightFormat::kMxfp4, 4096, true},
                  Case{"tiny nvfp4 wide", kTiny, WeightFormat::kNvfp4, 350}}) {
     c.tuning = {0, 0, 4, 0};
     c.tuning.pf_rows = 256;
-    cuda::MoeTuning narrow{0, 0, 4, 0}, deep{0, 0, 4, 0};
-    deep.pf_abuf = 4;
-    c.bit_equal = {narrow, deep};
+    c.bit_equal = {c.tuning};
+    c.bit_equal[0].pf_rows = 128;
     run_case(c);
     c.name += " tiles first";
-    for (cuda::MoeTuning* t : {&c.tuning, &c.bit_equal[0], &c.bit_equal[1]}) t->pf_raster = 1;
+    for (cuda::MoeTuning* t : {&c.tuning, &c.bit_equal[0]}) t->pf_raster = 1;
     run_case(c);
   }
   Case bad{"tiny bad cta rows", kTiny, WeightFormat::kMxfp4, 512};
@@ -837,16 +824,6 @@ TEST_F(MoeCuda, TinyWidePrefillCtas) {
   bad.tuning = {0, 0, 3, 0};
   bad.tuning.pf_rows = 256;
   bad.expect_error = "256-row prefill CTAs need the wgmma prefill path";
-  run_case(bad);
-  bad.name = "tiny bad A buffers";
-  bad.tuning = {0, 0, 4, 0};
-  bad.tuning.pf_abuf = 3;
-  bad.expect_error = "pf_abuf must be 0, 2 or 4";
-  run_case(bad);
-  bad.name = "tiny 4 A buffers on wide ctas";
-  bad.tuning.pf_abuf = 4;
-  bad.tuning.pf_rows = 256;
-  bad.expect_error = "4 A buffers need the wgmma prefill path with 128-row CTAs";
   run_case(bad);
 }
 

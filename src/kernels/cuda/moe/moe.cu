@@ -1751,13 +1751,6 @@ constexpr int kWgWideFp8Slots = 3;
 constexpr int kWgWideFp8SlotBytes = kWgActBytes + 2 * kWgRawBytes;
 static_assert(size_t(kWgWideFp8Slots) * kWgWideFp8SlotBytes + 1024 + 128 * 4 <= kWgWideSmem,
               "the wide kernel's FP8 tiles fit its shared memory");
-// Four A-fragment buffers (kNb = 4; FP4, 128 rows): FP4 raw bytes only (2 rows x 16 B per thread),
-// and five slots, because up to four wgmma groups (two chunks) may still read theirs.
-constexpr int kWgDeepSlots = 5;
-constexpr int kWgDeepSlotBytes = kWgActBytes + kWgThreads * 2 * 16 + kWgScaleBytes;  // 41 KB
-constexpr size_t kWgDeepSmem = size_t(kWgDeepSlots) * kWgDeepSlotBytes + 1024;
-static_assert(kWgDeepSlotBytes % 1024 == 0, "wgmma B atoms need 1024-byte alignment");
-static_assert(kWgDeepSmem >= kWgSmem, "the deep kernel's FP8 tiles run in the 4-slot layout");
 
 #if DS_MOE_WGMMA_PATH
 // cp.async of 4 or 8 bytes (the .ca form: .cg copies 16 only).
@@ -1794,27 +1787,21 @@ __device__ __forceinline__ void mma_half(float (&acc)[64], const uint32_t (&a)[4
 // SM traffic per FLOP). Row group v = kRg wg + rg of the CTA holds the weight rows 64 v .. 64 v + 63
 // in the layout of the narrow tile's warpgroup v. The wide FP8-block tiles (twice the raw bytes)
 // copy one chunk ahead into three slots.
-// kNb: A-fragment register buffers per warpgroup. 2: a warpgroup dequantizes the next group's
-// fragments while its previous group (4 wgmmas) runs; 4 (FP4, kRg 1): while up to three of its
-// groups run (wgmma.wait_group 3), which needs a fifth shared-memory slot (the copies stay two
-// chunks ahead).
-template <bool kFused, int FMT, int N, int kRg = 1, int kNb = 2>
+template <bool kFused, int FMT, int N, int kRg = 1>
 __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert& ex, int g,
                                         int base, int row0, int rows, int64_t nb, uint8_t* smem) {
 #if DS_MOE_WGMMA_PATH
   constexpr bool kFp8 = FMT == int(WeightFormat::kFp8Block);
   constexpr bool kMx = FMT == int(WeightFormat::kMxfp4);
   static_assert(kRg == 1 || kRg == 2, "128 or 256 weight rows per CTA");
-  static_assert(kNb == 2 || (kNb == 4 && kRg == 1 && !kFp8), "4 A buffers: FP4, 128-row CTAs");
   constexpr bool kWideFp8 = kFp8 && kRg == 2;
   constexpr int kAhead = kWideFp8 ? 1 : 2;  // chunks copied ahead
-  constexpr int kSlots = kNb == 4 ? kWgDeepSlots : kWideFp8 ? kWgWideFp8Slots : kWgSlots;
-  constexpr int kSlotBytes = kNb == 4  ? kWgDeepSlotBytes
-                             : kWideFp8 ? kWgWideFp8SlotBytes
+  constexpr int kSlots = kWideFp8 ? kWgWideFp8Slots : kWgSlots;
+  constexpr int kSlotBytes = kWideFp8   ? kWgWideFp8SlotBytes
                              : kRg == 1 ? kWgSlotBytes
                                         : kWgWideSlotBytes;
   // Raw weight bytes of a slot, before the FP4 block scales.
-  constexpr int kRawBytes = kNb == 4 ? kWgThreads * 2 * 16 : kWideFp8 ? 2 * kWgRawBytes : kWgRawBytes;
+  constexpr int kRawBytes = kWideFp8 ? 2 * kWgRawBytes : kWgRawBytes;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
   const int gid = lane >> 2, t4 = lane & 3;
   const int64_t K = a.K;
@@ -1906,7 +1893,7 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
   };
 
   float acc[kRg][64];     // written first by a scale-d 0 wgmma (mma_half's `first`)
-  uint32_t afr[kNb][4][4];  // [buffer][k16 step][fragment register]; the groups cycle through them
+  uint32_t afr[2][4][4];  // [buffer][k16 step][fragment register]; the groups alternate buffers
   // FP8 block scales (128 x 128 blocks: one per row and chunk), one chunk ahead in registers.
   auto fp8_scale = [&](int rg, int r, int c) {
     return e8m0_to_float_dev(__ldg(wscale[r] + (wrow[rg][r] / 128) * (K / 128) + c));
@@ -1921,15 +1908,11 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
 
 #pragma unroll
   for (int i = 0; i < kAhead; ++i) issue(i);
-  // One chunk; kPar (kNb 4) is c's parity, so that every group's buffer is a constant.
-  const auto chunk = [&](int c, auto par_c) {
-    constexpr int kPar = decltype(par_c)::value;
+  for (int c = 0; c < chunks; ++c) {
     cp_async_wait<kAhead - 1>();  // this thread's copies of chunk c (later ones may be in flight)
     wgmma::fence_proxy_async();
-    // Everyone's chunk c; every warpgroup is done with chunk c - 2 (kNb 2; the wide FP8 tiles:
-    // c - 2 as well, with 3 slots) or c - 3 (kNb 4).
-    __syncthreads();
-    issue(c + kAhead);  // into that chunk's slot
+    __syncthreads();     // everyone's chunk c; every warpgroup is done with chunk c - 2
+    issue(c + kAhead);   // into chunk c - 2's slot
     const int s = c % kSlots;
     const uint8_t* raw = smem + s * kSlotBytes + kWgActBytes;
     [[maybe_unused]] const uint8_t* scl = raw + kRawBytes;
@@ -1945,10 +1928,10 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int rg = 0; rg < kRg; ++rg) {
-        // The group that last read this buffer (kNb groups back) must be done; the groups
-        // issued after it keep the tensor cores busy during the dequantization.
-        const int b = kNb == 4 ? 2 * kPar + h : (h * kRg + rg) & 1;
-        wgmma::wait<kNb - 1>();
+        // The group that last read this buffer (two groups back) must be done; the group issued
+        // just before keeps the tensor cores busy during the dequantization.
+        const int b = (h * kRg + rg) & 1;
+        wgmma::wait<1>();
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           if constexpr (kFp8) {
@@ -1995,20 +1978,6 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
         fsc[rg][1] = nsc[rg][1];
       }
     }
-  };
-  using P0 = std::integral_constant<int, 0>;
-  using P1 = std::integral_constant<int, 1>;
-  if constexpr (kNb == 2) {
-    for (int c = 0; c < chunks; ++c) chunk(c, P0{});
-  } else {
-    // Pairs of chunks, then an odd last one (no branch inside the loop: a conditional second
-    // chunk made ptxas serialize the wgmmas, C7513).
-    int c = 0;
-    for (; c + 1 < chunks; c += 2) {
-      chunk(c, P0{});
-      chunk(c + 1, P1{});
-    }
-    if (c < chunks) chunk(c, P0{});
   }
   wgmma::wait<0>();
   cp_async_wait<0>();
@@ -2046,8 +2015,7 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
 }
 
 // kRg 1: CTAs of 128 weight rows; 2: the wide CTAs of 256.
-// kNb 4 (kRg 1): the FP4 tiles with four A buffers (wg_tile); FP8-block tiles keep two.
-template <bool kFused, int kRg = 1, int kNb = 2>
+template <bool kFused, int kRg = 1>
 __global__ void __launch_bounds__(kWgThreads, 1) expert_gemm_wg_kernel(GemmArgs a) {
   pdl_begin();
 #if DS_MOE_WGMMA_PATH
@@ -2067,12 +2035,11 @@ __global__ void __launch_bounds__(kWgThreads, 1) expert_gemm_wg_kernel(GemmArgs 
   // serialize the wgmmas (C7515: the branches' accumulator moves).
   const auto run = [&](auto fmt_c, auto rg_c, int64_t n_block) {
     constexpr int F = decltype(fmt_c)::value, R = decltype(rg_c)::value;
-    constexpr int B = F == int(WeightFormat::kFp8Block) ? 2 : kNb;
     switch ((rows + 31) >> 5) {
-      case 1: wg_tile<kFused, F, 32, R, B>(a, ex, g, base, row0, rows, n_block, smem); break;
-      case 2: wg_tile<kFused, F, 64, R, B>(a, ex, g, base, row0, rows, n_block, smem); break;
-      case 3: wg_tile<kFused, F, 96, R, B>(a, ex, g, base, row0, rows, n_block, smem); break;
-      default: wg_tile<kFused, F, 128, R, B>(a, ex, g, base, row0, rows, n_block, smem); break;
+      case 1: wg_tile<kFused, F, 32, R>(a, ex, g, base, row0, rows, n_block, smem); break;
+      case 2: wg_tile<kFused, F, 64, R>(a, ex, g, base, row0, rows, n_block, smem); break;
+      case 3: wg_tile<kFused, F, 96, R>(a, ex, g, base, row0, rows, n_block, smem); break;
+      default: wg_tile<kFused, F, 128, R>(a, ex, g, base, row0, rows, n_block, smem); break;
     }
   };
   using Rg = std::integral_constant<int, kRg>;
@@ -2185,23 +2152,20 @@ Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, in
 
 // The 128-row prefill tiles, one grid for both kernels: the wgmma kernel (wg; its activations, xq
 // from forward and hq here, are in wg_tile's K order: quant_rows_kernel's permute) or the bf16
-// mma.sync one. wide: the wgmma kernel's CTAs of 256 weight rows (half the N blocks); deep: its
-// four A buffers. (The dynamic
+// mma.sync one. wide: the wgmma kernel's CTAs of 256 weight rows (half the N blocks). (The dynamic
 // shared memory opt-in is done at load time: MoeDeviceLayer::create.)
-Status launch_gemms_prefill(bool wg, bool wide, bool deep, const GemmArgs& g1,
-                            const GemmArgs& g2, int64_t tiles, int64_t inter, int64_t dim,
-                            const float* h, uint16_t* hq, const int32_t* total_rows,
-                            int64_t rows_bound, bool fp8, bool pdl, cudaStream_t stream) {
+Status launch_gemms_prefill(bool wg, bool wide, const GemmArgs& g1, const GemmArgs& g2,
+                            int64_t tiles, int64_t inter, int64_t dim, const float* h, uint16_t* hq,
+                            const int32_t* total_rows, int64_t rows_bound, bool fp8, bool pdl,
+                            cudaStream_t stream) {
   void (*const gate_up)(GemmArgs) = !wg    ? expert_gemm_pf_kernel<true>
                                     : wide ? expert_gemm_wg_kernel<true, 2>
-                                    : deep ? expert_gemm_wg_kernel<true, 1, 4>
                                            : expert_gemm_wg_kernel<true, 1>;
   void (*const down)(GemmArgs) = !wg    ? expert_gemm_pf_kernel<false>
                                  : wide ? expert_gemm_wg_kernel<false, 2>
-                                 : deep ? expert_gemm_wg_kernel<false, 1, 4>
                                         : expert_gemm_wg_kernel<false, 1>;
   const int threads = wg ? kWgThreads : kPfThreads;
-  const size_t smem = !wg ? kPfSmem : wide ? kWgWideSmem : deep ? kWgDeepSmem : kWgSmem;
+  const size_t smem = !wg ? kPfSmem : wide ? kWgWideSmem : kWgSmem;
   const int64_t rows_per_cta = wide ? 2 : 1;
   // (N blocks, tiles) by default, (tiles, N blocks) with tiles_fastest: pf_tile_index.
   const auto grid = [&](int64_t n_blocks) {
@@ -2224,7 +2188,7 @@ Status launch_gemms_prefill(bool wg, bool wide, bool deep, const GemmArgs& g1,
 }
 
 // Opts the prefill kernels into their dynamic shared memory on the current device (load time):
-// the mma.sync pair, or (wg) every wgmma kernel (both CTA widths, two or four A buffers).
+// the mma.sync pair, or (wg) the wgmma kernels of both CTA widths.
 cudaError_t set_prefill_smem_attributes(bool wg) {
   struct Fn {
     void (*f)(GemmArgs);
@@ -2234,9 +2198,7 @@ cudaError_t set_prefill_smem_attributes(bool wg) {
   const Fn wgk[] = {{expert_gemm_wg_kernel<true, 1>, kWgSmem},
                     {expert_gemm_wg_kernel<false, 1>, kWgSmem},
                     {expert_gemm_wg_kernel<true, 2>, kWgWideSmem},
-                    {expert_gemm_wg_kernel<false, 2>, kWgWideSmem},
-                    {expert_gemm_wg_kernel<true, 1, 4>, kWgDeepSmem},
-                    {expert_gemm_wg_kernel<false, 1, 4>, kWgDeepSmem}};
+                    {expert_gemm_wg_kernel<false, 2>, kWgWideSmem}};
   for (const Fn& f : wg ? std::span<const Fn>(wgk) : std::span<const Fn>(pf)) {
     const cudaError_t e =
         cudaFuncSetAttribute(f.f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(f.bytes));
@@ -2612,18 +2574,14 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
     return invalid_argument("moe: tuning.pf_raster must be 0 or 1");
   if (tuning.pf_rows != 0 && tuning.pf_rows != 128 && tuning.pf_rows != 256)
     return invalid_argument("moe: tuning.pf_rows must be 0, 128 or 256");
-  // The wgmma kernel's CTAs of 256 weight rows: where asked and the N blocks divide the shapes.
+  // The wgmma kernel's CTAs of 256 weight rows, the default where the N blocks divide the shapes
+  // (session 21, H100: GEMMs -7% at T = 1024, -2% at 8192, within the spread at 4096; NOTES.md).
   const bool wide_fits = l.inter % 128 == 0 && l.dim % 256 == 0;
   if (tuning.pf_rows == 256 && !(use_wg && wide_fits))
     return invalid_argument(
         "moe: 256-row prefill CTAs need the wgmma prefill path, inter % 128 == 0 and dim % 256 == "
         "0");
-  const bool use_wide = use_wg && wide_fits && tuning.pf_rows == 256;
-  if (tuning.pf_abuf != 0 && tuning.pf_abuf != 2 && tuning.pf_abuf != 4)
-    return invalid_argument("moe: tuning.pf_abuf must be 0, 2 or 4");
-  if (tuning.pf_abuf == 4 && (!use_wg || use_wide))
-    return invalid_argument("moe: 4 A buffers need the wgmma prefill path with 128-row CTAs");
-  const bool use_deep = use_wg && tuning.pf_abuf == 4;
+  const bool use_wide = use_wg && wide_fits && tuning.pf_rows != 128;
   auto* xq8 = reinterpret_cast<uint8_t*>(ws + L.xq8);
   auto* xs = reinterpret_cast<float*>(ws + L.xs);
   auto* hq8 = reinterpret_cast<uint8_t*>(ws + L.hq8);
@@ -2696,9 +2654,8 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
                                                           stream);
   };
   if (bt == kPfTokens) {
-    DS_RETURN_IF_ERROR(launch_gemms_prefill(use_wg, use_wide, use_deep, g1, g2, tiles_bound,
-                                            l.inter, l.dim, h, hq, total_rows, rows_bound, fp8,
-                                            pdl, stream));
+    DS_RETURN_IF_ERROR(launch_gemms_prefill(use_wg, use_wide, g1, g2, tiles_bound, l.inter, l.dim,
+                                            h, hq, total_rows, rows_bound, fp8, pdl, stream));
   } else if (use_f8) {
     // K split and ring of the FP8 path, measured on H200 (bench_moe, session 5): K split 4 at
     // T = 1 (80.6 us vs 84.9 with 2: 896 CTAs instead of 448 for the 7 groups, < 2 waves at 3

@@ -123,14 +123,10 @@ struct MoeTuning {
   // Prefill paths (128-row tiles): 0 launches the N blocks of a tile side by side (its activation
   // rows read from HBM once), 1 the tiles side by side (the order before session 20; NOTES.md).
   int pf_raster = 0;
-  // The wgmma prefill kernel's weight rows per CTA: 128 (the default) or 256 (gate/up: 128 inter
-  // columns, down: 256 outputs; needs inter % 128 == 0 and dim % 256 == 0), which reads each
-  // activation chunk into shared memory once for twice the MMAs (NOTES.md, session 21).
+  // The wgmma prefill kernel's weight rows per CTA: 256 (gate/up: 128 inter columns, down: 256
+  // outputs; each activation chunk copied into shared memory feeds twice the MMAs), the default
+  // where inter % 128 == 0 and dim % 256 == 0, else 128 (NOTES.md, session 21).
   int pf_rows = 0;
-  // The wgmma prefill kernel's A-fragment register buffers per warpgroup: 2 (the default: it
-  // dequantizes while one of its wgmma groups runs) or 4 (while up to three run; FP4 tiles of the
-  // 128-row CTAs, a fifth shared-memory slot; NOTES.md, session 21).
-  int pf_abuf = 0;
   // 1: every MoE kernel launched as a programmatic dependent of the stream's previous kernel (PDL,
   // sm_90+; each waits for it at its start, so only the launch overlaps; DEEPSERVE_OPS_PDL=0 turns
   // the attribute off); 0: plain launches, the default (no step-level gain: NOTES.md, session 20).
