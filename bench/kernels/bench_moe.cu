@@ -483,14 +483,15 @@ int main(int argc, char** argv) {
       t.pf_raster = 1;
       cases.push_back({4096, t});
     }
-    // The wgmma prefill kernel's CTAs of 128 weight rows (MoeTuning::pf_rows) next to the 256-row
-    // default rows above (path 4 forced at 512 / 1024, the default at 4096 / 8192).
+    // The wgmma prefill kernel's other CTA width (MoeTuning::pf_rows; MXFP4: 128 weight rows next
+    // to the 256-row default rows above, NVFP4: 256 next to 128; path 4 forced at 512 / 1024, the
+    // default at 4096 / 8192).
     if (layer->pf_wgmma) {
       const std::vector<int64_t> ts = mx ? std::vector<int64_t>{512, 1024, 4096, 8192}
                                          : std::vector<int64_t>{4096};
       for (int64_t T : ts) {
         cuda::MoeTuning t{0, 0, 4, 0};
-        t.pf_rows = 128;
+        t.pf_rows = mx ? 128 : 256;
         cases.push_back({T, t});
       }
     }

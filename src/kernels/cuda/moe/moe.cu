@@ -2328,6 +2328,7 @@ MoeDeviceLayer& MoeDeviceLayer::operator=(MoeDeviceLayer&& o) noexcept {
     fp8_mma = o.fp8_mma;
     fp8_f16 = o.fp8_f16;
     pf_wgmma = o.pf_wgmma;
+    pf_wide = o.pf_wide;
     o.experts = nullptr;
   }
   return *this;
@@ -2438,6 +2439,13 @@ Result<MoeDeviceLayer> MoeDeviceLayer::create(const cpu::MoeParams& p) {
     if (wg && l.add_shared) wg = expert_ok(p.shared);
     if (wg) DS_CUDA_RETURN_IF_ERROR(set_prefill_smem_attributes(true));
     l.pf_wgmma = wg;
+    // The 256-row CTAs by default where they divide the shapes, except over NVFP4 routed experts
+    // (session 21: 2% slower than the 128-row CTAs there, on H100 and H200; MXFP4 2-7% faster).
+    bool nvfp4 = false;
+    for (int64_t e = l.expert_begin; e < l.expert_end; ++e)
+      nvfp4 = nvfp4 || p.experts[e].w1.format == WeightFormat::kNvfp4 ||
+              p.experts[e].w2.format == WeightFormat::kNvfp4;
+    l.pf_wide = wg && l.inter % 128 == 0 && l.dim % 256 == 0 && !nvfp4;
   }
   const size_t bytes = table.size() * sizeof(MoeDeviceExpert);
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&l.experts), bytes));
@@ -2574,14 +2582,13 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
     return invalid_argument("moe: tuning.pf_raster must be 0 or 1");
   if (tuning.pf_rows != 0 && tuning.pf_rows != 128 && tuning.pf_rows != 256)
     return invalid_argument("moe: tuning.pf_rows must be 0, 128 or 256");
-  // The wgmma kernel's CTAs of 256 weight rows, the default where the N blocks divide the shapes
-  // (session 21, H100: GEMMs -7% at T = 1024, -2% at 8192, within the spread at 4096; NOTES.md).
+  // The wgmma kernel's CTAs of 256 weight rows: forced, or the layer's default (pf_wide).
   const bool wide_fits = l.inter % 128 == 0 && l.dim % 256 == 0;
   if (tuning.pf_rows == 256 && !(use_wg && wide_fits))
     return invalid_argument(
         "moe: 256-row prefill CTAs need the wgmma prefill path, inter % 128 == 0 and dim % 256 == "
         "0");
-  const bool use_wide = use_wg && wide_fits && tuning.pf_rows != 128;
+  const bool use_wide = use_wg && (tuning.pf_rows == 256 || (tuning.pf_rows == 0 && l.pf_wide));
   auto* xq8 = reinterpret_cast<uint8_t*>(ws + L.xq8);
   auto* xs = reinterpret_cast<float*>(ws + L.xs);
   auto* hq8 = reinterpret_cast<uint8_t*>(ws + L.hq8);

@@ -88,6 +88,9 @@ class MoeDeviceLayer {
   // the prefill tiles (128 rows) run on wgmma with the weights dequantized into registers
   // (expert_gemm_wg_kernel) instead of the bf16 mma.sync kernel (expert_gemm_pf_kernel).
   bool pf_wgmma = false;
+  // Set by create() with pf_wgmma when inter % 128 == 0, dim % 256 == 0 and no routed expert is
+  // NVFP4: that kernel runs in CTAs of 256 weight rows by default (MoeTuning::pf_rows).
+  bool pf_wide = false;
 
   // Turns off the FP8-path variants whose scale folding the layer's largest MXFP4 e8m0 code
   // (max_mxfp4_scale_code) would overflow: the f16 variant above kMoeF16MaxScaleCode, the FP8 path
@@ -124,8 +127,9 @@ struct MoeTuning {
   // rows read from HBM once), 1 the tiles side by side (the order before session 20; NOTES.md).
   int pf_raster = 0;
   // The wgmma prefill kernel's weight rows per CTA: 256 (gate/up: 128 inter columns, down: 256
-  // outputs; each activation chunk copied into shared memory feeds twice the MMAs), the default
-  // where inter % 128 == 0 and dim % 256 == 0, else 128 (NOTES.md, session 21).
+  // outputs; each activation chunk copied into shared memory feeds twice the MMAs; needs
+  // inter % 128 == 0 and dim % 256 == 0) or 128; 0 = the layer's default (pf_wide; NOTES.md,
+  // session 21).
   int pf_rows = 0;
   // 1: every MoE kernel launched as a programmatic dependent of the stream's previous kernel (PDL,
   // sm_90+; each waits for it at its start, so only the launch overlaps; DEEPSERVE_OPS_PDL=0 turns
