@@ -797,11 +797,10 @@ TEST_F(MoeCuda, WgmmaWidePrefillVariants) {
   run_case(c);
 }
 
-// 256-row CTAs bit for bit against 128-row ones and the oracle (tiny
-// shapes, in the memcheck filter): many groups (T = 512, with the FP8-block shared expert's tiles:
-// three slots, one chunk ahead), one group of 32 full tiles (skewed T = 4096), NVFP4 at ~88 rows
-// per expert, both grid orders; bad widths and a width on the wrong path are refused. Skipped
-// (printed) off sm_90.
+// 256-row CTAs bit for bit against 128-row ones and the oracle (tiny shapes, in the memcheck
+// filter): many groups (T = 512, with the FP8-block shared expert's tiles: three slots, one chunk
+// ahead), one group of 32 full tiles (skewed T = 4096), NVFP4 at ~88 rows per expert, both grid
+// orders; bad widths and a width on the wrong path are refused. Skipped (printed) off sm_90.
 TEST_F(MoeCuda, TinyWidePrefillCtas) {
   for (Case c : {Case{"tiny mxfp4 wide", kTiny, WeightFormat::kMxfp4, 512},
                  Case{"tiny skew mxfp4 wide", kTiny, WeightFormat::kMxfp4, 4096, true},
