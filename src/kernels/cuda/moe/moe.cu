@@ -1783,10 +1783,10 @@ __device__ __forceinline__ void mma_half(float (&acc)[64], const uint32_t (&a)[4
 // N: the wgmma width, the tile's valid rows rounded up to 32 (the columns past them are dropped).
 // kRg: m64 row groups per warpgroup. 1: the CTA's 128 weight rows (N block nb of 64 inter columns
 // for gate/up, 128 outputs for down); 2 (the wide CTAs): 256 weight rows (128 inter columns / 256
-// outputs), so each activation chunk copied into shared memory feeds twice the MMAs (half the L2 ->
-// SM traffic per FLOP). Row group v = kRg wg + rg of the CTA holds the weight rows 64 v .. 64 v + 63
-// in the layout of the narrow tile's warpgroup v. The wide FP8-block tiles (twice the raw bytes)
-// copy one chunk ahead into three slots.
+// outputs), so each activation chunk copied into shared memory feeds twice the MMAs (half the
+// L2 -> SM traffic per FLOP). Row group v = kRg wg + rg of the CTA holds the weight rows
+// 64 v .. 64 v + 63 in the layout of the narrow tile's warpgroup v. The wide FP8-block tiles
+// (twice the raw bytes) copy one chunk ahead into three slots.
 template <bool kFused, int FMT, int N, int kRg = 1>
 __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert& ex, int g,
                                         int base, int row0, int rows, int64_t nb, uint8_t* smem) {
@@ -2033,22 +2033,21 @@ __global__ void __launch_bounds__(kWgThreads, 1) expert_gemm_wg_kernel(GemmArgs 
   const int64_t nb = pf_n_block(a);
   // One instantiation per (format, wgmma width): a width chosen inside the K loop made ptxas
   // serialize the wgmmas (C7515: the branches' accumulator moves).
-  const auto run = [&](auto fmt_c, auto rg_c, int64_t n_block) {
-    constexpr int F = decltype(fmt_c)::value, R = decltype(rg_c)::value;
+  const auto run = [&](auto fmt_c) {
+    constexpr int F = decltype(fmt_c)::value;
     switch ((rows + 31) >> 5) {
-      case 1: wg_tile<kFused, F, 32, R>(a, ex, g, base, row0, rows, n_block, smem); break;
-      case 2: wg_tile<kFused, F, 64, R>(a, ex, g, base, row0, rows, n_block, smem); break;
-      case 3: wg_tile<kFused, F, 96, R>(a, ex, g, base, row0, rows, n_block, smem); break;
-      default: wg_tile<kFused, F, 128, R>(a, ex, g, base, row0, rows, n_block, smem); break;
+      case 1: wg_tile<kFused, F, 32, kRg>(a, ex, g, base, row0, rows, nb, smem); break;
+      case 2: wg_tile<kFused, F, 64, kRg>(a, ex, g, base, row0, rows, nb, smem); break;
+      case 3: wg_tile<kFused, F, 96, kRg>(a, ex, g, base, row0, rows, nb, smem); break;
+      default: wg_tile<kFused, F, 128, kRg>(a, ex, g, base, row0, rows, nb, smem); break;
     }
   };
-  using Rg = std::integral_constant<int, kRg>;
   if (fmt == int(WeightFormat::kMxfp4)) {
-    run(std::integral_constant<int, int(WeightFormat::kMxfp4)>{}, Rg{}, nb);
+    run(std::integral_constant<int, int(WeightFormat::kMxfp4)>{});
   } else if (fmt == int(WeightFormat::kNvfp4)) {
-    run(std::integral_constant<int, int(WeightFormat::kNvfp4)>{}, Rg{}, nb);
+    run(std::integral_constant<int, int(WeightFormat::kNvfp4)>{});
   } else {
-    run(std::integral_constant<int, int(WeightFormat::kFp8Block)>{}, Rg{}, nb);
+    run(std::integral_constant<int, int(WeightFormat::kFp8Block)>{});
   }
 #else
   (void)a;
@@ -2185,6 +2184,12 @@ Status launch_gemms_prefill(bool wg, bool wide, const GemmArgs& g1, const GemmAr
   DS_CUDA_RETURN_IF_ERROR(
       launch_pdl_if(pdl, down, grid(dim / (128 * rows_per_cta)), threads, smem, stream, g2));
   return ok_status();
+}
+
+// The wgmma kernel's CTAs of 256 weight rows need whole N blocks: 128 inter columns (gate/up) and
+// 256 outputs (down).
+bool wide_prefill_fits(const MoeDeviceLayer& l) {
+  return l.inter % 128 == 0 && l.dim % 256 == 0;
 }
 
 // Opts the prefill kernels into their dynamic shared memory on the current device (load time):
@@ -2445,7 +2450,7 @@ Result<MoeDeviceLayer> MoeDeviceLayer::create(const cpu::MoeParams& p) {
     for (int64_t e = l.expert_begin; e < l.expert_end; ++e)
       nvfp4 = nvfp4 || p.experts[e].w1.format == WeightFormat::kNvfp4 ||
               p.experts[e].w2.format == WeightFormat::kNvfp4;
-    l.pf_wide = wg && l.inter % 128 == 0 && l.dim % 256 == 0 && !nvfp4;
+    l.pf_wide = wg && wide_prefill_fits(l) && !nvfp4;
   }
   const size_t bytes = table.size() * sizeof(MoeDeviceExpert);
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&l.experts), bytes));
@@ -2583,8 +2588,7 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   if (tuning.pf_rows != 0 && tuning.pf_rows != 128 && tuning.pf_rows != 256)
     return invalid_argument("moe: tuning.pf_rows must be 0, 128 or 256");
   // The wgmma kernel's CTAs of 256 weight rows: forced, or the layer's default (pf_wide).
-  const bool wide_fits = l.inter % 128 == 0 && l.dim % 256 == 0;
-  if (tuning.pf_rows == 256 && !(use_wg && wide_fits))
+  if (tuning.pf_rows == 256 && !(use_wg && wide_prefill_fits(l)))
     return invalid_argument(
         "moe: 256-row prefill CTAs need the wgmma prefill path, inter % 128 == 0 and dim % 256 == "
         "0");
