@@ -126,12 +126,14 @@ void quantize_fp8_block(const std::vector<float>& w, int64_t n, int64_t k, QMatr
   }
 }
 
-std::unique_ptr<QMatrix> make_matrix(WeightFormat format, int64_t n, int64_t k, uint64_t seed) {
+// mult: a power of two scaling the random weights (MXFP4: the same codes, scale codes + log2 mult).
+std::unique_ptr<QMatrix> make_matrix(WeightFormat format, int64_t n, int64_t k, uint64_t seed,
+                                     float mult = 1.0f) {
   auto q = std::make_unique<QMatrix>();
   q->format = format;
   q->n = n;
   q->k = k;
-  const std::vector<float> w = random_vec(size_t(n * k), seed, 2.0f / std::sqrt(float(k)));
+  const std::vector<float> w = random_vec(size_t(n * k), seed, mult * 2.0f / std::sqrt(float(k)));
   if (format == WeightFormat::kMxfp4) {
     q->data.resize(size_t(n * k / 2));
     q->scale.resize(size_t(n * k / 32));
@@ -154,22 +156,24 @@ struct Shape {
 constexpr Shape kTiny{256, 128, 8, 2, 8};
 constexpr Shape kFlash{4096, 2048, 256, 6, 4};
 
-// Weights of one layer shape and routed format (built once per shape/format, kept for all cases).
+// Weights of one layer shape and routed format (built once per shape/format, kept for all cases);
+// w2_log2 scales the routed w2 matrices by 2^w2_log2.
 struct LayerWeights {
   Shape shape;
   WeightFormat format;
+  int w2_log2 = 0;
   std::vector<std::unique_ptr<QMatrix>> pool;  // [pool][3]: w1, w3, w2
   std::unique_ptr<QMatrix> shared[3];
   std::vector<float> gate;
   std::unique_ptr<DeviceBuffer<float>> d_gate;
   std::vector<cpu::ExpertWeights> host_experts, device_experts;
 
-  LayerWeights(Shape s, WeightFormat f) : shape(s), format(f) {
+  LayerWeights(Shape s, WeightFormat f, int w2_log2_) : shape(s), format(f), w2_log2(w2_log2_) {
     const uint64_t seed = 1000 + uint64_t(f) * 100 + uint64_t(s.dim);
     for (int64_t p = 0; p < s.pool; ++p) {
       pool.push_back(make_matrix(f, s.inter, s.dim, seed + 3 * p));
       pool.push_back(make_matrix(f, s.inter, s.dim, seed + 3 * p + 1));
-      pool.push_back(make_matrix(f, s.dim, s.inter, seed + 3 * p + 2));
+      pool.push_back(make_matrix(f, s.dim, s.inter, seed + 3 * p + 2, std::ldexp(1.0f, w2_log2)));
     }
     shared[0] = make_matrix(WeightFormat::kFp8Block, s.inter, s.dim, seed + 77);
     shared[1] = make_matrix(WeightFormat::kFp8Block, s.inter, s.dim, seed + 78);
@@ -187,11 +191,11 @@ struct LayerWeights {
   }
 };
 
-LayerWeights& layer_weights(Shape s, WeightFormat f) {
+LayerWeights& layer_weights(Shape s, WeightFormat f, int w2_log2 = 0) {
   static std::vector<std::unique_ptr<LayerWeights>> cache;
   for (auto& l : cache)
-    if (l->shape.dim == s.dim && l->format == f) return *l;
-  cache.push_back(std::make_unique<LayerWeights>(s, f));
+    if (l->shape.dim == s.dim && l->format == f && l->w2_log2 == w2_log2) return *l;
+  cache.push_back(std::make_unique<LayerWeights>(s, f, w2_log2));
   return *cache.back();
 }
 
@@ -216,11 +220,17 @@ struct Case {
   // Other tunings whose forward must give the same y bit for bit (the wgmma kernel's CTA widths:
   // each output element is the same sequence of wgmmas on the same operands).
   std::vector<cuda::MoeTuning> bit_equal;
+  int w2_log2 = 0;  // the routed w2 weights scaled by 2^w2_log2 (LayerWeights)
+  // The layer limited to its largest MXFP4 scale code after create(), as CudaOps does
+  // (MoeDeviceLayer::limit_to_scale_code); then the wgmma prefill kernel must stay as create() set
+  // it (wgmma_kept) or be off.
+  bool limit_scale_codes = false;
+  bool wgmma_kept = true;
 };
 
 void run_case(const Case& c) {
   const Shape s = c.shape;
-  LayerWeights& lw = layer_weights(s, c.format);
+  LayerWeights& lw = layer_weights(s, c.format, c.w2_log2);
   const int64_t T = c.T, D = s.dim, E = s.experts, K = s.topk;
 
   std::vector<float> x = random_vec(size_t(T * D), 7 + uint64_t(T), 1.0f);
@@ -278,6 +288,12 @@ void run_case(const Case& c) {
 
   auto layer = cuda::MoeDeviceLayer::create(dp);
   ASSERT_TRUE(layer.ok()) << layer.status().message();
+  if (c.limit_scale_codes) {
+    const bool wg = layer->pf_wgmma;
+    layer->limit_to_scale_code(cuda::max_mxfp4_scale_code(lw.host_experts.data(), 0, E, &hp.shared));
+    EXPECT_EQ(layer->pf_wgmma, c.wgmma_kept && wg);
+    std::printf("[%s] wgmma prefill kernel %s\n", c.name.c_str(), layer->pf_wgmma ? "on" : "off");
+  }
   if (c.tuning.path == 2 && !layer->fp8_mma) {
     std::printf("[%s] no FP8 mma.sync on this device: FP8 path not run\n", c.name.c_str());
     return;
@@ -747,6 +763,32 @@ TEST_F(MoeCuda, ProgrammaticDependentLaunch) {
   run_case(bad);
 }
 
+// The wgmma prefill kernel's scale folding at its limit: the routed w2 weights scaled so that the
+// layer's largest MXFP4 code is kMoeWgMaxScaleCode (the kernel's bf16 multiplier is then 2^127, the
+// largest finite power of two; sm_90 runs it), then one above (limit_to_scale_code turns the kernel
+// off and the mma.sync prefill kernel takes the layer; unlimited, it would give NaN).
+TEST_F(MoeCuda, TinyWgmmaScaleCodeLimit) {
+  const LayerWeights& base = layer_weights(kTiny, WeightFormat::kMxfp4);
+  int w2_max = 0;
+  for (int64_t p = 0; p < kTiny.pool; ++p) {
+    const std::vector<uint8_t>& sc = base.pool[size_t(3 * p + 2)]->scale;
+    w2_max = std::max(w2_max, int(*std::max_element(sc.begin(), sc.end())));
+  }
+  ASSERT_GT(w2_max, 100);
+  ASSERT_LT(w2_max, cuda::kMoeWgMaxScaleCode);
+  for (int over : {0, 1}) {
+    Case c{over ? "tiny mxfp4 code above the wgmma limit" : "tiny mxfp4 code at the wgmma limit",
+           kTiny, WeightFormat::kMxfp4, 512};
+    c.w2_log2 = cuda::kMoeWgMaxScaleCode + over - w2_max;
+    const LayerWeights& lw = layer_weights(kTiny, WeightFormat::kMxfp4, c.w2_log2);
+    ASSERT_EQ(cuda::max_mxfp4_scale_code(lw.host_experts.data(), 0, kTiny.experts, nullptr),
+              cuda::kMoeWgMaxScaleCode + over);
+    c.limit_scale_codes = true;
+    c.wgmma_kept = over == 0;
+    run_case(c);
+  }
+}
+
 // Tiny-shape cases of the PDL launches, named Tiny* so that the device script's compute-sanitizer
 // memcheck (filter MoeCuda.Tiny*) covers them.
 TEST_F(MoeCuda, TinyPdl) {
@@ -857,8 +899,9 @@ namespace ds {
 namespace {
 
 // Host only (runs without a GPU too): the largest MXFP4 scale code of a layer and the FP8-path
-// variants it leaves on. Codes are planted at random places of fresh random scale arrays; FP8
-// block matrices (whose scales are no e8m0 exponent the path folds) are not counted.
+// and wgmma prefill variants it leaves on. Codes are planted at random places of fresh random
+// scale arrays; FP8 block matrices (whose scales are no e8m0 exponent the path folds) are not
+// counted.
 TEST(MoeScaleCodes, LargestMxfp4CodeDecidesTheFp8Variants) {
   constexpr int64_t kInter = 64, kDim = 128;
   Rng rng(77);
@@ -895,18 +938,21 @@ TEST(MoeScaleCodes, LargestMxfp4CodeDecidesTheFp8Variants) {
   fp8[0].w1.format = fp8[0].w2.format = fp8[0].w3.format = WeightFormat::kFp8Block;
   EXPECT_EQ(cuda::max_mxfp4_scale_code(fp8.data(), 0, 1, nullptr), -1);
 
+  // (fp8_mma, fp8_f16, pf_wgmma, pf_wide) left on by the code.
   auto variants = [](int code) {
     cuda::MoeDeviceLayer l;
-    l.fp8_mma = true;
-    l.fp8_f16 = true;
+    l.fp8_mma = l.fp8_f16 = l.pf_wgmma = l.pf_wide = true;
     l.limit_to_scale_code(code);
-    return std::pair<bool, bool>(l.fp8_mma, l.fp8_f16);
+    return std::vector<bool>{l.fp8_mma, l.fp8_f16, l.pf_wgmma, l.pf_wide};
   };
-  EXPECT_EQ(variants(127), std::make_pair(true, true));
-  EXPECT_EQ(variants(cuda::kMoeF16MaxScaleCode), std::make_pair(true, true));
-  EXPECT_EQ(variants(cuda::kMoeF16MaxScaleCode + 1), std::make_pair(true, false));
-  EXPECT_EQ(variants(cuda::kMoeF8MaxScaleCode), std::make_pair(true, false));
-  EXPECT_EQ(variants(cuda::kMoeF8MaxScaleCode + 1), std::make_pair(false, false));
+  using V = std::vector<bool>;
+  EXPECT_EQ(variants(127), V({true, true, true, true}));
+  EXPECT_EQ(variants(cuda::kMoeWgMaxScaleCode), V({true, true, true, true}));
+  EXPECT_EQ(variants(cuda::kMoeWgMaxScaleCode + 1), V({true, true, false, false}));
+  EXPECT_EQ(variants(cuda::kMoeF16MaxScaleCode), V({true, true, false, false}));
+  EXPECT_EQ(variants(cuda::kMoeF16MaxScaleCode + 1), V({true, false, false, false}));
+  EXPECT_EQ(variants(cuda::kMoeF8MaxScaleCode), V({true, false, false, false}));
+  EXPECT_EQ(variants(cuda::kMoeF8MaxScaleCode + 1), V({false, false, false, false}));
 }
 
 }  // namespace

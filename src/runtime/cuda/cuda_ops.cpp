@@ -1774,9 +1774,10 @@ Status CudaOps::build_moe_layers() {
     dev.experts = experts.data();
     dev.shared = {lin(site.shared.w1), lin(site.shared.w2), lin(site.shared.w3)};
     DS_ASSIGN_OR_RETURN(cuda::MoeDeviceLayer layer, cuda::MoeDeviceLayer::create(dev));
-    // Scale codes the FP8 path's exponent folding cannot hold fall back to slower variants
-    // (a host pass over the layer's MXFP4 scales, 1/32 of its expert bytes).
-    if (layer.fp8_mma) {
+    // Scale codes the FP8 path's or the wgmma prefill kernel's exponent folding cannot hold fall
+    // back to slower variants (a host pass over the layer's MXFP4 scales, 1/32 of its expert
+    // bytes).
+    if (layer.fp8_mma || layer.pf_wgmma) {
       layer.limit_to_scale_code(cuda::max_mxfp4_scale_code(
           L.experts.data(), first, last, site.add_shared ? &site.shared : nullptr));
     }

@@ -545,8 +545,9 @@ __global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(RouteArgs ra, 
 // Half a warp per 128-element block: bf16 of the FP8 simulation (exact in bf16) or of the value.
 // With out8 (FP8 path) the e4m3 codes go to out8 [rows, len] and the scales to scale8
 // [rows, len / 128]; out (bf16) is then nullable. With permute (the sm_90a prefill path) every
-// output (out and out8) holds each 128-block in wg_tile's K order: position 16 kk + 8 h + 2 t + e
-// holds element 32 t + 4 kk + 2 h + e, so lane `sub` loads elements 32 i + 2 sub + {0, 1}.
+// output (out and out8) holds each 128-block in wg_tile's K order: position
+// 16 kk + 8 h + 2 t + e holds element 32 t + 16 (kk / 4) + 8 (kk / 2 % 2) + 2 (kk % 2) + h + 4 e,
+// so lane `sub` (= 2 kk + h) loads elements 32 t + 4 e + (sub & 12) * 2 + (sub & 3).
 // The two blocks 2 warp and 2 warp + 1 of in [rows, len] (half a warp each; the whole warp calls).
 __device__ __forceinline__ void quant_rows_warp(int64_t warp, const float* __restrict__ in,
                                                 int64_t len, int64_t rows,
@@ -561,13 +562,9 @@ __device__ __forceinline__ void quant_rows_warp(int64_t warp, const float* __res
   const int64_t col = active ? (block % bpr) * kChunk + sub * 8 : 0;  // output position
   float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (active && permute) {
-    const float* src = in + row * len + (col - sub * 8) + 2 * sub;
+    const float* src = in + row * len + (col - sub * 8) + (sub & 12) * 2 + (sub & 3);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 p = *reinterpret_cast<const float2*>(src + 32 * i);
-      v[2 * i] = p.x;
-      v[2 * i + 1] = p.y;
-    }
+    for (int i = 0; i < 8; ++i) v[i] = src[32 * (i >> 1) + 4 * (i & 1)];
   } else if (active) {
     const float4 p0 = *reinterpret_cast<const float4*>(in + row * len + col);
     const float4 p1 = *reinterpret_cast<const float4*>(in + row * len + col + 4);
@@ -1459,6 +1456,22 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16x8(uint32_t w, uint32_t s2) {
   return o;
 }
 
+// 8 e2m1 codes (nibble i = element i) -> 4 bf16x2 of 2^-126 times the values; word j holds
+// elements j (low half) and j + 4 (high half). Each code's magnitude bits (e1 e0 m) land on bf16
+// bits 8..6 (the two lowest exponent bits and the top mantissa bit: exponent field e1 e0, so code
+// 1, 0.5, is the subnormal 2^-127) and its sign on bit 15: exact for every code. Per word: a mask,
+// a multiply that writes the nibble at bits 6..9 and 12..15 at once (on the FMA pipe, disjoint
+// bits: no carries) and a mask keeping bits 15 and 8..6 of each half; one shift per 8 codes. About
+// half the integer-pipe instructions of e2m1x8_to_bf16x8 (session 22, NOTES.md).
+__device__ __forceinline__ void e2m1x8_to_bf16_tiny(uint32_t w, uint32_t (&o)[4]) {
+  constexpr uint32_t kKeep = 0x81C081C0u;
+  const uint32_t w8 = w >> 8;
+  o[0] = ((w & 0x000F000Fu) * 0x1040u) & kKeep;   // nibbles 0, 4: << 6 and << 12
+  o[1] = ((w & 0x00F000F0u) * 0x0104u) & kKeep;   // nibbles 1, 5: << 2 and << 8
+  o[2] = ((w8 & 0x000F000Fu) * 0x1040u) & kKeep;  // nibbles 2, 6
+  o[3] = ((w8 & 0x00F000F0u) * 0x0104u) & kKeep;  // nibbles 3, 7
+}
+
 // e8m0 code -> bf16 bits (bf16 has the same 8-bit exponent; 0 is the subnormal 2^-127, 255 NaN).
 __device__ __forceinline__ uint32_t e8m0_to_bf16_bits(uint32_t c) {
   return c == 0 ? 0x0040u : c == 255 ? 0x7FC0u : (c << 7);
@@ -1468,6 +1481,21 @@ __device__ __forceinline__ uint32_t bf16_bits(float v) {
   __nv_bfloat16 b = __float2bfloat16_rn(v);
   return uint32_t(*reinterpret_cast<uint16_t*>(&b));
 }
+
+// The bf16 multiplier that turns e2m1x8_to_bf16_tiny's 2^-126 v into 2^-8 times the dequantized
+// weight (the wgmma kernel's epilogue multiplies by 2^8, kWgFoldBack). MXFP4 (e8m0 code c):
+// 2^(c - 127 + 118), bf16 exponent field c + 118: finite for c <= kMoeWgMaxScaleCode (136; larger
+// codes give NaN, and MoeDeviceLayer::limit_to_scale_code turns the kernel off for such layers).
+// NVFP4 (e4m3 code): e4m3 * 2^118 <= 448 * 2^118 < 2^127. The products v * scale * 2^-8 are the
+// exact bf16 values (at most 6 significant bits; NVFP4 within [2^-18, 2^11]; MXFP4 for codes
+// >= 4, block scales from 2^-123 up).
+__device__ __forceinline__ uint32_t wg_scale_bits_mx(uint32_t c) {
+  return c <= uint32_t(kMoeWgMaxScaleCode) ? (c + 118u) << 7 : 0x7FC0u;
+}
+__device__ __forceinline__ uint32_t wg_scale_bits_nv(uint32_t c) {
+  return bf16_bits(e4m3_to_float_dev(c) * 0x1p118f);
+}
+constexpr float kWgFoldBack = 256.0f;
 
 template <int FMT>
 struct PfRaw {
@@ -1720,11 +1748,13 @@ __global__ void __launch_bounds__(kPfThreads, 2) expert_gemm_pf_kernel(GemmArgs 
 //   - two halves of 64 K: wait until the wgmma group that last read this half's A registers is
 //     done, dequantize (the previous group runs on the tensor cores meanwhile), 4 wgmma, commit.
 // K order: lane t4 owns the 32 elements [32 t4, 32 t4 + 32) of a chunk (one MXFP4 block, two NVFP4
-// blocks), and its A fragment of k16 step kk holds elements 32 t4 + 4 kk + {0..3}, i.e. logical k
-// 16 kk + {2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9}. The activations must be stored in that logical
-// order: quant_rows_kernel's `permute` writes element 32 t + 4 kk + 2 h + e of every 128-block to
-// position 16 kk + 8 h + 2 t + e (wg_logical_k). The sum is the same; only its fp32 order differs
-// from the other kernels (deterministic: each output element is one fixed sequence of wgmmas).
+// blocks); half hh (k16 steps 4 hh .. 4 hh + 3) takes the 16 elements 32 t4 + 16 hh + {0..15}, and
+// its A fragment of step kk holds, in register half h (logical k 16 kk + 8 h + 2 t4 + e), element
+// 32 t4 + 16 (kk / 4) + 8 (kk / 2 % 2) + 2 (kk % 2) + h + 4 e: each 32-bit word of 8 FP4 codes
+// gives the pairs (i, i + 4) that e2m1x8_to_bf16_tiny makes with one mask-multiply-mask each. The
+// activations must be stored in that logical order: quant_rows_kernel's `permute` writes them.
+// The sum is the same; only its fp32 order differs from the other kernels (deterministic: each
+// output element is one fixed sequence of wgmmas).
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DS_MOE_WGMMA_PATH 1
 #else
@@ -1822,8 +1852,10 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
   const uint8_t* wdata[2] = {kFused ? ex.data[0] : ex.data[2], kFused ? ex.data[1] : ex.data[2]};
   const uint8_t* wscale[2] = {kFused ? ex.scale[0] : ex.scale[2],
                               kFused ? ex.scale[1] : ex.scale[2]};
-  const float gscale0 = kFused ? ex.global_scale[0] : ex.global_scale[2];
-  const float gscale1 = kFused ? ex.global_scale[1] : ex.global_scale[2];
+  // FP4: the dequantized weights are 2^-8 times the true ones (wg_scale_bits_mx / _nv).
+  const float fold = kFp8 ? 1.0f : kWgFoldBack;
+  const float gscale0 = (kFused ? ex.global_scale[0] : ex.global_scale[2]) * fold;
+  const float gscale1 = (kFused ? ex.global_scale[1] : ex.global_scale[2]) * fold;
 
   // Activation rows: thread tid copies 16-byte unit (tid & 7) of atom (tid >> 3) & 1 of tile rows
   // (tid >> 4) + 16 j.
@@ -1934,34 +1966,42 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
         wgmma::wait<1>();
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
+          // The half's 16 elements e0..e15 (K order of the lane's bytes) in the fragments of its
+          // four k16 steps: step kk, register half h0 = elements 8 (kk / 2) + 2 (kk % 2) + h0 and
+          // that + 4: the pairs e2m1x8_to_bf16_tiny makes of each 32-bit word.
           if constexpr (kFp8) {
             const uint4 q = *reinterpret_cast<const uint4*>(
                 raw + ((4 * rg + h * 2 + r) * kWgThreads + tid) * 16);
             const float f = fsc[rg][r];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const uint32_t w = word(q, i);
-              const float2 f0 = e4m3x2_to_float2(w), f1 = e4m3x2_to_float2(w >> 16);
-              afr[b][i][r] = pack_bf16x2(f0.x * f, f0.y * f);
-              afr[b][i][2 + r] = pack_bf16x2(f1.x * f, f1.y * f);
+            for (int i = 0; i < 2; ++i) {
+              const uint32_t lo = word(q, 2 * i), hi = word(q, 2 * i + 1);
+#pragma unroll
+              for (int p = 0; p < 2; ++p) {
+                // bytes (2p, 2p + 4, 2p + 1, 2p + 5) of the 8 elements lo:hi
+                const uint32_t w = __byte_perm(lo, hi, p == 0 ? 0x5140 : 0x7362);
+                const float2 f0 = e4m3x2_to_float2(w), f1 = e4m3x2_to_float2(w >> 16);
+                afr[b][2 * i + p][r] = pack_bf16x2(f0.x * f, f0.y * f);
+                afr[b][2 * i + p][2 + r] = pack_bf16x2(f1.x * f, f1.y * f);
+              }
             }
           } else {
             const uint2 q = *reinterpret_cast<const uint2*>(
                 raw + ((2 * rg + r) * kWgThreads + tid) * 16 + 8 * h);
             uint32_t bits;
             if constexpr (kMx) {
-              bits = e8m0_to_bf16_bits(scl[(lrow[rg] + 8 * r) * 8 + t4]);
+              bits = wg_scale_bits_mx(scl[(lrow[rg] + 8 * r) * 8 + t4]);
             } else {
-              bits = bf16_bits(e4m3_to_float_dev(scl[(lrow[rg] + 8 * r) * 8 + 2 * t4 + h]));
+              bits = wg_scale_bits_nv(scl[(lrow[rg] + 8 * r) * 8 + 2 * t4 + h]);
             }
             const uint32_t s2 = bits | (bits << 16);
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
-              const uint4 o = e2m1x8_to_bf16x8(i == 0 ? q.x : q.y, s2);
-              afr[b][2 * i][r] = o.x;
-              afr[b][2 * i][2 + r] = o.y;
-              afr[b][2 * i + 1][r] = o.z;
-              afr[b][2 * i + 1][2 + r] = o.w;
+              uint32_t o[4];
+              e2m1x8_to_bf16_tiny(i == 0 ? q.x : q.y, o);
+#pragma unroll
+              for (int j = 0; j < 4; ++j)
+                afr[b][2 * i + j / 2][2 * (j % 2) + r] = bf16x2_mul(o[j], s2);
             }
           }
         }
@@ -2278,6 +2318,7 @@ MoeDeviceLayer::~MoeDeviceLayer() { release(); }
 void MoeDeviceLayer::limit_to_scale_code(int max_code) {
   if (max_code > kMoeF16MaxScaleCode) fp8_f16 = false;
   if (max_code > kMoeF8MaxScaleCode) fp8_mma = false;
+  if (max_code > kMoeWgMaxScaleCode) pf_wgmma = pf_wide = false;
 }
 
 int max_mxfp4_scale_code(const cpu::ExpertWeights* experts, int64_t begin, int64_t end,

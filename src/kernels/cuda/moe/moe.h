@@ -92,9 +92,10 @@ class MoeDeviceLayer {
   // NVFP4: that kernel runs in CTAs of 256 weight rows by default (MoeTuning::pf_rows).
   bool pf_wide = false;
 
-  // Turns off the FP8-path variants whose scale folding the layer's largest MXFP4 e8m0 code
-  // (max_mxfp4_scale_code) would overflow: the f16 variant above kMoeF16MaxScaleCode, the FP8 path
-  // altogether above kMoeF8MaxScaleCode (the bf16 path takes any code). CudaOps calls it at load.
+  // Turns off the kernels whose scale folding the layer's largest MXFP4 e8m0 code
+  // (max_mxfp4_scale_code) would overflow: the FP8 path's f16 variant above kMoeF16MaxScaleCode,
+  // the FP8 path altogether above kMoeF8MaxScaleCode, the wgmma prefill kernel (pf_wgmma, pf_wide)
+  // above kMoeWgMaxScaleCode (the bf16 paths take any code). CudaOps calls it at load.
   void limit_to_scale_code(int max_code);
 
  private:
@@ -106,6 +107,9 @@ class MoeDeviceLayer {
 // codes sit around 110-130.
 inline constexpr int kMoeF16MaxScaleCode = 240;
 inline constexpr int kMoeF8MaxScaleCode = 248;
+// The wgmma prefill kernel multiplies its 2^-126-placed e2m1 values by 2^(code - 9) in bf16
+// (2^8 comes back in the epilogue): finite up to this code (weights up to 6 * 2^9).
+inline constexpr int kMoeWgMaxScaleCode = 136;
 
 // The largest e8m0 scale code among the MXFP4 matrices of experts[begin, end) and of `shared`
 // (nullable), read from host memory; -1 when none of them is MXFP4.
