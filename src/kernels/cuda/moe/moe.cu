@@ -1956,13 +1956,18 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
         nsc[rg][1] = c + 1 < chunks ? fp8_scale(rg, 1, c + 1) : 0.0f;
       }
     }
+    // Groups in the order (row group, half): both halves of a row group's 16 raw bytes per row
+    // come from one 16-byte shared load (conflict-free at a 16-byte lane stride; two 8-byte loads
+    // there take twice the wavefronts), the second half kept in registers for the next group.
+    [[maybe_unused]] uint2 next[2];
+    [[maybe_unused]] uint32_t s2mx[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int rg = 0; rg < kRg; ++rg) {
 #pragma unroll
-      for (int rg = 0; rg < kRg; ++rg) {
+      for (int h = 0; h < 2; ++h) {
         // The group that last read this buffer (two groups back) must be done; the group issued
         // just before keeps the tensor cores busy during the dequantization.
-        const int b = (h * kRg + rg) & 1;
+        const int b = h;
         wgmma::wait<1>();
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -1986,15 +1991,26 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
               }
             }
           } else {
-            const uint2 q = *reinterpret_cast<const uint2*>(
-                raw + ((2 * rg + r) * kWgThreads + tid) * 16 + 8 * h);
-            uint32_t bits;
-            if constexpr (kMx) {
-              bits = wg_scale_bits_mx(scl[(lrow[rg] + 8 * r) * 8 + t4]);
+            uint2 q;
+            if (h == 0) {
+              const uint4 q4 = *reinterpret_cast<const uint4*>(
+                  raw + ((2 * rg + r) * kWgThreads + tid) * 16);
+              q = make_uint2(q4.x, q4.y);
+              next[r] = make_uint2(q4.z, q4.w);
             } else {
-              bits = wg_scale_bits_nv(scl[(lrow[rg] + 8 * r) * 8 + 2 * t4 + h]);
+              q = next[r];
             }
-            const uint32_t s2 = bits | (bits << 16);
+            uint32_t s2;
+            if constexpr (kMx) {  // one block per lane and chunk: both halves
+              if (h == 0) {
+                const uint32_t bits = wg_scale_bits_mx(scl[(lrow[rg] + 8 * r) * 8 + t4]);
+                s2mx[r] = bits | (bits << 16);
+              }
+              s2 = s2mx[r];
+            } else {
+              const uint32_t bits = wg_scale_bits_nv(scl[(lrow[rg] + 8 * r) * 8 + 2 * t4 + h]);
+              s2 = bits | (bits << 16);
+            }
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
               uint32_t o[4];
