@@ -1943,8 +1943,7 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
   for (int c = 0; c < chunks; ++c) {
     cp_async_wait<kAhead - 1>();  // this thread's copies of chunk c (later ones may be in flight)
     wgmma::fence_proxy_async();
-    __syncthreads();     // everyone's chunk c; every warpgroup is done with chunk c - 2
-    issue(c + kAhead);   // into chunk c - 2's slot
+    __syncthreads();  // everyone's chunk c; every warpgroup is done with chunk c - 2
     const int s = c % kSlots;
     const uint8_t* raw = smem + s * kSlotBytes + kWgActBytes;
     [[maybe_unused]] const uint8_t* scl = raw + kRawBytes;
@@ -2025,6 +2024,9 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
         const uint32_t b_addr = smem_addr + uint32_t(s * kSlotBytes + h * kWgAtomBytes);
         mma_half<N>(acc[rg], afr[b], b_addr, c == 0 && h == 0);
         wgmma::commit();
+        // The copies of chunk c + kAhead (into chunk c - 2's slot, free since the barrier) behind
+        // the chunk's first group, which keeps the tensor cores busy while they are issued.
+        if (rg == 0 && h == 0) issue(c + kAhead);
       }
     }
     if constexpr (kFp8) {
