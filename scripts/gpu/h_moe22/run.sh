@@ -3,8 +3,9 @@
 # Runs scripts/gpu/h_moe18/run.sh on the carried binaries (BINS, default build/c28/bins.tar.xz:
 # test_moe_cuda, bench_moe, test_cuda_ops of the change, plus bench_moe_prev / bench_moe_old of
 # earlier commits for an A/B in the same run), then the earlier benches on AB_CASES (GEMM rows to
-# stdout), then (NCU=1) the full SASS of the profiled kernel with its stall samples
-# (sass_dump.py) as $OUT/sass_<case>.txt. Files kept under OUT: at most 8 (the run tool's limit).
+# stdout), then (NCU=1) the SASS of the profiled kernels with their stall samples (sass_dump.py:
+# the sampled instructions) as $OUT/sass_<case>.txt.gz. Files kept under OUT: at most 8 (the run
+# tool's limit).
 #   scripts/gpu/h_moe22/run.sh [OUT_DIR]    env: as h_moe18/run.sh, AB_CASES
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -24,7 +25,7 @@ if [ "${NCU:-0}" = 1 ]; then
   for f in /tmp/ncu_*.csv; do
     [ -f "$f" ] || continue
     t="$(basename "$f" .csv)"
-    python3 scripts/gpu/h_moe22/sass_dump.py "$f" >"$out/sass_${t#ncu_}.txt" 2>&1
+    python3 scripts/gpu/h_moe22/sass_dump.py "$f" | gzip -9 >"$out/sass_${t#ncu_}.txt.gz"
   done
 fi
 rm -f "$out/gpu.txt"

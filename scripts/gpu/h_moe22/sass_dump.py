@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Every SASS instruction of an `ncu --page source --csv --print-source sass` export in address
-order with its share of the warp-stall samples and its two largest stall reasons (compact text, for
-reading a kernel's hot loop off the GPU machine).
+"""The SASS instructions of an `ncu --page source --csv --print-source sass` export that have
+warp-stall samples, in address order, with their share of the samples and their two largest stall
+reasons (compact text, for reading a kernel's hot loop off the GPU machine; gzip it).
    sass_dump.py FILE.csv > OUT.txt"""
 import csv, sys
 rows = list(csv.reader(open(sys.argv[1], newline='')))
@@ -21,6 +21,8 @@ def f(x):
         return 0.0
 tot = sum(f(r[samp]) for r in body) or 1
 for r in body:
+    if f(r[samp]) <= 0:
+        continue
     top = sorted(((f(r[i]), hdr[i][6:]) for i in stall), reverse=True)[:2]
     why = ' '.join(f'{n}:{v:.0f}' for v, n in top if v > 0)
     print(f'{r[addr] if addr is not None else ""} {f(r[samp]) / tot * 100:5.2f} {r[src].strip()[:80]:80s} {why}')
