@@ -312,16 +312,18 @@ Matrices make_fp4(cpu::WeightFormat f, int64_t rows, int64_t cols, int64_t count
 }  // namespace
 }  // namespace ds
 
-// DS_MOE_CASES="fmt:T:path:raster[:rows];..." (e.g. "mxfp4:4096:4:1", "mxfp4:4096:4:0:256") runs
-// only the forward cases with that weight format, token count, MoeTuning::path, pf_raster and (when
-// set) pf_rows (the heuristic's rows have path 0): one launch sequence for a profiler
+// DS_MOE_CASES="fmt:T:path:raster[:rows[:wgs]];..." (e.g. "mxfp4:4096:4:1", "mxfp4:4096:4:0:256",
+// "mxfp4:4096:4:0:256:4") runs only the forward cases with that weight format, token count,
+// MoeTuning::path, pf_raster and (when set) pf_rows and pf_wgs (the heuristic's rows have path 0):
+// one launch sequence for a profiler
 // (scripts/gpu/h_moe18/run.sh, NCU=1). Unset: every case.
 bool case_selected(const char* fmt, int64_t T, const ds::cuda::MoeTuning& t) {
   const char* env = std::getenv("DS_MOE_CASES");
   if (env == nullptr || *env == 0) return true;
   const std::string want = std::string(fmt) + ":" + std::to_string(T) + ":" +
                            std::to_string(t.path) + ":" + std::to_string(t.pf_raster) +
-                           (t.pf_rows != 0 ? ":" + std::to_string(t.pf_rows) : "");
+                           (t.pf_rows != 0 ? ":" + std::to_string(t.pf_rows) : "") +
+                           (t.pf_wgs != 0 ? ":" + std::to_string(t.pf_wgs) : "");
   std::string list = env;
   for (size_t b = 0; b <= list.size();) {
     const size_t e = std::min(list.find(';', b), list.size());
@@ -494,6 +496,13 @@ int main(int argc, char** argv) {
         t.pf_rows = mx ? 128 : 256;
         cases.push_back({T, t});
       }
+      // The 256-row CTAs as four warpgroups (MoeTuning::pf_wgs = 4; session 22).
+      for (int64_t T : ts) {
+        cuda::MoeTuning t{0, 0, 4, 0};
+        t.pf_rows = 256;
+        t.pf_wgs = 4;
+        cases.push_back({T, t});
+      }
     }
     for (const BenchCase& bc : cases) {
       const int64_t T = bc.T;
@@ -551,6 +560,7 @@ int main(int argc, char** argv) {
         if (bc.tuning.warps > 0) r.kernel += "_w" + std::to_string(bc.tuning.warps);
         if (bc.tuning.pf_raster == 1) r.kernel += "_tilesfirst";
         if (bc.tuning.pf_rows != 0) r.kernel += "_r" + std::to_string(bc.tuning.pf_rows);
+        if (bc.tuning.pf_wgs != 0) r.kernel += "_wgs" + std::to_string(bc.tuning.pf_wgs);
       }
       if (bc.tuning.pdl) r.kernel += "_pdl";
       char shape[160];

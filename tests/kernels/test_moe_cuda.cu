@@ -834,13 +834,24 @@ TEST_F(MoeCuda, WgmmaWidePrefillVariants) {
   Case c{"flash mxfp4 wide", kFlash, WeightFormat::kMxfp4, 4096};
   c.tuning = t;
   c.oracle_tokens = 12;
-  c.bit_equal = {t};
+  c.bit_equal = {t, t};
   c.bit_equal[0].pf_rows = 128;
+  c.bit_equal[1].pf_wgs = 4;
   run_case(c);
 }
 
-// 256-row CTAs bit for bit against 128-row ones and the oracle (tiny shapes, in the memcheck
-// filter): many groups (T = 512, with the FP8-block shared expert's tiles: three slots, one chunk
+// The 256-row CTAs as four warpgroups of one row group each (MoeTuning::pf_wgs = 4, 512 threads)
+// on run_prefill_variants' cases against the oracle; bit for bit against the two-warpgroup CTAs
+// in WgmmaWidePrefillVariants (Flash T = 4096) and TinyWidePrefillCtas.
+TEST_F(MoeCuda, WgmmaFourWarpgroupPrefillVariants) {
+  cuda::MoeTuning t{0, 0, 4, 0};
+  t.pf_rows = 256;
+  t.pf_wgs = 4;
+  run_prefill_variants(t, "wg256x4", {1, 16, 100, 200, 350, 512}, {1024, 2048});
+}
+
+// 256-row CTAs bit for bit against 128-row ones, against four-warpgroup 256-row ones, and the
+// oracle (tiny shapes, in the memcheck filter): many groups (T = 512, with the FP8-block shared expert's tiles: three slots, one chunk
 // ahead), one group of 32 full tiles (skewed T = 4096), NVFP4 at ~88 rows per expert, both grid
 // orders; bad widths and a width on the wrong path are refused. Skipped (printed) off sm_90.
 TEST_F(MoeCuda, TinyWidePrefillCtas) {
@@ -849,11 +860,12 @@ TEST_F(MoeCuda, TinyWidePrefillCtas) {
                  Case{"tiny nvfp4 wide", kTiny, WeightFormat::kNvfp4, 350}}) {
     c.tuning = {0, 0, 4, 0};
     c.tuning.pf_rows = 256;
-    c.bit_equal = {c.tuning};
+    c.bit_equal = {c.tuning, c.tuning};
     c.bit_equal[0].pf_rows = 128;
+    c.bit_equal[1].pf_wgs = 4;
     run_case(c);
     c.name += " tiles first";
-    for (cuda::MoeTuning* t : {&c.tuning, &c.bit_equal[0]}) t->pf_raster = 1;
+    for (cuda::MoeTuning* t : {&c.tuning, &c.bit_equal[0], &c.bit_equal[1]}) t->pf_raster = 1;
     run_case(c);
   }
   Case bad{"tiny bad cta rows", kTiny, WeightFormat::kMxfp4, 512};
@@ -865,6 +877,16 @@ TEST_F(MoeCuda, TinyWidePrefillCtas) {
   bad.tuning = {0, 0, 3, 0};
   bad.tuning.pf_rows = 256;
   bad.expect_error = "256-row prefill CTAs need the wgmma prefill path";
+  run_case(bad);
+  bad.name = "tiny bad warpgroup count";
+  bad.tuning = {0, 0, 4, 0};
+  bad.tuning.pf_wgs = 3;
+  bad.expect_error = "pf_wgs must be 0, 2 or 4";
+  run_case(bad);
+  bad.name = "tiny four warpgroups in 128-row ctas";
+  bad.tuning.pf_rows = 128;
+  bad.tuning.pf_wgs = 4;
+  bad.expect_error = "four-warpgroup prefill CTAs need the 256-row CTAs";
   run_case(bad);
 }
 

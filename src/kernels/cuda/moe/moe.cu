@@ -1816,20 +1816,27 @@ __device__ __forceinline__ void mma_half(float (&acc)[64], const uint32_t (&a)[4
 // outputs), so each activation chunk copied into shared memory feeds twice the MMAs (half the
 // L2 -> SM traffic per FLOP). Row group v = kRg wg + rg of the CTA holds the weight rows
 // 64 v .. 64 v + 63 in the layout of the narrow tile's warpgroup v. The wide FP8-block tiles
-// (twice the raw bytes) copy one chunk ahead into three slots.
-template <bool kFused, int FMT, int N, int kRg = 1>
+// (twice the raw bytes) copy one chunk ahead into three slots. kWgs: warpgroups per CTA, 2, or 4
+// with kRg 1 (session 22: the 256-row CTAs as four warpgroups of one row group each, 512 threads:
+// 4 warps per scheduler instead of 2, each with half the dequantization per chunk).
+template <bool kFused, int FMT, int N, int kRg = 1, int kWgs = 2>
 __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert& ex, int g,
                                         int base, int row0, int rows, int64_t nb, uint8_t* smem) {
 #if DS_MOE_WGMMA_PATH
   constexpr bool kFp8 = FMT == int(WeightFormat::kFp8Block);
   constexpr bool kMx = FMT == int(WeightFormat::kMxfp4);
-  static_assert(kRg == 1 || kRg == 2, "128 or 256 weight rows per CTA");
-  constexpr bool kWideFp8 = kFp8 && kRg == 2;
+  static_assert((kRg == 1 || kRg == 2) && (kWgs == 2 || (kWgs == 4 && kRg == 1)),
+                "128 or 256 weight rows per CTA");
+  constexpr int kThreads = 128 * kWgs;
+  constexpr int kVg = kRg * kWgs;         // m64 row groups per CTA
+  constexpr int kRowStep = kThreads / 16;  // activation rows copied per pass
+  constexpr bool kWide = kVg == 4;
+  constexpr bool kWideFp8 = kFp8 && kWide;
   constexpr int kAhead = kWideFp8 ? 1 : 2;  // chunks copied ahead
   constexpr int kSlots = kWideFp8 ? kWgWideFp8Slots : kWgSlots;
-  constexpr int kSlotBytes = kWideFp8   ? kWgWideFp8SlotBytes
-                             : kRg == 1 ? kWgSlotBytes
-                                        : kWgWideSlotBytes;
+  constexpr int kSlotBytes = kWideFp8 ? kWgWideFp8SlotBytes
+                             : kWide  ? kWgWideSlotBytes
+                                      : kWgSlotBytes;
   // Raw weight bytes of a slot, before the FP4 block scales.
   constexpr int kRawBytes = kWideFp8 ? 2 * kWgRawBytes : kWgRawBytes;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
@@ -1846,7 +1853,7 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
   for (int rg = 0; rg < kRg; ++rg) {
     const int v = kRg * wg + rg;
     lrow[rg] = 64 * v + 16 * wq + gid;
-    wrow[rg][0] = kFused ? nb * (64 * kRg) + 32 * v + 8 * wq + gid : nb * (128 * kRg) + lrow[rg];
+    wrow[rg][0] = kFused ? nb * (32 * kVg) + 32 * v + 8 * wq + gid : nb * (64 * kVg) + lrow[rg];
     wrow[rg][1] = kFused ? wrow[rg][0] : wrow[rg][0] + 8;
   }
   const uint8_t* wdata[2] = {kFused ? ex.data[0] : ex.data[2], kFused ? ex.data[1] : ex.data[2]};
@@ -1858,20 +1865,23 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
   const float gscale1 = (kFused ? ex.global_scale[1] : ex.global_scale[2]) * fold;
 
   // Activation rows: thread tid copies 16-byte unit (tid & 7) of atom (tid >> 3) & 1 of tile rows
-  // (tid >> 4) + 16 j.
+  // (tid >> 4) + kRowStep j.
   const int bu = tid & 7, batom = (tid >> 3) & 1;
   // The element offset of each tile row in act (rows * K < 2^31: checked by forward): in registers
-  // (kRg 1), or in a table after the slots that the wide CTAs read per copy (their registers are
-  // short: 128 accumulators per thread).
-  uint32_t src_row[kRg == 1 ? 8 : 1];
+  // (one row group per warpgroup), or in a table after the slots that the kRg 2 CTAs read per copy
+  // (their registers are short: 128 accumulators per thread; with four warpgroups the table made
+  // ptxas spill more).
+  constexpr bool kRowRegs = kRg == 1;
+  uint32_t src_row[kRowRegs ? kPfTokens / kRowStep : 1];
   uint32_t* const row_tab = reinterpret_cast<uint32_t*>(smem + kSlots * kSlotBytes);
   const auto row_offset = [&](int r) {
     const int gr = base + row0 + min(r, rows - 1);
     return uint32_t((kFused ? int64_t(a.row_token[gr]) : int64_t(gr)) * K);
   };
-  if constexpr (kRg == 1) {
+  if constexpr (kRowRegs) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) src_row[j] = row_offset((tid >> 4) + 16 * j);
+    for (int j = 0; j < kPfTokens / kRowStep; ++j)
+      src_row[j] = row_offset((tid >> 4) + kRowStep * j);
   } else {
     if (tid < kPfTokens) row_tab[tid] = row_offset(tid);
     __syncthreads();
@@ -1883,11 +1893,11 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
       uint8_t* act = slot + batom * kWgAtomBytes;
       const uint16_t* src = a.act + int64_t(c) * kChunk + batom * 64 + bu * 8;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int r = (tid >> 4) + 16 * j;
+      for (int j = 0; j < kPfTokens / kRowStep; ++j) {
+        const int r = (tid >> 4) + kRowStep * j;
         if (r < rows)
           cp_async16(act + r * 128 + ((bu ^ (r & 7)) << 4),
-                     src + (kRg == 1 ? src_row[j] : row_tab[r]));
+                     src + (kRowRegs ? src_row[j] : row_tab[r]));
       }
       uint8_t* raw = slot + kWgActBytes;
 #pragma unroll
@@ -1896,10 +1906,10 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
         for (int r = 0; r < 2; ++r) {
           if constexpr (kFp8) {
             const uint8_t* p = wdata[r] + wrow[rg][r] * K + int64_t(c) * 128 + 32 * t4;
-            cp_async16(raw + ((4 * rg + 0 * 2 + r) * kWgThreads + tid) * 16, p);
-            cp_async16(raw + ((4 * rg + 1 * 2 + r) * kWgThreads + tid) * 16, p + 16);
+            cp_async16(raw + ((4 * rg + 0 * 2 + r) * kThreads + tid) * 16, p);
+            cp_async16(raw + ((4 * rg + 1 * 2 + r) * kThreads + tid) * 16, p + 16);
           } else {
-            cp_async16(raw + ((2 * rg + r) * kWgThreads + tid) * 16,
+            cp_async16(raw + ((2 * rg + r) * kThreads + tid) * 16,
                        wdata[r] + wrow[rg][r] * (K / 2) + int64_t(c) * 64 + 16 * t4);
           }
         }
@@ -1943,7 +1953,8 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
   for (int c = 0; c < chunks; ++c) {
     cp_async_wait<kAhead - 1>();  // this thread's copies of chunk c (later ones may be in flight)
     wgmma::fence_proxy_async();
-    __syncthreads();  // everyone's chunk c; every warpgroup is done with chunk c - 2
+    __syncthreads();     // everyone's chunk c; every warpgroup is done with chunk c - 2
+    issue(c + kAhead);   // into chunk c - 2's slot
     const int s = c % kSlots;
     const uint8_t* raw = smem + s * kSlotBytes + kWgActBytes;
     [[maybe_unused]] const uint8_t* scl = raw + kRawBytes;
@@ -1975,7 +1986,7 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
           // that + 4: the pairs e2m1x8_to_bf16_tiny makes of each 32-bit word.
           if constexpr (kFp8) {
             const uint4 q = *reinterpret_cast<const uint4*>(
-                raw + ((4 * rg + h * 2 + r) * kWgThreads + tid) * 16);
+                raw + ((4 * rg + h * 2 + r) * kThreads + tid) * 16);
             const float f = fsc[rg][r];
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
@@ -1993,7 +2004,7 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
             uint2 q;
             if (h == 0) {
               const uint4 q4 = *reinterpret_cast<const uint4*>(
-                  raw + ((2 * rg + r) * kWgThreads + tid) * 16);
+                  raw + ((2 * rg + r) * kThreads + tid) * 16);
               q = make_uint2(q4.x, q4.y);
               next[r] = make_uint2(q4.z, q4.w);
             } else {
@@ -2024,9 +2035,6 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
         const uint32_t b_addr = smem_addr + uint32_t(s * kSlotBytes + h * kWgAtomBytes);
         mma_half<N>(acc[rg], afr[b], b_addr, c == 0 && h == 0);
         wgmma::commit();
-        // The copies of chunk c + kAhead (into chunk c - 2's slot, free since the barrier) behind
-        // the chunk's first group, which keeps the tensor cores busy while they are issued.
-        if (rg == 0 && h == 0) issue(c + kAhead);
       }
     }
     if constexpr (kFp8) {
@@ -2072,9 +2080,10 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
 #endif
 }
 
-// kRg 1: CTAs of 128 weight rows; 2: the wide CTAs of 256.
-template <bool kFused, int kRg = 1>
-__global__ void __launch_bounds__(kWgThreads, 1) expert_gemm_wg_kernel(GemmArgs a) {
+// kRg 1: CTAs of 128 weight rows (kWgs 2) or 256 (kWgs 4: four warpgroups); 2: the wide CTAs of
+// 256 rows in two warpgroups.
+template <bool kFused, int kRg = 1, int kWgs = 2>
+__global__ void __launch_bounds__(128 * kWgs, 1) expert_gemm_wg_kernel(GemmArgs a) {
   pdl_begin();
 #if DS_MOE_WGMMA_PATH
   extern __shared__ __align__(16) uint8_t wg_smem_raw[];
@@ -2094,10 +2103,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) expert_gemm_wg_kernel(GemmArgs 
   const auto run = [&](auto fmt_c) {
     constexpr int F = decltype(fmt_c)::value;
     switch ((rows + 31) >> 5) {
-      case 1: wg_tile<kFused, F, 32, kRg>(a, ex, g, base, row0, rows, nb, smem); break;
-      case 2: wg_tile<kFused, F, 64, kRg>(a, ex, g, base, row0, rows, nb, smem); break;
-      case 3: wg_tile<kFused, F, 96, kRg>(a, ex, g, base, row0, rows, nb, smem); break;
-      default: wg_tile<kFused, F, 128, kRg>(a, ex, g, base, row0, rows, nb, smem); break;
+      case 1: wg_tile<kFused, F, 32, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
+      case 2: wg_tile<kFused, F, 64, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
+      case 3: wg_tile<kFused, F, 96, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
+      default: wg_tile<kFused, F, 128, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
     }
   };
   if (fmt == int(WeightFormat::kMxfp4)) {
@@ -2209,19 +2218,22 @@ Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, in
 
 // The 128-row prefill tiles, one grid for both kernels: the wgmma kernel (wg; its activations, xq
 // from forward and hq here, are in wg_tile's K order: quant_rows_kernel's permute) or the bf16
-// mma.sync one. wide: the wgmma kernel's CTAs of 256 weight rows (half the N blocks). (The dynamic
-// shared memory opt-in is done at load time: MoeDeviceLayer::create.)
-Status launch_gemms_prefill(bool wg, bool wide, const GemmArgs& g1, const GemmArgs& g2,
+// mma.sync one. wide: the wgmma kernel's CTAs of 256 weight rows (half the N blocks), in four
+// warpgroups with wgs4. (The dynamic shared memory opt-in is done at load time:
+// MoeDeviceLayer::create.)
+Status launch_gemms_prefill(bool wg, bool wide, bool wgs4, const GemmArgs& g1, const GemmArgs& g2,
                             int64_t tiles, int64_t inter, int64_t dim, const float* h, uint16_t* hq,
                             const int32_t* total_rows, int64_t rows_bound, bool fp8, bool pdl,
                             cudaStream_t stream) {
   void (*const gate_up)(GemmArgs) = !wg    ? expert_gemm_pf_kernel<true>
+                                    : wgs4 ? expert_gemm_wg_kernel<true, 1, 4>
                                     : wide ? expert_gemm_wg_kernel<true, 2>
                                            : expert_gemm_wg_kernel<true, 1>;
   void (*const down)(GemmArgs) = !wg    ? expert_gemm_pf_kernel<false>
+                                 : wgs4 ? expert_gemm_wg_kernel<false, 1, 4>
                                  : wide ? expert_gemm_wg_kernel<false, 2>
                                         : expert_gemm_wg_kernel<false, 1>;
-  const int threads = wg ? kWgThreads : kPfThreads;
+  const int threads = !wg ? kPfThreads : wgs4 ? 2 * kWgThreads : kWgThreads;
   const size_t smem = !wg ? kPfSmem : wide ? kWgWideSmem : kWgSmem;
   const int64_t rows_per_cta = wide ? 2 : 1;
   // (N blocks, tiles) by default, (tiles, N blocks) with tiles_fastest: pf_tile_index.
@@ -2261,7 +2273,9 @@ cudaError_t set_prefill_smem_attributes(bool wg) {
   const Fn wgk[] = {{expert_gemm_wg_kernel<true, 1>, kWgSmem},
                     {expert_gemm_wg_kernel<false, 1>, kWgSmem},
                     {expert_gemm_wg_kernel<true, 2>, kWgWideSmem},
-                    {expert_gemm_wg_kernel<false, 2>, kWgWideSmem}};
+                    {expert_gemm_wg_kernel<false, 2>, kWgWideSmem},
+                    {expert_gemm_wg_kernel<true, 1, 4>, kWgWideSmem},
+                    {expert_gemm_wg_kernel<false, 1, 4>, kWgWideSmem}};
   for (const Fn& f : wg ? std::span<const Fn>(wgk) : std::span<const Fn>(pf)) {
     const cudaError_t e =
         cudaFuncSetAttribute(f.f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(f.bytes));
@@ -2652,6 +2666,11 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
         "moe: 256-row prefill CTAs need the wgmma prefill path, inter % 128 == 0 and dim % 256 == "
         "0");
   const bool use_wide = use_wg && (tuning.pf_rows == 256 || (tuning.pf_rows == 0 && l.pf_wide));
+  if (tuning.pf_wgs != 0 && tuning.pf_wgs != 2 && tuning.pf_wgs != 4)
+    return invalid_argument("moe: tuning.pf_wgs must be 0, 2 or 4");
+  if (tuning.pf_wgs == 4 && !use_wide)
+    return invalid_argument("moe: four-warpgroup prefill CTAs need the 256-row CTAs");
+  const bool use_wgs4 = use_wide && tuning.pf_wgs == 4;
   auto* xq8 = reinterpret_cast<uint8_t*>(ws + L.xq8);
   auto* xs = reinterpret_cast<float*>(ws + L.xs);
   auto* hq8 = reinterpret_cast<uint8_t*>(ws + L.hq8);
@@ -2724,8 +2743,9 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
                                                           stream);
   };
   if (bt == kPfTokens) {
-    DS_RETURN_IF_ERROR(launch_gemms_prefill(use_wg, use_wide, g1, g2, tiles_bound, l.inter, l.dim,
-                                            h, hq, total_rows, rows_bound, fp8, pdl, stream));
+    DS_RETURN_IF_ERROR(launch_gemms_prefill(use_wg, use_wide, use_wgs4, g1, g2, tiles_bound,
+                                            l.inter, l.dim, h, hq, total_rows, rows_bound, fp8,
+                                            pdl, stream));
   } else if (use_f8) {
     // K split and ring of the FP8 path, measured on H200 (bench_moe, session 5): K split 4 at
     // T = 1 (80.6 us vs 84.9 with 2: 896 CTAs instead of 448 for the 7 groups, < 2 waves at 3

@@ -135,6 +135,9 @@ struct MoeTuning {
   // inter % 128 == 0 and dim % 256 == 0) or 128; 0 = the layer's default (pf_wide; NOTES.md,
   // session 21).
   int pf_rows = 0;
+  // The 256-row CTAs' warpgroups: 2 (two m64 row groups each) or 4 (one each: 512 threads, 4 warps
+  // per scheduler; needs the 256-row CTAs); 0 = 2 (NOTES.md, session 22).
+  int pf_wgs = 0;
   // 1: every MoE kernel launched as a programmatic dependent of the stream's previous kernel (PDL,
   // sm_90+; each waits for it at its start, so only the launch overlaps; DEEPSERVE_OPS_PDL=0 turns
   // the attribute off); 0: plain launches, the default (no step-level gain: NOTES.md, session 20).
