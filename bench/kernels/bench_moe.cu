@@ -313,7 +313,7 @@ Matrices make_fp4(cpu::WeightFormat f, int64_t rows, int64_t cols, int64_t count
 }  // namespace ds
 
 // DS_MOE_CASES="fmt:T:path:raster[:rows[:wgs]];..." (e.g. "mxfp4:4096:4:1", "mxfp4:4096:4:0:256",
-// "mxfp4:4096:4:0:256:4") runs only the forward cases with that weight format, token count,
+// "mxfp4:4096:4:0:256:2") runs only the forward cases with that weight format, token count,
 // MoeTuning::path, pf_raster and (when set) pf_rows and pf_wgs (the heuristic's rows have path 0):
 // one launch sequence for a profiler
 // (scripts/gpu/h_moe18/run.sh, NCU=1). Unset: every case.
@@ -485,22 +485,21 @@ int main(int argc, char** argv) {
       t.pf_raster = 1;
       cases.push_back({4096, t});
     }
-    // The wgmma prefill kernel's other CTA width (MoeTuning::pf_rows; MXFP4: 128 weight rows next
-    // to the 256-row default rows above, NVFP4: 256 next to 128; path 4 forced at 512 / 1024, the
-    // default at 4096 / 8192).
+    // The wgmma prefill kernel's other CTA shapes next to the default rows above (256 weight rows in
+    // four warpgroups): 128 rows (MoeTuning::pf_rows) and 256 rows in two warpgroups (pf_wgs; path
+    // 4 forced at 512 / 1024, the default at 4096 / 8192).
     if (layer->pf_wgmma) {
       const std::vector<int64_t> ts = mx ? std::vector<int64_t>{512, 1024, 4096, 8192}
                                          : std::vector<int64_t>{4096};
       for (int64_t T : ts) {
         cuda::MoeTuning t{0, 0, 4, 0};
-        t.pf_rows = mx ? 128 : 256;
+        t.pf_rows = 128;
         cases.push_back({T, t});
       }
-      // The 256-row CTAs as four warpgroups (MoeTuning::pf_wgs = 4; session 22).
       for (int64_t T : ts) {
         cuda::MoeTuning t{0, 0, 4, 0};
         t.pf_rows = 256;
-        t.pf_wgs = 4;
+        t.pf_wgs = 2;
         cases.push_back({T, t});
       }
     }

@@ -836,22 +836,23 @@ TEST_F(MoeCuda, WgmmaWidePrefillVariants) {
   c.oracle_tokens = 12;
   c.bit_equal = {t, t};
   c.bit_equal[0].pf_rows = 128;
-  c.bit_equal[1].pf_wgs = 4;
+  c.bit_equal[1].pf_wgs = 2;
   run_case(c);
 }
 
-// The 256-row CTAs as four warpgroups of one row group each (MoeTuning::pf_wgs = 4, 512 threads)
-// on run_prefill_variants' cases against the oracle; bit for bit against the two-warpgroup CTAs
-// in WgmmaWidePrefillVariants (Flash T = 4096) and TinyWidePrefillCtas.
-TEST_F(MoeCuda, WgmmaFourWarpgroupPrefillVariants) {
+// The 256-row CTAs as two warpgroups of two row groups each (MoeTuning::pf_wgs = 2; the default
+// is four warpgroups of one, 512 threads) on run_prefill_variants' cases against the oracle; bit
+// for bit against the four-warpgroup CTAs in WgmmaWidePrefillVariants (Flash T = 4096) and
+// TinyWidePrefillCtas.
+TEST_F(MoeCuda, WgmmaTwoWarpgroupPrefillVariants) {
   cuda::MoeTuning t{0, 0, 4, 0};
   t.pf_rows = 256;
-  t.pf_wgs = 4;
-  run_prefill_variants(t, "wg256x4", {1, 16, 100, 200, 350, 512}, {1024, 2048});
+  t.pf_wgs = 2;
+  run_prefill_variants(t, "wg256x2", {1, 16, 100, 200, 350, 512}, {1024, 2048});
 }
 
-// 256-row CTAs bit for bit against 128-row ones, against four-warpgroup 256-row ones, and the
-// oracle (tiny shapes, in the memcheck filter): many groups (T = 512, with the FP8-block shared expert's tiles: three slots, one chunk
+// 256-row CTAs (four warpgroups) bit for bit against 128-row ones, against two-warpgroup 256-row
+// ones, and the oracle (tiny shapes, in the memcheck filter): many groups (T = 512, with the FP8-block shared expert's tiles: three slots, one chunk
 // ahead), one group of 32 full tiles (skewed T = 4096), NVFP4 at ~88 rows per expert, both grid
 // orders; bad widths and a width on the wrong path are refused. Skipped (printed) off sm_90.
 TEST_F(MoeCuda, TinyWidePrefillCtas) {
@@ -862,7 +863,7 @@ TEST_F(MoeCuda, TinyWidePrefillCtas) {
     c.tuning.pf_rows = 256;
     c.bit_equal = {c.tuning, c.tuning};
     c.bit_equal[0].pf_rows = 128;
-    c.bit_equal[1].pf_wgs = 4;
+    c.bit_equal[1].pf_wgs = 2;
     run_case(c);
     c.name += " tiles first";
     for (cuda::MoeTuning* t : {&c.tuning, &c.bit_equal[0], &c.bit_equal[1]}) t->pf_raster = 1;

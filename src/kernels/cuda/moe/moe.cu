@@ -2517,13 +2517,9 @@ Result<MoeDeviceLayer> MoeDeviceLayer::create(const cpu::MoeParams& p) {
     if (wg && l.add_shared) wg = expert_ok(p.shared);
     if (wg) DS_CUDA_RETURN_IF_ERROR(set_prefill_smem_attributes(true));
     l.pf_wgmma = wg;
-    // The 256-row CTAs by default where they divide the shapes, except over NVFP4 routed experts
-    // (session 21: 2% slower than the 128-row CTAs there, on H100 and H200; MXFP4 2-7% faster).
-    bool nvfp4 = false;
-    for (int64_t e = l.expert_begin; e < l.expert_end; ++e)
-      nvfp4 = nvfp4 || p.experts[e].w1.format == WeightFormat::kNvfp4 ||
-              p.experts[e].w2.format == WeightFormat::kNvfp4;
-    l.pf_wide = wg && wide_prefill_fits(l) && !nvfp4;
+    // The 256-row CTAs (four warpgroups) by default where they divide the shapes (session 22,
+    // H100, GEMMs at T = 4096 against the 128-row CTAs: MXFP4 -16%, NVFP4 -11%).
+    l.pf_wide = wg && wide_prefill_fits(l);
   }
   const size_t bytes = table.size() * sizeof(MoeDeviceExpert);
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&l.experts), bytes));
@@ -2670,7 +2666,7 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
     return invalid_argument("moe: tuning.pf_wgs must be 0, 2 or 4");
   if (tuning.pf_wgs == 4 && !use_wide)
     return invalid_argument("moe: four-warpgroup prefill CTAs need the 256-row CTAs");
-  const bool use_wgs4 = use_wide && tuning.pf_wgs == 4;
+  const bool use_wgs4 = use_wide && tuning.pf_wgs != 2;
   auto* xq8 = reinterpret_cast<uint8_t*>(ws + L.xq8);
   auto* xs = reinterpret_cast<float*>(ws + L.xs);
   auto* hq8 = reinterpret_cast<uint8_t*>(ws + L.hq8);

@@ -88,8 +88,8 @@ class MoeDeviceLayer {
   // the prefill tiles (128 rows) run on wgmma with the weights dequantized into registers
   // (expert_gemm_wg_kernel) instead of the bf16 mma.sync kernel (expert_gemm_pf_kernel).
   bool pf_wgmma = false;
-  // Set by create() with pf_wgmma when inter % 128 == 0, dim % 256 == 0 and no routed expert is
-  // NVFP4: that kernel runs in CTAs of 256 weight rows by default (MoeTuning::pf_rows).
+  // Set by create() with pf_wgmma when inter % 128 == 0 and dim % 256 == 0: that kernel runs in
+  // CTAs of 256 weight rows by default (MoeTuning::pf_rows), in four warpgroups (pf_wgs).
   bool pf_wide = false;
 
   // Turns off the kernels whose scale folding the layer's largest MXFP4 e8m0 code
@@ -136,7 +136,7 @@ struct MoeTuning {
   // session 21).
   int pf_rows = 0;
   // The 256-row CTAs' warpgroups: 2 (two m64 row groups each) or 4 (one each: 512 threads, 4 warps
-  // per scheduler; needs the 256-row CTAs); 0 = 2 (NOTES.md, session 22).
+  // per scheduler; needs the 256-row CTAs); 0 = 4 for the 256-row CTAs (NOTES.md, session 22).
   int pf_wgs = 0;
   // 1: every MoE kernel launched as a programmatic dependent of the stream's previous kernel (PDL,
   // sm_90+; each waits for it at its start, so only the launch overlaps; DEEPSERVE_OPS_PDL=0 turns
