@@ -17,7 +17,9 @@
 // row tiles), e4m3 mma.sync for 8/16-row tiles of MXFP4 / FP8-block layers in reference numerics
 // on sm_89+ (expert_gemm_f8_kernel, decode; on sm_90 / sm_100 its f16 variant: the same exact
 // operands as f16, mma.sync m16n8k16), and the prefill path: 128 x 128 CTA tiles with the
-// weights dequantized once per tile into shared memory, bf16 mma.sync (expert_gemm_pf_kernel).
+// weights dequantized once per tile into shared memory, bf16 mma.sync (expert_gemm_pf_kernel), or
+// on sm_90a the same tiles on wgmma with the weights dequantized into the A fragments
+// (expert_gemm_wg_kernel, by default CTAs of 256 weight rows in four warpgroups).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -1736,7 +1738,8 @@ __global__ void __launch_bounds__(kPfThreads, 2) expert_gemm_pf_kernel(GemmArgs 
 //
 // The same tiles as expert_gemm_pf_kernel (up to 128 rows of one group; gate/up: 64 inter
 // columns = 64 w1 + 64 w3 rows, down: 128 w2 rows), on the Hopper warpgroup MMA. A CTA is two
-// warpgroups; warpgroup wg owns 64 weight rows as the A operand of wgmma m64nNk16, taken from
+// warpgroups (or, for the default 256 weight rows, four: wg_tile's kWgs, kRg); warpgroup wg owns
+// 64 weight rows (per row group) as the A operand of wgmma m64nNk16, taken from
 // registers: each thread dequantizes exactly the A fragment elements it holds (rows g and g + 8 of
 // its warp's 16), so the bf16 weights never touch shared memory and need no barrier. The tile's
 // tokens are the B operand (N = the tile's valid rows rounded up to 32: 32, 64, 96 or 128), K-major
