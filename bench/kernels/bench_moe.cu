@@ -23,6 +23,7 @@
 #include <functional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/bench_util.h"
@@ -192,6 +193,64 @@ double measure_wgmma_tflops(cudaStream_t stream, int sms) {
   return flops / (us * 1e-6) / 1e12;
 }
 
+// The register-A wgmma (m64nNk16) that the MoE prefill kernel issues, by width N: four warpgroups
+// per CTA (the default prefill CTAs), one CTA per SM, groups of four k16 steps committed with
+// wait_group 1 between them on two alternating A buffers, B one [128][64] bf16 atom (128-byte
+// swizzle). No dequantization and no copies: the kernel's tensor ceiling at each width.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <int N>
+__device__ __forceinline__ void mma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db,
+                                       int scale_d);
+#include "kernels/cuda/moe/moe_wgmma_rs.inc"  // mma_rs<8, 16, ..., 128>
+#endif
+constexpr int kWgRsSmem = 128 * 128 + 1024;
+template <int N>
+__global__ void __launch_bounds__(512, 1) wgmma_rs_width_kernel(int iters, float* sink) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(16) uint8_t rs_smem[];
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(rs_smem));
+  const uint32_t b_addr = (base + 1023u) & ~1023u;
+  for (int i = threadIdx.x; i < 128 * 64; i += blockDim.x)
+    reinterpret_cast<uint16_t*>(rs_smem + (b_addr - base))[i] = uint16_t(0x3F80u | (i & 0x3F));
+  ds::cuda::wgmma::fence_proxy_async();
+  __syncthreads();
+  uint32_t a[2][4][4];
+  for (int h = 0; h < 2; ++h)
+    for (int k = 0; k < 4; ++k)
+      for (int r = 0; r < 4; ++r) a[h][k][r] = 0x3F803F80u | ((threadIdx.x + 5 * k + r) & 0x3F);
+  float d[64];  // the first wgmma ignores them (scale-d 0)
+  const uint64_t db = ds::cuda::wgmma::desc(b_addr);
+  for (int it = 0; it < iters; ++it) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      ds::cuda::wgmma::wait<1>();
+      ds::cuda::wgmma::fence();
+#pragma unroll
+      for (int k = 0; k < 4; ++k) mma_rs<N>(d, a[h][k], db + 2 * k, (it | h | k) != 0);
+      ds::cuda::wgmma::commit();
+    }
+  }
+  ds::cuda::wgmma::wait<0>();
+  float s = 0;
+  for (int i = 0; i < N / 2; ++i) s += d[i];
+  if (s == 12345.0f) *sink = s;
+#else
+  (void)iters, (void)sink;
+#endif
+}
+
+template <int N>
+double measure_wgmma_rs_tflops(cudaStream_t stream, int sms, float* sink) {
+  DS_BENCH_CHECK(cudaFuncSetAttribute(wgmma_rs_width_kernel<N>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, kWgRsSmem));
+  const int iters = 2048;
+  const double us = bench::time_us(
+      [&](cudaStream_t s) { wgmma_rs_width_kernel<N><<<sms, 512, kWgRsSmem, s>>>(iters, sink); },
+      stream, 10, 2);
+  const double flops = double(sms) * 4 * iters * 8 * (2.0 * 64 * N * 16);
+  return flops / (us * 1e-6) / 1e12;
+}
+
 double measure_mma_f8_tflops(cudaStream_t stream, int sms) {
   float* sink;
   DS_BENCH_CHECK(cudaMalloc(&sink, 4));
@@ -312,9 +371,10 @@ Matrices make_fp4(cpu::WeightFormat f, int64_t rows, int64_t cols, int64_t count
 }  // namespace
 }  // namespace ds
 
-// DS_MOE_CASES="fmt:T:path:raster[:rows[:wgs]];..." (e.g. "mxfp4:4096:4:1", "mxfp4:4096:4:0:256",
-// "mxfp4:4096:4:0:256:2") runs only the forward cases with that weight format, token count,
-// MoeTuning::path, pf_raster and (when set) pf_rows and pf_wgs (the heuristic's rows have path 0):
+// DS_MOE_CASES="fmt:T:path:raster[:rows[:wgs]][:sSTEP];..." (e.g. "mxfp4:4096:4:1",
+// "mxfp4:4096:4:0:256", "mxfp4:4096:4:0:256:2", "mxfp4:4096:0:0:s32") runs only the forward cases
+// with that weight format, token count, MoeTuning::path, pf_raster and (when set) pf_rows, pf_wgs
+// and pf_step (the heuristic's rows have path 0):
 // one launch sequence for a profiler
 // (scripts/gpu/h_moe18/run.sh, NCU=1). Unset: every case.
 bool case_selected(const char* fmt, int64_t T, const ds::cuda::MoeTuning& t) {
@@ -323,7 +383,8 @@ bool case_selected(const char* fmt, int64_t T, const ds::cuda::MoeTuning& t) {
   const std::string want = std::string(fmt) + ":" + std::to_string(T) + ":" +
                            std::to_string(t.path) + ":" + std::to_string(t.pf_raster) +
                            (t.pf_rows != 0 ? ":" + std::to_string(t.pf_rows) : "") +
-                           (t.pf_wgs != 0 ? ":" + std::to_string(t.pf_wgs) : "");
+                           (t.pf_wgs != 0 ? ":" + std::to_string(t.pf_wgs) : "") +
+                           (t.pf_step != 0 ? ":s" + std::to_string(t.pf_step) : "");
   std::string list = env;
   for (size_t b = 0; b <= list.size();) {
     const size_t e = std::min(list.find(';', b), list.size());
@@ -364,6 +425,25 @@ int main(int argc, char** argv) {
       r.shape = "m64n256k16 f32 acc, A and B in shared memory, 2 warpgroups per SM";
       r.achieved_tflops = wgmma_tflops;
       records.push_back(r);
+      // The prefill kernel's wgmma shapes (register A, N = its tile widths), same conditions
+      // otherwise: what each width can reach at most.
+      float* sink;
+      DS_BENCH_CHECK(cudaMalloc(&sink, 4));
+      const auto width = [&](auto n_c) {
+        constexpr int N = decltype(n_c)::value;
+        const double t = measure_wgmma_rs_tflops<N>(stream, dev.sm_count, sink);
+        std::printf("wgmma m64n%dk16 register A, 4 warpgroups: %.0f TFLOP/s (%.1f%% of the peak)\n",
+                    N, t, 100.0 * t / wgmma_tflops);
+        r.kernel = "ceiling_wgmma_rs_n" + std::to_string(N);
+        r.shape = "m64n" + std::to_string(N) +
+                  "k16 f32 acc, A in registers, B in shared memory, 4 warpgroups per SM";
+        r.achieved_tflops = t;
+        records.push_back(r);
+      };
+      [&]<int... I>(std::integer_sequence<int, I...>) {
+        (width(std::integral_constant<int, 16 * (I + 1)>{}), ...);
+      }(std::make_integer_sequence<int, 8>{});
+      DS_BENCH_CHECK(cudaFree(sink));
     }
   }
 
@@ -502,6 +582,14 @@ int main(int argc, char** argv) {
         t.pf_wgs = 2;
         cases.push_back({T, t});
       }
+      // The default CTAs with tile widths in steps of 32 (MoeTuning::pf_step) next to the default
+      // steps of 16 (the default rows at 4096 / 8192).
+      for (int64_t T : {int64_t(4096), int64_t(8192)}) {
+        if (!mx && T != 4096) continue;
+        cuda::MoeTuning t;
+        t.pf_step = 32;
+        cases.push_back({T, t});
+      }
     }
     for (const BenchCase& bc : cases) {
       const int64_t T = bc.T;
@@ -561,6 +649,7 @@ int main(int argc, char** argv) {
         if (bc.tuning.pf_rows != 0) r.kernel += "_r" + std::to_string(bc.tuning.pf_rows);
         if (bc.tuning.pf_wgs != 0) r.kernel += "_wgs" + std::to_string(bc.tuning.pf_wgs);
       }
+      if (bc.tuning.pf_step != 0) r.kernel += "_s" + std::to_string(bc.tuning.pf_step);
       if (bc.tuning.pdl) r.kernel += "_pdl";
       char shape[160];
       std::snprintf(shape, sizeof shape,

@@ -719,10 +719,10 @@ TEST_F(MoeCuda, PrefillPathVariants) {
 // The sm_90a prefill kernel (expert_gemm_wg_kernel: wgmma with the weights dequantized into the
 // A fragments, the default for 128-row tiles on sm_90, so the T = 4096 Flash cases above run it
 // there, in CTAs of 256 weight rows) forced in CTAs of 128 weight rows (pf_rows 128; the 256-row
-// ones: WgmmaWidePrefillVariants), with token counts whose tiles take each wgmma width (valid rows rounded up to
-// 32: T = 16 at the tiny shape has ~4 rows per expert (n32), T = 200 ~50 (n64), T = 350 ~88 (n96),
-// T = 512 128 +- a few (n128 and a second, small tile); Flash T = 1024 24 rows per expert, T = 2048
-// 48). The activations reach it in its permuted K order (quant_rows_kernel's permute); a wrong
+// ones, whose FP4 tiles take widths in steps of 16: WgmmaWidePrefillVariants), with token counts
+// whose tiles take each wgmma width (valid rows rounded up to 32: T = 16 at the tiny shape has ~4
+// rows per expert (n32), T = 200 ~50 (n64), T = 350 ~88 (n96), T = 512 128 +- a few (n128 and a
+// second, small tile); Flash T = 1024 24 rows per expert, T = 2048 48). The activations reach it in its permuted K order (quant_rows_kernel's permute); a wrong
 // order or fragment layout would be O(1) wrong, far outside the tolerance. Skipped (printed) off
 // sm_90.
 TEST_F(MoeCuda, WgmmaPrefillPathVariants) {
@@ -834,9 +834,10 @@ TEST_F(MoeCuda, WgmmaWidePrefillVariants) {
   Case c{"flash mxfp4 wide", kFlash, WeightFormat::kMxfp4, 4096};
   c.tuning = t;
   c.oracle_tokens = 12;
-  c.bit_equal = {t, t};
+  c.bit_equal = {t, t, t};
   c.bit_equal[0].pf_rows = 128;
   c.bit_equal[1].pf_wgs = 2;
+  c.bit_equal[2].pf_step = 32;
   run_case(c);
 }
 
@@ -852,21 +853,25 @@ TEST_F(MoeCuda, WgmmaTwoWarpgroupPrefillVariants) {
 }
 
 // 256-row CTAs (four warpgroups) bit for bit against 128-row ones, against two-warpgroup 256-row
-// ones, and the oracle (tiny shapes, in the memcheck filter): many groups (T = 512, with the FP8-block shared expert's tiles: three slots, one chunk
-// ahead), one group of 32 full tiles (skewed T = 4096), NVFP4 at ~88 rows per expert, both grid
-// orders; bad widths and a width on the wrong path are refused. Skipped (printed) off sm_90.
+// ones, against their own tiles in widths of steps of 32 (MoeTuning::pf_step; the default steps
+// are 16), and the oracle (tiny shapes, in the memcheck filter): many groups (T = 512, with the
+// FP8-block shared expert's tiles: three slots, one chunk ahead), one group of 32 full tiles
+// (skewed T = 4096), NVFP4 at ~88 rows per expert, both grid orders; bad widths, a bad width step
+// and a width on the wrong path are refused. Skipped (printed) off sm_90.
 TEST_F(MoeCuda, TinyWidePrefillCtas) {
   for (Case c : {Case{"tiny mxfp4 wide", kTiny, WeightFormat::kMxfp4, 512},
                  Case{"tiny skew mxfp4 wide", kTiny, WeightFormat::kMxfp4, 4096, true},
                  Case{"tiny nvfp4 wide", kTiny, WeightFormat::kNvfp4, 350}}) {
     c.tuning = {0, 0, 4, 0};
     c.tuning.pf_rows = 256;
-    c.bit_equal = {c.tuning, c.tuning};
+    c.bit_equal = {c.tuning, c.tuning, c.tuning};
     c.bit_equal[0].pf_rows = 128;
     c.bit_equal[1].pf_wgs = 2;
+    c.bit_equal[2].pf_step = 32;
     run_case(c);
     c.name += " tiles first";
-    for (cuda::MoeTuning* t : {&c.tuning, &c.bit_equal[0], &c.bit_equal[1]}) t->pf_raster = 1;
+    for (cuda::MoeTuning* t : {&c.tuning, &c.bit_equal[0], &c.bit_equal[1], &c.bit_equal[2]})
+      t->pf_raster = 1;
     run_case(c);
   }
   Case bad{"tiny bad cta rows", kTiny, WeightFormat::kMxfp4, 512};
@@ -888,6 +893,11 @@ TEST_F(MoeCuda, TinyWidePrefillCtas) {
   bad.tuning.pf_rows = 128;
   bad.tuning.pf_wgs = 4;
   bad.expect_error = "four-warpgroup prefill CTAs need the 256-row CTAs";
+  run_case(bad);
+  bad.name = "tiny bad width step";
+  bad.tuning = {0, 0, 4, 0};
+  bad.tuning.pf_step = 16;
+  bad.expect_error = "pf_step must be 0 or 32";
   run_case(bad);
 }
 

@@ -651,6 +651,7 @@ struct GemmArgs {
   const uint8_t* act8 = nullptr;
   const float* act_scale = nullptr;
   bool tiles_fastest = false;  // prefill grids (tiles, N blocks) instead of (N blocks, tiles)
+  bool wg_step32 = false;      // wgmma prefill tiles: widths in steps of 32 (MoeTuning::pf_step)
 };
 
 // The prefill kernels' (128-row tiles) place in their grid. By default the grid is (N blocks,
@@ -1862,7 +1863,8 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
   for (int rg = 0; rg < kRg; ++rg) {
     const int v = kRg * wg + rg;
     lrow[rg] = 64 * v + 16 * wq + gid;
-    wrow[rg][0] = int(kFused ? nb * (32 * kVg) + 32 * v + 8 * wq + gid : nb * (64 * kVg) + lrow[rg]);
+    wrow[rg][0] =
+        int(kFused ? nb * (32 * kVg) + 32 * v + 8 * wq + gid : nb * (64 * kVg) + lrow[rg]);
     wrow[rg][1] = kFused ? wrow[rg][0] : wrow[rg][0] + 8;
   }
   const uint8_t* wdata[2] = {kFused ? ex.data[0] : ex.data[2], kFused ? ex.data[1] : ex.data[2]};
@@ -2144,8 +2146,9 @@ __global__ void __launch_bounds__(128 * kWgs, 1) expert_gemm_wg_kernel(GemmArgs 
   const auto run = [&](auto fmt_c) {
     constexpr int F = decltype(fmt_c)::value;
     constexpr int kStep = kWgWidthStep<F, kWgs>;
-    with_wg_width<kStep>(rows, std::make_integer_sequence<int, kPfTokens / kStep>{}, [&](auto n_c) {
-      wg_tile<kFused, F, decltype(n_c)::value, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem);
+    const int width = a.wg_step32 ? (rows + 31) & ~31 : rows;
+    with_wg_width<kStep>(width, std::make_integer_sequence<int, kPfTokens / kStep>{}, [&](auto n) {
+      wg_tile<kFused, F, decltype(n)::value, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem);
     });
   };
   if (fmt == int(WeightFormat::kMxfp4)) {
@@ -2703,6 +2706,8 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   const bool use_wide = use_wg && (tuning.pf_rows == 256 || (tuning.pf_rows == 0 && l.pf_wide));
   if (tuning.pf_wgs != 0 && tuning.pf_wgs != 2 && tuning.pf_wgs != 4)
     return invalid_argument("moe: tuning.pf_wgs must be 0, 2 or 4");
+  if (tuning.pf_step != 0 && tuning.pf_step != 32)
+    return invalid_argument("moe: tuning.pf_step must be 0 or 32");
   if (tuning.pf_wgs == 4 && !use_wide)
     return invalid_argument("moe: four-warpgroup prefill CTAs need the 256-row CTAs");
   const bool use_wgs4 = use_wide && tuning.pf_wgs != 2;
@@ -2737,6 +2742,7 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   g1.act8 = xq8;
   g1.act_scale = xs;
   g1.tiles_fastest = tuning.pf_raster == 1;
+  g1.wg_step32 = tuning.pf_step == 32;
   GemmArgs g2 = g1;
   g2.act = hq;
   g2.act8 = hq8;

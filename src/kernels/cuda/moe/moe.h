@@ -138,6 +138,10 @@ struct MoeTuning {
   // The 256-row CTAs' warpgroups: 2 (two m64 row groups each) or 4 (one each: 512 threads, 4 warps
   // per scheduler; needs the 256-row CTAs); 0 = 4 for the 256-row CTAs (NOTES.md, session 22).
   int pf_wgs = 0;
+  // The wgmma prefill kernel's tile widths (a tile's rows rounded up to a step): 0 = its default
+  // (steps of 16 for the FP4 tiles of the four-warpgroup CTAs, 32 otherwise), 32 = steps of 32
+  // everywhere (the width set before session 23). The outputs are the same bits either way.
+  int pf_step = 0;
   // 1: every MoE kernel launched as a programmatic dependent of the stream's previous kernel (PDL,
   // sm_90+; each waits for it at its start, so only the launch overlaps; DEEPSERVE_OPS_PDL=0 turns
   // the attribute off); 0: plain launches, the default (no step-level gain: NOTES.md, session 20).
