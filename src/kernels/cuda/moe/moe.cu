@@ -1787,12 +1787,9 @@ static_assert(size_t(kWgWideFp8Slots) * kWgWideFp8SlotBytes + 1024 + 128 * 4 <= 
               "the wide kernel's FP8 tiles fit its shared memory");
 
 #if DS_MOE_WGMMA_PATH
-// cp.async to a shared-memory address (the wgmma kernel keeps its slot addresses as such): 16 bytes
-// (.cg), or 4 / 8 (the .ca form: .cg copies 16 only).
-__device__ __forceinline__ void cp_async16_sa(uint32_t s, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_small_sa(uint32_t s, const void* gmem, int bytes) {
+// cp.async of 4 or 8 bytes (the .ca form: .cg copies 16 only).
+__device__ __forceinline__ void cp_async_small(void* smem, const void* gmem, int bytes) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   if (bytes == 8)
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem));
   else
@@ -1858,13 +1855,12 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
   // their local ids. Gate/up: rows 0-7 of a warp's 16 are w1 of inter columns c0 .. c0 + 7, rows
   // 8-15 w3 of the same columns (wrow[rg][0] = wrow[rg][1]); down: w2 rows lrow and lrow + 8.
   int lrow[kRg];  // local row of the first (the second is + 8)
-  int wrow[kRg][2];  // (rows < 2^31)
+  int64_t wrow[kRg][2];
 #pragma unroll
   for (int rg = 0; rg < kRg; ++rg) {
     const int v = kRg * wg + rg;
     lrow[rg] = 64 * v + 16 * wq + gid;
-    wrow[rg][0] =
-        int(kFused ? nb * (32 * kVg) + 32 * v + 8 * wq + gid : nb * (64 * kVg) + lrow[rg]);
+    wrow[rg][0] = kFused ? nb * (32 * kVg) + 32 * v + 8 * wq + gid : nb * (64 * kVg) + lrow[rg];
     wrow[rg][1] = kFused ? wrow[rg][0] : wrow[rg][0] + 8;
   }
   const uint8_t* wdata[2] = {kFused ? ex.data[0] : ex.data[2], kFused ? ex.data[1] : ex.data[2]};
@@ -1875,22 +1871,15 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
   const float gscale0 = (kFused ? ex.global_scale[0] : ex.global_scale[2]) * fold;
   const float gscale1 = (kFused ? ex.global_scale[1] : ex.global_scale[2]) * fold;
 
-  const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  // Activation rows: thread tid copies 16-byte unit bu = tid & 7 of atom batom = (tid >> 3) & 1 of
-  // the tile rows r0 + kRowStep j (r0 = tid >> 4). kRowStep is a multiple of 8, so every such row
-  // has r0's swizzle: its place in a slot is act_dst + 128 kRowStep j. Rows from `rows` up to N
-  // copy the last valid row again (row_offset clamps; the epilogue drops their columns), so only
-  // rows >= N are skipped: no per-row predicate where N is a multiple of kRowStep.
-  const int bu = tid & 7, batom = (tid >> 3) & 1, r0 = tid >> 4;
-  const uint32_t act_dst = uint32_t(batom * kWgAtomBytes + r0 * 128 + ((bu ^ (r0 & 7)) << 4));
-  const uint32_t lane_off = uint32_t(batom * 64 + bu * 8);
-  constexpr int kPasses = (N + kRowStep - 1) / kRowStep;  // copy passes with a row below N
+  // Activation rows: thread tid copies 16-byte unit (tid & 7) of atom (tid >> 3) & 1 of tile rows
+  // (tid >> 4) + kRowStep j.
+  const int bu = tid & 7, batom = (tid >> 3) & 1;
   // The element offset of each tile row in act (rows * K < 2^31: checked by forward): in registers
-  // (one row group per warpgroup; + lane_off), or in a table after the slots that the kRg 2 CTAs
-  // read per copy (their registers are short: 128 accumulators per thread; with four warpgroups
-  // the table made ptxas spill more).
+  // (one row group per warpgroup), or in a table after the slots that the kRg 2 CTAs read per copy
+  // (their registers are short: 128 accumulators per thread; with four warpgroups the table made
+  // ptxas spill more).
   constexpr bool kRowRegs = kRg == 1;
-  uint32_t src_row[kRowRegs ? kPasses : 1];
+  uint32_t src_row[kRowRegs ? kPfTokens / kRowStep : 1];
   uint32_t* const row_tab = reinterpret_cast<uint32_t*>(smem + kSlots * kSlotBytes);
   const auto row_offset = [&](int r) {
     const int gr = base + row0 + min(r, rows - 1);
@@ -1898,59 +1887,54 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
   };
   if constexpr (kRowRegs) {
 #pragma unroll
-    for (int j = 0; j < kPasses; ++j) src_row[j] = row_offset(r0 + kRowStep * j) + lane_off;
+    for (int j = 0; j < kPfTokens / kRowStep; ++j)
+      src_row[j] = row_offset((tid >> 4) + kRowStep * j);
   } else {
     if (tid < kPfTokens) row_tab[tid] = row_offset(tid);
     __syncthreads();
   }
-  // This thread's raw weight bytes and block scales of chunk 0 (chunk c: + c times the bytes per
-  // chunk). The scales of its two rows are copied by lanes t4 = 0 (row g) and 1 (row g + 8).
-  constexpr int64_t kRawPerChunk = kFp8 ? 128 : 64;
-  constexpr int kScaleBytes = kMx ? 4 : 8;  // MXFP4 / NVFP4 scale bytes per row and chunk
-  const uint8_t* wsrc[kRg][2];
-  [[maybe_unused]] const uint8_t* ssrc[kRg];
-#pragma unroll
-  for (int rg = 0; rg < kRg; ++rg) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      wsrc[rg][r] = wdata[r] + int64_t(wrow[rg][r]) * (kFp8 ? K : K / 2) + (kFp8 ? 32 : 16) * t4;
-    if constexpr (!kFp8) {
-      const int sr = t4 == 1 ? 1 : 0;
-      ssrc[rg] = wscale[sr] + int64_t(wrow[rg][sr]) * (K / (kMx ? 32 : 16));
-    }
-  }
 
   auto issue = [&](int c) {  // chunk c into slot c % kSlots, one commit group (maybe empty)
     if (c < chunks) {
-      const uint32_t slot = smem_addr + uint32_t((c % kSlots) * kSlotBytes);
-      const uint16_t* src = a.act + int64_t(c) * kChunk;
+      uint8_t* slot = smem + (c % kSlots) * kSlotBytes;
+      uint8_t* act = slot + batom * kWgAtomBytes;
+      const uint16_t* src = a.act + int64_t(c) * kChunk + batom * 64 + bu * 8;
 #pragma unroll
-      for (int j = 0; j < kPasses; ++j) {
-        if (kRowStep * (j + 1) <= N || r0 + kRowStep * j < N)
-          cp_async16_sa(slot + act_dst + uint32_t(128 * kRowStep * j),
-                        src + (kRowRegs ? src_row[j] : row_tab[r0 + kRowStep * j] + lane_off));
+      for (int j = 0; j < kPfTokens / kRowStep; ++j) {
+        const int r = (tid >> 4) + kRowStep * j;
+        if (r < rows)
+          cp_async16(act + r * 128 + ((bu ^ (r & 7)) << 4),
+                     src + (kRowRegs ? src_row[j] : row_tab[r]));
       }
-      const uint32_t raw = slot + uint32_t(kWgActBytes + tid * 16);
+      uint8_t* raw = slot + kWgActBytes;
 #pragma unroll
       for (int rg = 0; rg < kRg; ++rg) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const uint8_t* p = wsrc[rg][r] + c * kRawPerChunk;
           if constexpr (kFp8) {
-            cp_async16_sa(raw + uint32_t((4 * rg + 0 * 2 + r) * kThreads * 16), p);
-            cp_async16_sa(raw + uint32_t((4 * rg + 1 * 2 + r) * kThreads * 16), p + 16);
+            const uint8_t* p = wdata[r] + wrow[rg][r] * K + int64_t(c) * 128 + 32 * t4;
+            cp_async16(raw + ((4 * rg + 0 * 2 + r) * kThreads + tid) * 16, p);
+            cp_async16(raw + ((4 * rg + 1 * 2 + r) * kThreads + tid) * 16, p + 16);
           } else {
-            cp_async16_sa(raw + uint32_t((2 * rg + r) * kThreads * 16), p);
+            cp_async16(raw + ((2 * rg + r) * kThreads + tid) * 16,
+                       wdata[r] + wrow[rg][r] * (K / 2) + int64_t(c) * 64 + 16 * t4);
           }
         }
       }
       if constexpr (!kFp8) {
-        // Read by the four lanes of the row after the chunk's barrier.
+        // The block scales of this thread's rows for the chunk (MXFP4 4 bytes, NVFP4 8): copied
+        // by lanes t4 = 0 (row g) and 1 (row g + 8), read by the four lanes of the row after the
+        // chunk's barrier.
         if (t4 < 2) {
+          constexpr int kScaleBytes = kMx ? 4 : 8;
 #pragma unroll
-          for (int rg = 0; rg < kRg; ++rg)
-            cp_async_small_sa(slot + uint32_t(kWgActBytes + kRawBytes + (lrow[rg] + 8 * t4) * 8),
-                              ssrc[rg] + c * kScaleBytes, kScaleBytes);
+          for (int rg = 0; rg < kRg; ++rg) {
+            const uint8_t* p = (t4 == 0 ? wscale[0] + wrow[rg][0] * (K / (kMx ? 32 : 16))
+                                        : wscale[1] + wrow[rg][1] * (K / (kMx ? 32 : 16))) +
+                               int64_t(c) * kScaleBytes;
+            cp_async_small(slot + kWgActBytes + kRawBytes + (lrow[rg] + 8 * t4) * 8, p,
+                           kScaleBytes);
+          }
         }
       }
     }
@@ -1969,6 +1953,7 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
     fsc[rg][0] = kFp8 ? fp8_scale(rg, 0, 0) : 0.0f;
     fsc[rg][1] = kFp8 ? fp8_scale(rg, 1, 0) : 0.0f;
   }
+  const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   // The B atoms' descriptors: desc(smem_addr) plus (offset / 16) in the low word (mma_half).
   const uint64_t desc0 = wgmma::desc(smem_addr);
   const uint32_t desc_lo = uint32_t(desc0), desc_hi = uint32_t(desc0 >> 32);
