@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 23: one device call for the wgmma prefill kernel's copy / descriptor / width changes.
 # Runs scripts/gpu/h_moe18/run.sh on the carried binaries (BINS: test_moe_cuda, bench_moe,
-# test_cuda_ops of the change, plus bench_moe_old of an earlier commit), then the GEMM rows of
+# test_cuda_ops of the change, plus bench_moe_old / bench_moe_prev of earlier commits), then the GEMM rows of
 # AB_CASES from both benches, interleaved AB_ROUNDS times (same GPU, same run), then the K loops of
 # the default wgmma kernels in the SASS (sass_loops.py: length, spills, copies per loop).
 #   scripts/gpu/h_moe23/run.sh [OUT_DIR]    env: as h_moe18/run.sh, AB_CASES, AB_ROUNDS (2)
@@ -16,7 +16,8 @@ c=/tmp/c18
 cases="${AB_CASES:-mxfp4:4096:0:0;mxfp4:8192:0:0;nvfp4:4096:0:0}"
 if [ -x "$c/bench_moe_old" ]; then
   for i in $(seq "${AB_ROUNDS:-2}"); do
-    for b in bench_moe_old bench_moe; do
+    for b in bench_moe_old bench_moe_prev bench_moe; do
+      [ -x "$c/$b" ] || continue
       echo "== $b round $i"
       LD_LIBRARY_PATH="$c/lib" DS_MOE_CASES="$cases" timeout 120 "$c/$b" "/tmp/ab_$b.json" 2>&1 |
         grep -E "moe_gemms"
