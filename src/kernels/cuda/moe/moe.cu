@@ -1802,18 +1802,15 @@ __device__ __forceinline__ void mma_rs(float (&d)[64], const uint32_t (&a)[4], u
                                        int scale_d);
 #include "kernels/cuda/moe/moe_wgmma_rs.inc"  // mma_rs<8, 16, ..., 128>
 
-// Four k16 steps of this warpgroup's tile: the A fragments a[kk], the B atom whose descriptor has
-// the low word d_lo and the high word d_hi (step kk starts 32 bytes further: + 2 in the address
-// field, bits 0-13, which every shared address of the kernel keeps below 2^14 after >> 4, so the
-// sum never carries into the other fields); `first` starts the accumulators from zero (scale-d 0:
-// zeroing them with ordinary moves instead made ptxas serialize every wgmma of the kernel, C7515).
-// Descriptors built per step from the address took ~5 uniform instructions per wgmma (session 23).
+// Four k16 steps of this warpgroup's tile: the A fragments a[kk], the B atom at b_addr; `first`
+// starts the accumulators from zero (scale-d 0: zeroing them with ordinary moves instead made ptxas
+// serialize every wgmma of the kernel, C7515).
 template <int N>
 __device__ __forceinline__ void mma_half(float (&acc)[64], const uint32_t (&a)[4][4],
-                                         uint32_t d_lo, uint32_t d_hi, bool first) {
+                                         uint32_t b_addr, bool first) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
-    mma_rs<N>(acc, a[kk], (uint64_t(d_hi) << 32) | (d_lo + 2u * kk), first && kk == 0 ? 0 : 1);
+    mma_rs<N>(acc, a[kk], wgmma::desc(b_addr + 32u * kk), first && kk == 0 ? 0 : 1);
 }
 #endif
 
@@ -1954,9 +1951,6 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
     fsc[rg][1] = kFp8 ? fp8_scale(rg, 1, 0) : 0.0f;
   }
   const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  // The B atoms' descriptors: desc(smem_addr) plus (offset / 16) in the low word (mma_half).
-  const uint64_t desc0 = wgmma::desc(smem_addr);
-  const uint32_t desc_lo = uint32_t(desc0), desc_hi = uint32_t(desc0 >> 32);
 
 #pragma unroll
   for (int i = 0; i < kAhead; ++i) issue(i);
@@ -2042,8 +2036,8 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
           }
         }
         wgmma::fence();
-        mma_half<N>(acc[rg], afr[b], desc_lo + uint32_t(s * kSlotBytes + h * kWgAtomBytes) / 16,
-                    desc_hi, c == 0 && h == 0);
+        const uint32_t b_addr = smem_addr + uint32_t(s * kSlotBytes + h * kWgAtomBytes);
+        mma_half<N>(acc[rg], afr[b], b_addr, c == 0 && h == 0);
         wgmma::commit();
       }
     }
