@@ -2091,16 +2091,6 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
 template <int FMT, int kWgs>
 constexpr int kWgWidthStep = kWgs == 4 && FMT != int(WeightFormat::kFp8Block) ? 16 : 32;
 
-// Calls f(integral_constant<int, N>) for the smallest N = kStep (I + 1) >= rows (the last one, 128,
-// for every larger count).
-template <int kStep, int... I, typename F>
-__device__ __forceinline__ void with_wg_width(int rows, std::integer_sequence<int, I...>, F&& f) {
-  (void)((rows <= kStep * (I + 1) || I + 1 == int(sizeof...(I))
-              ? (f(std::integral_constant<int, kStep * (I + 1)>{}), true)
-              : false) ||
-         ...);
-}
-
 // kRg 1: CTAs of 128 weight rows (kWgs 2) or 256 (kWgs 4: four warpgroups); 2: the wide CTAs of
 // 256 rows in two warpgroups.
 template <bool kFused, int kRg = 1, int kWgs = 2>
@@ -2126,9 +2116,26 @@ __global__ void __launch_bounds__(128 * kWgs, 1) expert_gemm_wg_kernel(GemmArgs 
     constexpr int F = decltype(fmt_c)::value;
     constexpr int kStep = kWgWidthStep<F, kWgs>;
     const int width = a.wg_step32 ? (rows + 31) & ~31 : rows;
-    with_wg_width<kStep>(width, std::make_integer_sequence<int, kPfTokens / kStep>{}, [&](auto n) {
-      wg_tile<kFused, F, decltype(n)::value, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem);
-    });
+    // (A switch: a fold over lambdas per width made ptxas spill more in the K loops.)
+    if constexpr (kStep == 16) {
+      switch ((width + 15) >> 4) {
+        case 1: wg_tile<kFused, F, 16, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
+        case 2: wg_tile<kFused, F, 32, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
+        case 3: wg_tile<kFused, F, 48, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
+        case 4: wg_tile<kFused, F, 64, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
+        case 5: wg_tile<kFused, F, 80, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
+        case 6: wg_tile<kFused, F, 96, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
+        case 7: wg_tile<kFused, F, 112, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
+        default: wg_tile<kFused, F, 128, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
+      }
+    } else {
+      switch ((width + 31) >> 5) {
+        case 1: wg_tile<kFused, F, 32, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
+        case 2: wg_tile<kFused, F, 64, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
+        case 3: wg_tile<kFused, F, 96, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
+        default: wg_tile<kFused, F, 128, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
+      }
+    }
   };
   if (fmt == int(WeightFormat::kMxfp4)) {
     run(std::integral_constant<int, int(WeightFormat::kMxfp4)>{});
