@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Session 23: one device call for the wgmma prefill kernel's copy / descriptor / width changes.
 # Runs scripts/gpu/h_moe18/run.sh on the carried binaries (BINS: test_moe_cuda, bench_moe,
-# test_cuda_ops of the change, plus bench_moe_old / bench_moe_prev of other commits), then the GEMM rows
-# of
-# AB_CASES from both benches, interleaved AB_ROUNDS times (same GPU, same run), then the K loops of
-# the default wgmma kernels in the SASS (sass_loops.py: length, spills, copies per loop).
+# test_cuda_ops of the change, plus bench_moe_old / bench_moe_prev of other commits), then the
+# GEMM rows of AB_CASES from the benches, interleaved AB_ROUNDS times (same GPU, same run), then the
+# K loops of the default wgmma kernels in the SASS (sass_loops.py: length, spills, copies).
 #   scripts/gpu/h_moe23/run.sh [OUT_DIR]    env: as h_moe18/run.sh, AB_CASES, AB_ROUNDS (2),
 #   AB_FIRST=1 (the A/B before the tests)
 set -uo pipefail
