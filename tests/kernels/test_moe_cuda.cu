@@ -720,11 +720,11 @@ TEST_F(MoeCuda, PrefillPathVariants) {
 // A fragments, the default for 128-row tiles on sm_90, so the T = 4096 Flash cases above run it
 // there, in CTAs of 256 weight rows) forced in CTAs of 128 weight rows (pf_rows 128; the 256-row
 // ones, whose FP4 tiles take widths in steps of 16: WgmmaWidePrefillVariants), with token counts
-// whose tiles take each wgmma width (valid rows rounded up to 32: T = 16 at the tiny shape has ~4
-// rows per expert (n32), T = 200 ~50 (n64), T = 350 ~88 (n96), T = 512 128 +- a few (n128 and a
-// second, small tile); Flash T = 1024 24 rows per expert, T = 2048 48). The activations reach it in its permuted K order (quant_rows_kernel's permute); a wrong
-// order or fragment layout would be O(1) wrong, far outside the tolerance. Skipped (printed) off
-// sm_90.
+// whose tiles take each wgmma width (valid rows rounded up to 32 in these CTAs: T = 16 at the tiny
+// shape has ~4 rows per expert (n32), T = 200 ~50 (n64), T = 350 ~88 (n96), T = 512 128 +- a few
+// (n128 and a second, small tile); Flash T = 1024 24 rows per expert, T = 2048 48). The
+// activations reach it in its permuted K order (quant_rows_kernel's permute); a wrong order or
+// fragment layout would be O(1) wrong, far outside the tolerance. Skipped (printed) off sm_90.
 TEST_F(MoeCuda, WgmmaPrefillPathVariants) {
   cuda::MoeTuning t{0, 0, 4, 0};
   t.pf_rows = 128;

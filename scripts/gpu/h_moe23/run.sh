@@ -34,8 +34,8 @@ cuobj="$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2>/dev/null |
 if [ -n "$cuobj" ]; then
   "$cuobj" -sass "$c/bench_moe" >/tmp/bench_moe.sass 2>/dev/null
   for k in 'expert_gemm_wg_kernelILb1ELi1ELi4E' 'expert_gemm_wg_kernelILb0ELi1ELi4E'; do
-    python3 scripts/gpu/h_moe23/sass_loops.py "$k" </tmp/bench_moe.sass | tee -a "$out/sass_loops.txt" |
-      head -40
+    python3 scripts/gpu/h_moe23/sass_loops.py "$k" </tmp/bench_moe.sass |
+      tee -a "$out/sass_loops.txt" | head -40
   done
 fi
 rm -f "$out/gpu.txt"

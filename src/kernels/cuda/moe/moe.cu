@@ -1743,8 +1743,9 @@ __global__ void __launch_bounds__(kPfThreads, 2) expert_gemm_pf_kernel(GemmArgs 
 // 64 weight rows (per row group) as the A operand of wgmma m64nNk16, taken from
 // registers: each thread dequantizes exactly the A fragment elements it holds (rows g and g + 8 of
 // its warp's 16), so the bf16 weights never touch shared memory and need no barrier. The tile's
-// tokens are the B operand (N = the tile's valid rows rounded up to 32: 32, 64, 96 or 128), K-major
-// in shared memory with the 128-byte swizzle. Per chunk of 128 K:
+// tokens are the B operand (N = the tile's valid rows rounded up to 16 for the FP4 tiles of the
+// four-warpgroup CTAs, else to 32: kWgWidthStep), K-major in shared memory with the 128-byte
+// swizzle. Per chunk of 128 K:
 //   - cp.async brings the chunk two chunks ahead into one of 4 slots: the activation rows
 //     (gathered through row_token for gate/up), this thread's raw weight bytes (16 B of each of its
 //     two rows for FP4, 32 B for FP8) and the MXFP4 / NVFP4 block scales of its rows;
@@ -1814,7 +1815,8 @@ __device__ __forceinline__ void mma_half(float (&acc)[64], const uint32_t (&a)[4
 }
 #endif
 
-// N: the wgmma width, the tile's valid rows rounded up to 32 (the columns past them are dropped).
+// N: the wgmma width, the tile's valid rows rounded up to kWgWidthStep (the columns past them are
+// computed from whatever the slot holds there and dropped).
 // kRg: m64 row groups per warpgroup. 1: the CTA's 128 weight rows (N block nb of 64 inter columns
 // for gate/up, 128 outputs for down); 2 (the wide CTAs): 256 weight rows (128 inter columns / 256
 // outputs), so each activation chunk copied into shared memory feeds twice the MMAs (half the
