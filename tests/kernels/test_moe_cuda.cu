@@ -874,31 +874,28 @@ TEST_F(MoeCuda, TinyWidePrefillCtas) {
       t->pf_raster = 1;
     run_case(c);
   }
-  Case bad{"tiny bad cta rows", kTiny, WeightFormat::kMxfp4, 512};
-  bad.tuning = {0, 0, 4, 0};
-  bad.tuning.pf_rows = 64;
-  bad.expect_error = "pf_rows must be 0, 128 or 256";
-  run_case(bad);
-  bad.name = "tiny wide cta on mma.sync";
-  bad.tuning = {0, 0, 3, 0};
-  bad.tuning.pf_rows = 256;
-  bad.expect_error = "256-row prefill CTAs need the wgmma prefill path";
-  run_case(bad);
-  bad.name = "tiny bad warpgroup count";
-  bad.tuning = {0, 0, 4, 0};
-  bad.tuning.pf_wgs = 3;
-  bad.expect_error = "pf_wgs must be 0, 2 or 4";
-  run_case(bad);
-  bad.name = "tiny four warpgroups in 128-row ctas";
-  bad.tuning.pf_rows = 128;
-  bad.tuning.pf_wgs = 4;
-  bad.expect_error = "four-warpgroup prefill CTAs need the 256-row CTAs";
-  run_case(bad);
-  bad.name = "tiny bad width step";
-  bad.tuning = {0, 0, 4, 0};
-  bad.tuning.pf_step = 16;
-  bad.expect_error = "pf_step must be 0 or 32";
-  run_case(bad);
+  // Refused tunings: MoeTuning::path, pf_rows, pf_wgs, pf_step and the error.
+  struct Refused {
+    const char* name;
+    int path, rows, wgs, step;
+    const char* error;
+  };
+  for (const Refused& r :
+       {Refused{"tiny bad cta rows", 4, 64, 0, 0, "pf_rows must be 0, 128 or 256"},
+        Refused{"tiny wide cta on mma.sync", 3, 256, 0, 0,
+                "256-row prefill CTAs need the wgmma prefill path"},
+        Refused{"tiny bad warpgroup count", 4, 0, 3, 0, "pf_wgs must be 0, 2 or 4"},
+        Refused{"tiny four warpgroups in 128-row ctas", 4, 128, 4, 0,
+                "four-warpgroup prefill CTAs need the 256-row CTAs"},
+        Refused{"tiny bad width step", 4, 0, 0, 16, "pf_step must be 0 or 32"}}) {
+    Case bad{r.name, kTiny, WeightFormat::kMxfp4, 512};
+    bad.tuning = {0, 0, r.path, 0};
+    bad.tuning.pf_rows = r.rows;
+    bad.tuning.pf_wgs = r.wgs;
+    bad.tuning.pf_step = r.step;
+    bad.expect_error = r.error;
+    run_case(bad);
+  }
 }
 
 // The same at the Flash shape (32 N blocks per tile in both GEMMs, ~48 rows per expert at
