@@ -14,7 +14,7 @@ export BINS="${BINS:?packed binaries}" SKIP_SASS=1
 c=/tmp/c18
 ab() {
   local cases="${AB_CASES:-mxfp4:4096:0:0;mxfp4:8192:0:0;nvfp4:4096:0:0}"
-  [ -x "$c/bench_moe_old" ] || return 0
+  [ -x "$c/bench_moe_old" ] || [ -x "$c/bench_moe_prev" ] || return 0
   for i in $(seq "${AB_ROUNDS:-2}"); do
     for b in bench_moe_old bench_moe_prev bench_moe; do
       [ -x "$c/$b" ] || continue

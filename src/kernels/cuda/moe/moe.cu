@@ -1797,6 +1797,29 @@ __device__ __forceinline__ void cp_async_small(void* smem, const void* gmem, int
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem));
 }
 
+// The per-slot mbarriers of the wgmma kernel's pf_sync 1 mode (`bar`: a shared-memory address).
+__device__ __forceinline__ void wg_mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void wg_mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void wg_mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// One arrival on `bar` once every cp.async this thread issued so far has landed.
+__device__ __forceinline__ void wg_mbar_arrive_copies(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+
 // D[64 x N] += A[64 x 16] (registers, bf16) B[16 x N] (shared memory, K-major, descriptor).
 template <int N>
 __device__ __forceinline__ void mma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db,
@@ -1825,7 +1848,12 @@ __device__ __forceinline__ void mma_half(float (&acc)[64], const uint32_t (&a)[4
 // (twice the raw bytes) copy one chunk ahead into three slots. kWgs: warpgroups per CTA, 2, or 4
 // with kRg 1 (session 22: the 256-row CTAs as four warpgroups of one row group each, 512 threads:
 // 4 warps per scheduler instead of 2, each with half the dequantization per chunk).
-template <bool kFused, int FMT, int N, int kRg = 1, int kWgs = 2>
+// kMbar (four warpgroups only; MoeTuning::pf_sync 1): per-slot mbarriers instead of the CTA barrier
+// per chunk. Each thread's copies of a chunk arrive on the slot's `full` barrier when they land;
+// each warp arrives on the slot's `empty` barrier once its wgmmas reading the slot are done, and a
+// thread waits for that before copying into the slot again. The warpgroups may then drift apart by
+// about half a chunk instead of meeting at every chunk.
+template <bool kFused, int FMT, int N, int kRg = 1, int kWgs = 2, bool kMbar = false>
 __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert& ex, int g,
                                         int base, int row0, int rows, int64_t nb, uint8_t* smem) {
 #if DS_MOE_WGMMA_PATH
@@ -1833,6 +1861,7 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
   constexpr bool kMx = FMT == int(WeightFormat::kMxfp4);
   static_assert((kRg == 1 || kRg == 2) && (kWgs == 2 || (kWgs == 4 && kRg == 1)),
                 "128 or 256 weight rows per CTA");
+  static_assert(!kMbar || kWgs == 4, "the slot mbarriers sit where the kRg 2 CTAs' row table is");
   constexpr int kThreads = 128 * kWgs;
   constexpr int kVg = kRg * kWgs;         // m64 row groups per CTA
   constexpr int kRowStep = kThreads / 16;  // activation rows copied per pass
@@ -1892,8 +1921,32 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
     if (tid < kPfTokens) row_tab[tid] = row_offset(tid);
     __syncthreads();
   }
+  // kMbar: slot s's `full` barrier at bars + 8 s, its `empty` barrier at bars + 8 (kSlots + s)
+  // (after the slots, where the kRg 2 CTAs keep their row table). Chunk c is phase c / kSlots of
+  // its slot's barriers.
+  const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  [[maybe_unused]] const uint32_t bars = smem_addr + uint32_t(kSlots * kSlotBytes);
+  const auto full_bar = [&](int c) { return bars + uint32_t(8 * (c % kSlots)); };
+  const auto empty_bar = [&](int c) { return bars + uint32_t(8 * (kSlots + c % kSlots)); };
+  if constexpr (kMbar) {
+    if (tid == 0) {
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) {
+        wg_mbar_init(full_bar(i), kThreads);        // every thread's copies
+        wg_mbar_init(empty_bar(i), kThreads / 32);  // every warp
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+  }
 
-  auto issue = [&](int c) {  // chunk c into slot c % kSlots, one commit group (maybe empty)
+  // Chunk c into slot c % kSlots: one commit group (maybe empty), or with kMbar one arrival on
+  // the slot's full barrier after the slot's previous chunk was released.
+  auto issue = [&](int c) {
+    if constexpr (kMbar) {
+      if (c >= chunks) return;
+      if (c >= kSlots) wg_mbar_wait(empty_bar(c), uint32_t((c / kSlots - 1) & 1));
+    }
     if (c < chunks) {
       uint8_t* slot = smem + (c % kSlots) * kSlotBytes;
       uint8_t* act = slot + batom * kWgAtomBytes;
@@ -1937,7 +1990,10 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
         }
       }
     }
-    cp_async_commit();
+    if constexpr (kMbar)
+      wg_mbar_arrive_copies(full_bar(c));
+    else
+      cp_async_commit();
   };
 
   float acc[kRg][64];     // written first by a scale-d 0 wgmma (mma_half's `first`)
@@ -1952,15 +2008,19 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
     fsc[rg][0] = kFp8 ? fp8_scale(rg, 0, 0) : 0.0f;
     fsc[rg][1] = kFp8 ? fp8_scale(rg, 1, 0) : 0.0f;
   }
-  const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
 
 #pragma unroll
   for (int i = 0; i < kAhead; ++i) issue(i);
   for (int c = 0; c < chunks; ++c) {
-    cp_async_wait<kAhead - 1>();  // this thread's copies of chunk c (later ones may be in flight)
-    wgmma::fence_proxy_async();
-    __syncthreads();     // everyone's chunk c; every warpgroup is done with chunk c - 2
-    issue(c + kAhead);   // into chunk c - 2's slot
+    if constexpr (kMbar) {
+      wg_mbar_wait(full_bar(c), uint32_t((c / kSlots) & 1));  // everyone's copies of chunk c
+      wgmma::fence_proxy_async();
+    } else {
+      cp_async_wait<kAhead - 1>();  // this thread's copies of chunk c (later ones may be in flight)
+      wgmma::fence_proxy_async();
+      __syncthreads();  // everyone's chunk c; every warpgroup is done with chunk c - 2
+    }
+    issue(c + kAhead);  // into chunk c + kAhead - kSlots's slot
     const int s = c % kSlots;
     const uint8_t* raw = smem + s * kSlotBytes + kWgActBytes;
     [[maybe_unused]] const uint8_t* scl = raw + kRawBytes;
@@ -1985,6 +2045,11 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
         // just before keeps the tensor cores busy during the dequantization.
         const int b = h;
         wgmma::wait<1>();
+        // kMbar: the last group of the chunk; the wait leaves only the previous group in flight,
+        // so this warp is done with chunk c - 1's slot.
+        if constexpr (kMbar) {
+          if (rg == kRg - 1 && h == 1 && c > 0 && lane == 0) wg_mbar_arrive(empty_bar(c - 1));
+        }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           // The half's 16 elements e0..e15 (K order of the lane's bytes) in the fragments of its
@@ -2095,7 +2160,7 @@ constexpr int kWgWidthStep = kWgs == 4 && FMT != int(WeightFormat::kFp8Block) ? 
 
 // kRg 1: CTAs of 128 weight rows (kWgs 2) or 256 (kWgs 4: four warpgroups); 2: the wide CTAs of
 // 256 rows in two warpgroups.
-template <bool kFused, int kRg = 1, int kWgs = 2>
+template <bool kFused, int kRg = 1, int kWgs = 2, bool kMbar = false>
 __global__ void __launch_bounds__(128 * kWgs, 1) expert_gemm_wg_kernel(GemmArgs a) {
   pdl_begin();
 #if DS_MOE_WGMMA_PATH
@@ -2121,21 +2186,45 @@ __global__ void __launch_bounds__(128 * kWgs, 1) expert_gemm_wg_kernel(GemmArgs 
     // (A switch: a fold over lambdas per width made ptxas spill more in the K loops.)
     if constexpr (kStep == 16) {
       switch ((width + 15) >> 4) {
-        case 1: wg_tile<kFused, F, 16, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
-        case 2: wg_tile<kFused, F, 32, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
-        case 3: wg_tile<kFused, F, 48, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
-        case 4: wg_tile<kFused, F, 64, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
-        case 5: wg_tile<kFused, F, 80, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
-        case 6: wg_tile<kFused, F, 96, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
-        case 7: wg_tile<kFused, F, 112, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
-        default: wg_tile<kFused, F, 128, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
+        case 1:
+          wg_tile<kFused, F, 16, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
+          break;
+        case 2:
+          wg_tile<kFused, F, 32, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
+          break;
+        case 3:
+          wg_tile<kFused, F, 48, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
+          break;
+        case 4:
+          wg_tile<kFused, F, 64, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
+          break;
+        case 5:
+          wg_tile<kFused, F, 80, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
+          break;
+        case 6:
+          wg_tile<kFused, F, 96, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
+          break;
+        case 7:
+          wg_tile<kFused, F, 112, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
+          break;
+        default:
+          wg_tile<kFused, F, 128, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
+          break;
       }
     } else {
       switch ((width + 31) >> 5) {
-        case 1: wg_tile<kFused, F, 32, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
-        case 2: wg_tile<kFused, F, 64, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
-        case 3: wg_tile<kFused, F, 96, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
-        default: wg_tile<kFused, F, 128, kRg, kWgs>(a, ex, g, base, row0, rows, nb, smem); break;
+        case 1:
+          wg_tile<kFused, F, 32, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
+          break;
+        case 2:
+          wg_tile<kFused, F, 64, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
+          break;
+        case 3:
+          wg_tile<kFused, F, 96, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
+          break;
+        default:
+          wg_tile<kFused, F, 128, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
+          break;
       }
     }
   };
@@ -2249,20 +2338,23 @@ Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, in
 // The 128-row prefill tiles, one grid for both kernels: the wgmma kernel (wg; its activations, xq
 // from forward and hq here, are in wg_tile's K order: quant_rows_kernel's permute) or the bf16
 // mma.sync one. wide: the wgmma kernel's CTAs of 256 weight rows (half the N blocks), in four
-// warpgroups with wgs4. (The dynamic shared memory opt-in is done at load time:
+// warpgroups with wgs4 (mbar: their per-slot mbarrier form). (The dynamic shared memory opt-in is
+// done at load time:
 // MoeDeviceLayer::create.)
-Status launch_gemms_prefill(bool wg, bool wide, bool wgs4, const GemmArgs& g1, const GemmArgs& g2,
-                            int64_t tiles, int64_t inter, int64_t dim, const float* h, uint16_t* hq,
-                            const int32_t* total_rows, int64_t rows_bound, bool fp8, bool pdl,
-                            cudaStream_t stream) {
-  void (*const gate_up)(GemmArgs) = !wg    ? expert_gemm_pf_kernel<true>
-                                    : wgs4 ? expert_gemm_wg_kernel<true, 1, 4>
-                                    : wide ? expert_gemm_wg_kernel<true, 2>
-                                           : expert_gemm_wg_kernel<true, 1>;
-  void (*const down)(GemmArgs) = !wg    ? expert_gemm_pf_kernel<false>
-                                 : wgs4 ? expert_gemm_wg_kernel<false, 1, 4>
-                                 : wide ? expert_gemm_wg_kernel<false, 2>
-                                        : expert_gemm_wg_kernel<false, 1>;
+Status launch_gemms_prefill(bool wg, bool wide, bool wgs4, bool mbar, const GemmArgs& g1,
+                            const GemmArgs& g2, int64_t tiles, int64_t inter, int64_t dim,
+                            const float* h, uint16_t* hq, const int32_t* total_rows,
+                            int64_t rows_bound, bool fp8, bool pdl, cudaStream_t stream) {
+  void (*const gate_up)(GemmArgs) = !wg            ? expert_gemm_pf_kernel<true>
+                                    : wgs4 && mbar ? expert_gemm_wg_kernel<true, 1, 4, true>
+                                    : wgs4         ? expert_gemm_wg_kernel<true, 1, 4>
+                                    : wide         ? expert_gemm_wg_kernel<true, 2>
+                                                   : expert_gemm_wg_kernel<true, 1>;
+  void (*const down)(GemmArgs) = !wg            ? expert_gemm_pf_kernel<false>
+                                 : wgs4 && mbar ? expert_gemm_wg_kernel<false, 1, 4, true>
+                                 : wgs4         ? expert_gemm_wg_kernel<false, 1, 4>
+                                 : wide         ? expert_gemm_wg_kernel<false, 2>
+                                                : expert_gemm_wg_kernel<false, 1>;
   const int threads = !wg ? kPfThreads : wgs4 ? 2 * kWgThreads : kWgThreads;
   const size_t smem = !wg ? kPfSmem : wide ? kWgWideSmem : kWgSmem;
   const int64_t rows_per_cta = wide ? 2 : 1;
@@ -2305,7 +2397,9 @@ cudaError_t set_prefill_smem_attributes(bool wg) {
                     {expert_gemm_wg_kernel<true, 2>, kWgWideSmem},
                     {expert_gemm_wg_kernel<false, 2>, kWgWideSmem},
                     {expert_gemm_wg_kernel<true, 1, 4>, kWgWideSmem},
-                    {expert_gemm_wg_kernel<false, 1, 4>, kWgWideSmem}};
+                    {expert_gemm_wg_kernel<false, 1, 4>, kWgWideSmem},
+                    {expert_gemm_wg_kernel<true, 1, 4, true>, kWgWideSmem},
+                    {expert_gemm_wg_kernel<false, 1, 4, true>, kWgWideSmem}};
   for (const Fn& f : wg ? std::span<const Fn>(wgk) : std::span<const Fn>(pf)) {
     const cudaError_t e =
         cudaFuncSetAttribute(f.f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(f.bytes));
@@ -2696,9 +2790,13 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
     return invalid_argument("moe: tuning.pf_wgs must be 0, 2 or 4");
   if (tuning.pf_step != 0 && tuning.pf_step != 32)
     return invalid_argument("moe: tuning.pf_step must be 0 or 32");
+  if (tuning.pf_sync != 0 && tuning.pf_sync != 1)
+    return invalid_argument("moe: tuning.pf_sync must be 0 or 1");
   if (tuning.pf_wgs == 4 && !use_wide)
     return invalid_argument("moe: four-warpgroup prefill CTAs need the 256-row CTAs");
   const bool use_wgs4 = use_wide && tuning.pf_wgs != 2;
+  if (tuning.pf_sync == 1 && !use_wgs4)
+    return invalid_argument("moe: tuning.pf_sync 1 needs the four-warpgroup prefill CTAs");
   auto* xq8 = reinterpret_cast<uint8_t*>(ws + L.xq8);
   auto* xs = reinterpret_cast<float*>(ws + L.xs);
   auto* hq8 = reinterpret_cast<uint8_t*>(ws + L.hq8);
@@ -2772,9 +2870,9 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
                                                           stream);
   };
   if (bt == kPfTokens) {
-    DS_RETURN_IF_ERROR(launch_gemms_prefill(use_wg, use_wide, use_wgs4, g1, g2, tiles_bound,
-                                            l.inter, l.dim, h, hq, total_rows, rows_bound, fp8,
-                                            pdl, stream));
+    DS_RETURN_IF_ERROR(launch_gemms_prefill(use_wg, use_wide, use_wgs4, tuning.pf_sync == 1, g1, g2,
+                                            tiles_bound, l.inter, l.dim, h, hq, total_rows,
+                                            rows_bound, fp8, pdl, stream));
   } else if (use_f8) {
     // K split and ring of the FP8 path, measured on H200 (bench_moe, session 5): K split 4 at
     // T = 1 (80.6 us vs 84.9 with 2: 896 CTAs instead of 448 for the 7 groups, < 2 waves at 3
