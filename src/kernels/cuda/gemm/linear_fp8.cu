@@ -23,6 +23,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/func_attributes.h"
+#include "kernels/cuda/common/mbarrier.cuh"
 #include "kernels/cuda/gemm/linear_fp8.h"
 #include "kernels/cuda/norm/device_util.cuh"
 #include "kernels/cuda/quant/quant_fp8.h"
@@ -617,20 +618,6 @@ __host__ __device__ constexpr int bulk_stage_bytes(int rw) {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-#endif
 }
 
 template <int NT, int RW, int KP>

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/mbarrier.cuh"
 #include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/common/wgmma.cuh"
 #include "kernels/cuda/moe/moe.h"
@@ -1797,29 +1798,6 @@ __device__ __forceinline__ void cp_async_small(void* smem, const void* gmem, int
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem));
 }
 
-// The per-slot mbarriers of the wgmma kernel's pf_sync 1 mode (`bar`: a shared-memory address).
-__device__ __forceinline__ void wg_mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void wg_mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void wg_mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-// One arrival on `bar` once every cp.async this thread issued so far has landed.
-__device__ __forceinline__ void wg_mbar_arrive_copies(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
-}
-
 // D[64 x N] += A[64 x 16] (registers, bf16) B[16 x N] (shared memory, K-major, descriptor).
 template <int N>
 __device__ __forceinline__ void mma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db,
@@ -1932,8 +1910,8 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
     if (tid == 0) {
 #pragma unroll
       for (int i = 0; i < kSlots; ++i) {
-        wg_mbar_init(full_bar(i), kThreads);        // every thread's copies
-        wg_mbar_init(empty_bar(i), kThreads / 32);  // every warp
+        mbar_init(full_bar(i), kThreads);        // every thread's copies
+        mbar_init(empty_bar(i), kThreads / 32);  // every warp
       }
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -1945,7 +1923,7 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
   auto issue = [&](int c) {
     if constexpr (kMbar) {
       if (c >= chunks) return;
-      if (c >= kSlots) wg_mbar_wait(empty_bar(c), uint32_t((c / kSlots - 1) & 1));
+      if (c >= kSlots) mbar_wait(empty_bar(c), uint32_t((c / kSlots - 1) & 1));
     }
     if (c < chunks) {
       uint8_t* slot = smem + (c % kSlots) * kSlotBytes;
@@ -1991,7 +1969,7 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
       }
     }
     if constexpr (kMbar)
-      wg_mbar_arrive_copies(full_bar(c));
+      mbar_arrive_cp_async(full_bar(c));
     else
       cp_async_commit();
   };
@@ -2013,7 +1991,7 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
   for (int i = 0; i < kAhead; ++i) issue(i);
   for (int c = 0; c < chunks; ++c) {
     if constexpr (kMbar) {
-      wg_mbar_wait(full_bar(c), uint32_t((c / kSlots) & 1));  // everyone's copies of chunk c
+      mbar_wait(full_bar(c), uint32_t((c / kSlots) & 1));  // everyone's copies of chunk c
       wgmma::fence_proxy_async();
     } else {
       cp_async_wait<kAhead - 1>();  // this thread's copies of chunk c (later ones may be in flight)
@@ -2048,7 +2026,7 @@ __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert
         // kMbar: the last group of the chunk; the wait leaves only the previous group in flight,
         // so this warp is done with chunk c - 1's slot.
         if constexpr (kMbar) {
-          if (rg == kRg - 1 && h == 1 && c > 0 && lane == 0) wg_mbar_arrive(empty_bar(c - 1));
+          if (rg == kRg - 1 && h == 1 && c > 0 && lane == 0) mbar_arrive(empty_bar(c - 1));
         }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -2184,49 +2162,29 @@ __global__ void __launch_bounds__(128 * kWgs, 1) expert_gemm_wg_kernel(GemmArgs 
     constexpr int kStep = kWgWidthStep<F, kWgs>;
     const int width = a.wg_step32 ? (rows + 31) & ~31 : rows;
     // (A switch: a fold over lambdas per width made ptxas spill more in the K loops.)
+#define DS_WG_TILE(n) wg_tile<kFused, F, n, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem)
+    // clang-format off
     if constexpr (kStep == 16) {
       switch ((width + 15) >> 4) {
-        case 1:
-          wg_tile<kFused, F, 16, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
-          break;
-        case 2:
-          wg_tile<kFused, F, 32, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
-          break;
-        case 3:
-          wg_tile<kFused, F, 48, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
-          break;
-        case 4:
-          wg_tile<kFused, F, 64, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
-          break;
-        case 5:
-          wg_tile<kFused, F, 80, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
-          break;
-        case 6:
-          wg_tile<kFused, F, 96, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
-          break;
-        case 7:
-          wg_tile<kFused, F, 112, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
-          break;
-        default:
-          wg_tile<kFused, F, 128, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
-          break;
+        case 1: DS_WG_TILE(16); break;
+        case 2: DS_WG_TILE(32); break;
+        case 3: DS_WG_TILE(48); break;
+        case 4: DS_WG_TILE(64); break;
+        case 5: DS_WG_TILE(80); break;
+        case 6: DS_WG_TILE(96); break;
+        case 7: DS_WG_TILE(112); break;
+        default: DS_WG_TILE(128); break;
       }
     } else {
       switch ((width + 31) >> 5) {
-        case 1:
-          wg_tile<kFused, F, 32, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
-          break;
-        case 2:
-          wg_tile<kFused, F, 64, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
-          break;
-        case 3:
-          wg_tile<kFused, F, 96, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
-          break;
-        default:
-          wg_tile<kFused, F, 128, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem);
-          break;
+        case 1: DS_WG_TILE(32); break;
+        case 2: DS_WG_TILE(64); break;
+        case 3: DS_WG_TILE(96); break;
+        default: DS_WG_TILE(128); break;
       }
     }
+    // clang-format on
+#undef DS_WG_TILE
   };
   if (fmt == int(WeightFormat::kMxfp4)) {
     run(std::integral_constant<int, int(WeightFormat::kMxfp4)>{});
