@@ -2297,8 +2297,7 @@ Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, in
 // from forward and hq here, are in wg_tile's K order: quant_rows_kernel's permute) or the bf16
 // mma.sync one. wide: the wgmma kernel's CTAs of 256 weight rows (half the N blocks), in four
 // warpgroups with wgs4 (mbar: their per-slot mbarrier form). (The dynamic shared memory opt-in is
-// done at load time:
-// MoeDeviceLayer::create.)
+// done at load time: MoeDeviceLayer::create.)
 Status launch_gemms_prefill(bool wg, bool wide, bool wgs4, bool mbar, const GemmArgs& g1,
                             const GemmArgs& g2, int64_t tiles, int64_t inter, int64_t dim,
                             const float* h, uint16_t* hq, const int32_t* total_rows,
