@@ -663,10 +663,8 @@ __global__ void __launch_bounds__(bulk_threads(KP), (NT == 1 ? 4 : 3) / KP)
   if (threadIdx.x == 0) {
     for (int q = 0; q < KP; ++q)
       for (int s = 0; s < S; ++s) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&full_bars[q][s])));
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(
-                         smem_addr(&empty_bars[q][s])),
-                     "r"(kBulkConsumerWarps));
+        mbar_init(smem_addr(&full_bars[q][s]), 1);
+        mbar_init(smem_addr(&empty_bars[q][s]), kBulkConsumerWarps);
       }
     // Make the initialized barriers visible to the async (bulk copy) proxy.
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -784,10 +782,7 @@ __global__ void __launch_bounds__(bulk_threads(KP), (NT == 1 ? 4 : 3) / KP)
             wv[3] = *reinterpret_cast<const uint4*>(p + rd2 + rd1);
           }
           __syncwarp();
-          if (lane == 0)
-            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(
-                             smem_addr(&empty_bar[s]))
-                         : "memory");
+          if (lane == 0) mbar_arrive(smem_addr(&empty_bar[s]));
           if (mine) {
             const float ws = e8m0_to_float_dev(wsr[u]);
 #pragma unroll
