@@ -45,6 +45,7 @@
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/moe.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cuda/common/div_rn.cuh"
 #include "kernels/cuda/moe/moe.h"
 #include "kernels/cuda_test_util.h"
 
@@ -991,6 +992,40 @@ TEST(MoeScaleCodes, LargestMxfp4CodeDecidesTheFp8Variants) {
   EXPECT_EQ(variants(cuda::kMoeF16MaxScaleCode + 1), V({true, false, false, false}));
   EXPECT_EQ(variants(cuda::kMoeF8MaxScaleCode), V({true, false, false, false}));
   EXPECT_EQ(variants(cuda::kMoeF8MaxScaleCode + 1), V({false, false, false, false}));
+}
+
+// The gate/up epilogue's silu divides through div_rn_ge1 (no slow-path CALL); it must give the bits
+// of `x / (1 + expf(-x))` for every fp32 x: all 2^32 patterns (denormals, infinities and NaNs
+// included; any NaN matches any NaN), against the `/` operator compiled in the same kernel. The
+// first mismatching inputs are reported.
+__global__ void silu_div_mismatches(unsigned long long* count, uint32_t* first) {
+  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+  for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < (1ull << 32);
+       i += stride) {
+    const float x = __uint_as_float(uint32_t(i));
+    const float want = x / (1.0f + expf(-x)), got = cuda::silu_dev(x);
+    const bool same = __float_as_uint(want) == __float_as_uint(got) || (want != want && got != got);
+    if (!same && atomicAdd(count, 1ull) < 4) first[atomicAdd(first + 4, 1u) & 3] = uint32_t(i);
+  }
+}
+
+TEST(MoeSiluDivision, DivRnGe1MatchesIeeeDivisionForSilu) {
+  DS_REQUIRE_GPU();
+  DeviceBuffer<unsigned long long> count(1);
+  DeviceBuffer<uint32_t> first(5);
+  ASSERT_TRUE(count.ok() && first.ok());
+  DS_CUDA_ASSERT(cudaMemset(count.get(), 0, count.bytes()));
+  DS_CUDA_ASSERT(first.poison());
+  DS_CUDA_ASSERT(cudaMemset(first.get() + 4, 0, sizeof(uint32_t)));
+  silu_div_mismatches<<<1024, 256>>>(count.get(), first.get());
+  DS_CUDA_ASSERT(cudaGetLastError());
+  DS_CUDA_ASSERT(cudaDeviceSynchronize());
+  std::vector<unsigned long long> n;
+  std::vector<uint32_t> bad;
+  DS_CUDA_ASSERT(count.download(n));
+  DS_CUDA_ASSERT(first.download(bad));
+  EXPECT_EQ(n[0], 0ull) << "first mismatching inputs (bits, up to 4): " << std::hex << bad[0]
+                        << " " << bad[1] << " " << bad[2] << " " << bad[3];
 }
 
 }  // namespace

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/div_rn.cuh"
 #include "kernels/cuda/common/mbarrier.cuh"
 #include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/common/wgmma.cuh"
@@ -681,7 +682,7 @@ __device__ __forceinline__ float swiglu_hidden(const GemmArgs& a, float av, floa
     av = fminf(av, limit);
     bv = fminf(fmaxf(bv, -limit), limit);
   }
-  const float silu = av / (1.0f + expf(-av));
+  const float silu = silu_dev(av);  // av / (1 + e^-av) rounded as `/`, without its CALL
   float hidden = silu * bv;
   if (!shared) hidden = a.row_weight[gr] * hidden;
   if (a.round_bf16) hidden = round_bf16_dev(hidden);
@@ -2156,8 +2157,10 @@ __global__ void __launch_bounds__(128 * kWgs, 1) expert_gemm_wg_kernel(GemmArgs 
   const int64_t nb = pf_n_block(a);
   // One instantiation per (format, wgmma width): a width chosen inside the K loop made ptxas
   // serialize the wgmmas (C7515: the branches' accumulator moves). The width is the tile's rows
-  // rounded up to kWgWidthStep<...> (the columns past them are computed and dropped).
-  const auto run = [&](auto fmt_c) {
+  // rounded up to kWgWidthStep<...> (the columns past them are computed and dropped). Always
+  // inlined: cicc once left this lambda out of line when the epilogue grew (a CALL around the
+  // wgmma K loop: C7510, and a 288-byte stack frame for its arguments).
+  const auto run = [&](auto fmt_c) __attribute__((always_inline)) {
     constexpr int F = decltype(fmt_c)::value;
     constexpr int kStep = kWgWidthStep<F, kWgs>;
     const int width = a.wg_step32 ? (rows + 31) & ~31 : rows;
