@@ -582,13 +582,15 @@ int main(int argc, char** argv) {
         t.pf_wgs = 2;
         cases.push_back({T, t});
       }
-      // The default CTAs with tile widths in steps of 32 (MoeTuning::pf_step) next to the default
-      // steps of 16 (the default rows at 4096 / 8192).
-      for (int64_t T : {int64_t(4096), int64_t(8192)}) {
-        if (!mx && T != 4096) continue;
-        cuda::MoeTuning t;
-        t.pf_step = 32;
-        cases.push_back({T, t});
+      // The default CTAs with tile widths in steps of 32 and of 8 (MoeTuning::pf_step) next to
+      // the default steps of 16 (the default rows at 4096 / 8192).
+      for (int step : {32, 8}) {
+        for (int64_t T : {int64_t(4096), int64_t(8192)}) {
+          if (!mx && T != 4096) continue;
+          cuda::MoeTuning t;
+          t.pf_step = step;
+          cases.push_back({T, t});
+        }
       }
       // The default CTAs with per-slot mbarriers instead of the CTA barrier per chunk
       // (MoeTuning::pf_sync 1).

@@ -653,7 +653,7 @@ struct GemmArgs {
   const uint8_t* act8 = nullptr;
   const float* act_scale = nullptr;
   bool tiles_fastest = false;  // prefill grids (tiles, N blocks) instead of (N blocks, tiles)
-  bool wg_step32 = false;      // wgmma prefill tiles: widths in steps of 32 (MoeTuning::pf_step)
+  int wg_step = 0;  // wgmma prefill tiles' width step: 0 = the kernel's (16 / 32), 8, 32 (pf_step)
 };
 
 // The prefill kernels' (128-row tiles) place in their grid. By default the grid is (N blocks,
@@ -2163,23 +2163,33 @@ __global__ void __launch_bounds__(128 * kWgs, 1) expert_gemm_wg_kernel(GemmArgs 
   const auto run = [&](auto fmt_c) __attribute__((always_inline)) {
     constexpr int F = decltype(fmt_c)::value;
     constexpr int kStep = kWgWidthStep<F, kWgs>;
-    const int width = a.wg_step32 ? (rows + 31) & ~31 : rows;
+    // pf_step 8 (the FP4 tiles of the four-warpgroup CTAs only) or 32, else kStep.
+    const int step = a.wg_step == 32 || (a.wg_step == 8 && kStep == 16) ? a.wg_step : kStep;
+    const int width = (rows + step - 1) & -step;  // steps are powers of two
     // (A switch: a fold over lambdas per width made ptxas spill more in the K loops.)
 #define DS_WG_TILE(n) wg_tile<kFused, F, n, kRg, kWgs, kMbar>(a, ex, g, base, row0, rows, nb, smem)
     // clang-format off
     if constexpr (kStep == 16) {
-      switch ((width + 15) >> 4) {
-        case 1: DS_WG_TILE(16); break;
-        case 2: DS_WG_TILE(32); break;
-        case 3: DS_WG_TILE(48); break;
-        case 4: DS_WG_TILE(64); break;
-        case 5: DS_WG_TILE(80); break;
-        case 6: DS_WG_TILE(96); break;
-        case 7: DS_WG_TILE(112); break;
+      switch (width >> 3) {
+        case 1: DS_WG_TILE(8); break;
+        case 2: DS_WG_TILE(16); break;
+        case 3: DS_WG_TILE(24); break;
+        case 4: DS_WG_TILE(32); break;
+        case 5: DS_WG_TILE(40); break;
+        case 6: DS_WG_TILE(48); break;
+        case 7: DS_WG_TILE(56); break;
+        case 8: DS_WG_TILE(64); break;
+        case 9: DS_WG_TILE(72); break;
+        case 10: DS_WG_TILE(80); break;
+        case 11: DS_WG_TILE(88); break;
+        case 12: DS_WG_TILE(96); break;
+        case 13: DS_WG_TILE(104); break;
+        case 14: DS_WG_TILE(112); break;
+        case 15: DS_WG_TILE(120); break;
         default: DS_WG_TILE(128); break;
       }
     } else {
-      switch ((width + 31) >> 5) {
+      switch (width >> 5) {
         case 1: DS_WG_TILE(32); break;
         case 2: DS_WG_TILE(64); break;
         case 3: DS_WG_TILE(96); break;
@@ -2748,8 +2758,8 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   const bool use_wide = use_wg && (tuning.pf_rows == 256 || (tuning.pf_rows == 0 && l.pf_wide));
   if (tuning.pf_wgs != 0 && tuning.pf_wgs != 2 && tuning.pf_wgs != 4)
     return invalid_argument("moe: tuning.pf_wgs must be 0, 2 or 4");
-  if (tuning.pf_step != 0 && tuning.pf_step != 32)
-    return invalid_argument("moe: tuning.pf_step must be 0 or 32");
+  if (tuning.pf_step != 0 && tuning.pf_step != 8 && tuning.pf_step != 32)
+    return invalid_argument("moe: tuning.pf_step must be 0, 8 or 32");
   if (tuning.pf_sync != 0 && tuning.pf_sync != 1)
     return invalid_argument("moe: tuning.pf_sync must be 0 or 1");
   if (tuning.pf_wgs == 4 && !use_wide)
@@ -2788,7 +2798,7 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   g1.act8 = xq8;
   g1.act_scale = xs;
   g1.tiles_fastest = tuning.pf_raster == 1;
-  g1.wg_step32 = tuning.pf_step == 32;
+  g1.wg_step = tuning.pf_step;
   GemmArgs g2 = g1;
   g2.act = hq;
   g2.act8 = hq8;

@@ -139,8 +139,9 @@ struct MoeTuning {
   // per scheduler; needs the 256-row CTAs); 0 = 4 for the 256-row CTAs (NOTES.md, session 22).
   int pf_wgs = 0;
   // The wgmma prefill kernel's tile widths (a tile's rows rounded up to a step): 0 = its default
-  // (steps of 16 for the FP4 tiles of the four-warpgroup CTAs, 32 otherwise), 32 = steps of 32
-  // everywhere (the width set before session 23). The outputs are the same bits either way.
+  // (steps of 16 for the FP4 tiles of the four-warpgroup CTAs, 32 otherwise), 8 = steps of 8 for
+  // those FP4 tiles (session 25), 32 = steps of 32 everywhere (the width set before session 23).
+  // The outputs are the same bits either way.
   int pf_step = 0;
   // The four-warpgroup CTAs' chunk hand-off: 0 = a CTA barrier per chunk, 1 = per-slot mbarriers
   // (the warpgroups drift apart by up to about half a chunk; session 24). Same outputs either way.
