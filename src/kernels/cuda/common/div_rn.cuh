@@ -9,6 +9,7 @@
 //   - d = +inf: x / inf is x * 0 (a signed zero; NaN for infinite or NaN x);
 //   - d > 2^64: both operands scaled by 2^-64 (exact: |x| is then large enough to stay normal in
 //     the use below, and the quotient is the same number);
+//   - x = +-0 or +-inf: the quotient is x (the corrections would lose -0's sign and make inf NaN);
 //   - |x| tiny: the remainder of the refinement stays exact, so the rounding is still IEEE's.
 // The result is bit for bit `x / d` for every x where d = 1 + expf(-x) (tested exhaustively over
 // all 2^32 inputs in test_moe_cuda, DivRnGe1MatchesIeeeDivisionForSilu). For other uses, test the
@@ -29,7 +30,10 @@ __device__ __forceinline__ float div_rn_ge1(float x, float d) {
   float q = __fmul_rn(xs, r);
   q = fmaf(fmaf(-ds, q, xs), r, q);  // the remainder x - d q is exact (FMA); two corrections
   q = fmaf(fmaf(-ds, q, xs), r, q);
-  return d == __int_as_float(0x7f800000) ? x * 0.0f : q;
+  // x = +-0 or +-inf with d finite: x / d is x (the corrections would give +0 for -0, NaN for
+  // inf); d = inf: x * 0 (+-0, NaN for infinite x).
+  const float inf = __int_as_float(0x7f800000), ax = fabsf(x);
+  return d == inf ? x * 0.0f : ax == 0.0f || ax == inf ? x : q;
 }
 
 // silu(x) = x / (1 + e^-x) with the division rounded as `/` (the CPU reference's expression).
