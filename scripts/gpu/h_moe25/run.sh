@@ -9,7 +9,7 @@
 #   3. the K loops of the default wgmma kernels of bench_moe and bench_moe_prev (cuobjdump +
 #      scripts/gpu/h_moe23/sass_loops.py: length, LDL / STL per loop) -> OUT/sass_loops_<bench>.txt.
 #   scripts/gpu/h_moe25/run.sh [OUT_DIR]    env: BINS, AB_CASES, AB_ROUNDS (2), MOE_TEST_FILTER,
-#   MOE_TEST_TIMEOUT (240), MOE_SANITIZE_FILTER (MoeCuda.TinyWide*), MOE_SANITIZE_TIMEOUT (90),
+#   AB_OLD_ONCE=1 (bench_moe_old in the first round only), MOE_TEST_TIMEOUT (240), MOE_SANITIZE_FILTER (MoeCuda.TinyWide*), MOE_SANITIZE_TIMEOUT (90),
 #   GEMM_TEST=1: also build and run test_gemm_cuda (GEMM_TEST_TIMEOUT, 120)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -29,6 +29,7 @@ cases="${AB_CASES:-mxfp4:4096:0:0;mxfp4:8192:0:0;nvfp4:4096:0:0}"
 for i in $(seq "${AB_ROUNDS:-2}"); do
   for bench in bench_moe_old bench_moe_prev bench_moe; do
     [ -x "$c/$bench" ] || continue
+    [ "$bench" = bench_moe_old ] && [ "$i" -gt 1 ] && [ "${AB_OLD_ONCE:-0}" = 1 ] && continue
     echo "== $bench round $i"
     DS_MOE_CASES="$cases" timeout 150 "$c/$bench" "$out/ab_$bench.json" 2>&1 | grep -E "moe_gemms"
   done
