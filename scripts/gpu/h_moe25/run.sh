@@ -9,7 +9,8 @@
 #   3. the K loops of the default wgmma kernels of bench_moe and bench_moe_prev (cuobjdump +
 #      scripts/gpu/h_moe23/sass_loops.py: length, LDL / STL per loop) -> OUT/sass_loops_<bench>.txt.
 #   scripts/gpu/h_moe25/run.sh [OUT_DIR]    env: BINS, AB_CASES, AB_ROUNDS (2), MOE_TEST_FILTER,
-#   AB_OLD_ONCE=1 (bench_moe_old in the first round only), MOE_TEST_TIMEOUT (240), MOE_SANITIZE_FILTER (MoeCuda.TinyWide*), MOE_SANITIZE_TIMEOUT (90),
+#   AB_OLD_ONCE=1 (bench_moe_old in the first round only), MOE_TEST_TIMEOUT (240),
+#   MOE_SANITIZE_FILTER (MoeCuda.TinyWide*), MOE_SANITIZE_TIMEOUT (90),
 #   GEMM_TEST=1: also build and run test_gemm_cuda (GEMM_TEST_TIMEOUT, 120)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
