@@ -4,6 +4,7 @@ set(DS_TEST_KERNELS_CPU_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/test_linear_ref.cpp
     ${CMAKE_CURRENT_LIST_DIR}/test_attention_ref.cpp
     ${CMAKE_CURRENT_LIST_DIR}/test_compressor_ref.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/test_div_rn_ref.cpp
     ${CMAKE_CURRENT_LIST_DIR}/test_mhc_ref.cpp
     ${CMAKE_CURRENT_LIST_DIR}/test_moe_ref.cpp
     ${CMAKE_CURRENT_LIST_DIR}/test_norm_ref.cpp

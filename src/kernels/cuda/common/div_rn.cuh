@@ -11,29 +11,25 @@
 //     the use below, and the quotient is the same number);
 //   - x = +-0 or +-inf: the quotient is x (the corrections would lose -0's sign and make inf NaN);
 //   - |x| tiny: the remainder of the refinement stays exact, so the rounding is still IEEE's.
-// The result is bit for bit `x / d` for every x where d = 1 + expf(-x) (tested exhaustively over
-// all 2^32 inputs in test_moe_cuda, DivRnGe1MatchesIeeeDivisionForSilu). For other uses, test the
-// operand range first: the claim rests on |x| staying normal after the scaling.
+// The result is meant to be bit for bit `x / d` for every x where d = 1 + expf(-x): test_moe_cuda's
+// DivRnGe1MatchesIeeeDivisionForSilu checks all 2^32 inputs on the GPU; the CPU test
+// (test_numerics_ref.cpp) checks the arithmetic of div_rn.h with any reciprocal within an ulp on
+// a sample of inputs. For other uses, test the operand range first: the claim rests on |x|
+// staying normal after the scaling.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/common/div_rn.h"
+
 namespace ds::cuda {
 
 __device__ __forceinline__ float div_rn_ge1(float x, float d) {
-  // Selects, not branches: in an unrolled epilogue, branches per element cost more than the FMAs.
-  const float s = d > 0x1p64f ? 0x1p-64f : 1.0f;
-  const float xs = x * s, ds = d * s;
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(ds));
-  r = fmaf(r, fmaf(-ds, r, 1.0f), r);  // one Newton step: r within an ulp of 1 / d
-  float q = __fmul_rn(xs, r);
-  q = fmaf(fmaf(-ds, q, xs), r, q);  // the remainder x - d q is exact (FMA); two corrections
-  q = fmaf(fmaf(-ds, q, xs), r, q);
-  // x = +-0 or +-inf with d finite: x / d is x (the corrections would give +0 for -0, NaN for
-  // inf); d = inf: x * 0 (+-0, NaN for infinite x).
-  const float inf = __int_as_float(0x7f800000), ax = fabsf(x);
-  return d == inf ? x * 0.0f : ax == 0.0f || ax == inf ? x : q;
+  return div_rn_ge1_with(x, d, [](float v) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+  });
 }
 
 // silu(x) = x / (1 + e^-x) with the division rounded as `/` (the CPU reference's expression).
