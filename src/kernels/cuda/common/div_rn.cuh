@@ -13,9 +13,10 @@
 //   - |x| tiny: the remainder of the refinement stays exact, so the rounding is still IEEE's.
 // The result is meant to be bit for bit `x / d` for every x where d = 1 + expf(-x): test_moe_cuda's
 // DivRnGe1MatchesIeeeDivisionForSilu checks all 2^32 inputs on the GPU; the CPU test
-// (test_numerics_ref.cpp) checks the arithmetic of div_rn.h with any reciprocal within an ulp on
-// a sample of inputs. For other uses, test the operand range first: the claim rests on |x|
-// staying normal after the scaling.
+// (tests/kernels/test_div_rn_ref.cpp) checks the arithmetic of div_rn.h from the correctly rounded
+// reciprocal on a sample of inputs, and shows that from an estimate one ulp off the near-midpoint
+// x = 2^-23 rounds down (so the GPU's bits depend on rcp.approx there). For other uses, test the
+// operand range first: the claim rests on |x| staying normal after the scaling.
 #pragma once
 
 #include <cuda_runtime.h>
