@@ -371,12 +371,12 @@ Matrices make_fp4(cpu::WeightFormat f, int64_t rows, int64_t cols, int64_t count
 }  // namespace
 }  // namespace ds
 
-// DS_MOE_CASES="fmt:T:path:raster[:rows[:wgs]][:sSTEP][:m];..." (e.g. "mxfp4:4096:4:1",
-// "mxfp4:4096:4:0:256", "mxfp4:4096:4:0:256:2", "mxfp4:4096:0:0:s32", "mxfp4:4096:0:0:m") runs
+// DS_MOE_CASES="fmt:T:path:raster[:rows[:wgs]][:sSTEP][:m|:b];..." (e.g. "mxfp4:4096:4:1",
+// "mxfp4:4096:4:0:256", "mxfp4:4096:4:0:256:2", "mxfp4:4096:0:0:s32", "mxfp4:4096:0:0:b") runs
 // only the forward cases with that weight format, token count, MoeTuning::path, pf_raster and
-// (when set) pf_rows, pf_wgs, pf_step and pf_sync 1 (":m"; the heuristic's rows have path 0):
-// one launch sequence for a profiler
-// (scripts/gpu/h_moe18/run.sh, NCU=1). Unset: every case.
+// (when set) pf_rows, pf_wgs, pf_step and pf_sync 1 / 2 (":m" / ":b"; the heuristic's rows have
+// path 0): one launch sequence for a profiler (scripts/gpu/h_moe18/run.sh, NCU=1). Unset: every
+// case.
 bool case_selected(const char* fmt, int64_t T, const ds::cuda::MoeTuning& t) {
   const char* env = std::getenv("DS_MOE_CASES");
   if (env == nullptr || *env == 0) return true;
@@ -384,7 +384,7 @@ bool case_selected(const char* fmt, int64_t T, const ds::cuda::MoeTuning& t) {
       std::string(fmt) + ":" + std::to_string(T) + ":" + std::to_string(t.path) + ":" +
       std::to_string(t.pf_raster) + (t.pf_rows != 0 ? ":" + std::to_string(t.pf_rows) : "") +
       (t.pf_wgs != 0 ? ":" + std::to_string(t.pf_wgs) : "") +
-      (t.pf_step != 0 ? ":s" + std::to_string(t.pf_step) : "") + (t.pf_sync == 1 ? ":m" : "");
+      (t.pf_step != 0 ? ":s" + std::to_string(t.pf_step) : "") + (t.pf_sync == 1 ? ":m" : t.pf_sync == 2 ? ":b" : "");
   std::string list = env;
   for (size_t b = 0; b <= list.size();) {
     const size_t e = std::min(list.find(';', b), list.size());
@@ -592,12 +592,12 @@ int main(int argc, char** argv) {
           cases.push_back({T, t});
         }
       }
-      // The default CTAs with per-slot mbarriers instead of the CTA barrier per chunk
-      // (MoeTuning::pf_sync 1).
+      // The default CTAs with the CTA barrier per chunk instead of the default per-slot
+      // mbarriers (MoeTuning::pf_sync 2).
       for (int64_t T : {int64_t(1024), int64_t(4096), int64_t(8192)}) {
         if (!mx && T != 4096) continue;
         cuda::MoeTuning t;
-        t.pf_sync = 1;
+        t.pf_sync = 2;
         cases.push_back({T, t});
       }
     }
@@ -660,7 +660,7 @@ int main(int argc, char** argv) {
         if (bc.tuning.pf_wgs != 0) r.kernel += "_wgs" + std::to_string(bc.tuning.pf_wgs);
       }
       if (bc.tuning.pf_step != 0) r.kernel += "_s" + std::to_string(bc.tuning.pf_step);
-      if (bc.tuning.pf_sync == 1) r.kernel += "_mbar";
+      if (bc.tuning.pf_sync != 0) r.kernel += bc.tuning.pf_sync == 1 ? "_mbar" : "_bar";
       if (bc.tuning.pdl) r.kernel += "_pdl";
       char shape[160];
       std::snprintf(shape, sizeof shape,

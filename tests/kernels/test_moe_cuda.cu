@@ -828,8 +828,8 @@ TEST_F(MoeCuda, TinyPrefillGridOrders) {
 // and dim 256 are one wide N block each) on run_prefill_variants' cases against the oracle; the
 // tiny ones are also compared bit for bit with the 128-row CTAs in TinyWidePrefillCtas below, and
 // Flash T = 4096 here (~96 rows per expert: n96 / n128 tiles, the shared expert's 32 FP8 tiles),
-// also against the four-warpgroup CTAs' per-slot mbarrier form (MoeTuning::pf_sync 1) and their
-// widths in steps of 8 (pf_step 8).
+// also against the four-warpgroup CTAs' CTA barrier per chunk (MoeTuning::pf_sync 2; the default
+// hands chunks over through per-slot mbarriers) and their widths in steps of 8 (pf_step 8).
 TEST_F(MoeCuda, WgmmaWidePrefillVariants) {
   cuda::MoeTuning t{0, 0, 4, 0};
   t.pf_rows = 256;
@@ -841,7 +841,7 @@ TEST_F(MoeCuda, WgmmaWidePrefillVariants) {
   c.bit_equal[0].pf_rows = 128;
   c.bit_equal[1].pf_wgs = 2;
   c.bit_equal[2].pf_step = 32;
-  c.bit_equal[3].pf_sync = 1;
+  c.bit_equal[3].pf_sync = 2;
   c.bit_equal[4].pf_step = 8;
   run_case(c);
 }
@@ -859,8 +859,8 @@ TEST_F(MoeCuda, WgmmaTwoWarpgroupPrefillVariants) {
 
 // 256-row CTAs (four warpgroups) bit for bit against 128-row ones, against two-warpgroup 256-row
 // ones, against their own tiles in widths of steps of 32 and of 8 (MoeTuning::pf_step; the default
-// steps are 16), against their per-slot mbarrier form (pf_sync 1), and the oracle (tiny shapes, in
-// the memcheck filter): many groups (T = 512, with the FP8-block shared expert's tiles: three
+// steps are 16), against their CTA barrier per chunk (pf_sync 2; the default hands chunks over
+// through per-slot mbarriers), and the oracle (tiny shapes, in the memcheck filter): many groups (T = 512, with the FP8-block shared expert's tiles: three
 // slots, one chunk ahead), one group of 32 full tiles (skewed T = 4096), NVFP4 at ~88 rows per
 // expert, both grid orders; bad widths, a bad width step, a bad hand-off and a width or hand-off on
 // the wrong CTAs are refused. Skipped (printed) off sm_90.
@@ -874,7 +874,7 @@ TEST_F(MoeCuda, TinyWidePrefillCtas) {
     c.bit_equal[0].pf_rows = 128;
     c.bit_equal[1].pf_wgs = 2;
     c.bit_equal[2].pf_step = 32;
-    c.bit_equal[3].pf_sync = 1;
+    c.bit_equal[3].pf_sync = 2;
     c.bit_equal[4].pf_step = 8;
     run_case(c);
     c.name += " tiles first";
@@ -896,9 +896,11 @@ TEST_F(MoeCuda, TinyWidePrefillCtas) {
         Refused{"tiny four warpgroups in 128-row ctas", 4, 128, 4, 0, 0,
                 "four-warpgroup prefill CTAs need the 256-row CTAs"},
         Refused{"tiny bad width step", 4, 0, 0, 16, 0, "pf_step must be 0, 8 or 32"},
-        Refused{"tiny bad hand-off", 4, 0, 0, 0, 2, "pf_sync must be 0 or 1"},
+        Refused{"tiny bad hand-off", 4, 0, 0, 0, 3, "pf_sync must be 0, 1 or 2"},
         Refused{"tiny mbarriers in two-warpgroup ctas", 4, 256, 2, 0, 1,
-                "pf_sync 1 needs the four-warpgroup prefill CTAs"}}) {
+                "pf_sync 1 / 2 needs the four-warpgroup prefill CTAs"},
+        Refused{"tiny cta barrier in 128-row ctas", 4, 128, 0, 0, 2,
+                "pf_sync 1 / 2 needs the four-warpgroup prefill CTAs"}}) {
     Case bad{r.name, kTiny, WeightFormat::kMxfp4, 512};
     bad.tuning = {0, 0, r.path, 0};
     bad.tuning.pf_rows = r.rows;

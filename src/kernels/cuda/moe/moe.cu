@@ -1827,8 +1827,8 @@ __device__ __forceinline__ void mma_half(float (&acc)[64], const uint32_t (&a)[4
 // (twice the raw bytes) copy one chunk ahead into three slots. kWgs: warpgroups per CTA, 2, or 4
 // with kRg 1 (session 22: the 256-row CTAs as four warpgroups of one row group each, 512 threads:
 // 4 warps per scheduler instead of 2, each with half the dequantization per chunk).
-// kMbar (four warpgroups only; MoeTuning::pf_sync 1): per-slot mbarriers instead of the CTA barrier
-// per chunk. Each thread's copies of a chunk arrive on the slot's `full` barrier when they land;
+// kMbar (four warpgroups only; the default there, MoeTuning::pf_sync 2 turns it off): per-slot
+// mbarriers instead of the CTA barrier per chunk. Each thread's copies of a chunk arrive on the slot's `full` barrier when they land;
 // each warp arrives on the slot's `empty` barrier once its wgmmas reading the slot are done, and a
 // thread waits for that before copying into the slot again. The warpgroups may then drift apart by
 // about half a chunk instead of meeting at every chunk.
@@ -2760,13 +2760,17 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
     return invalid_argument("moe: tuning.pf_wgs must be 0, 2 or 4");
   if (tuning.pf_step != 0 && tuning.pf_step != 8 && tuning.pf_step != 32)
     return invalid_argument("moe: tuning.pf_step must be 0, 8 or 32");
-  if (tuning.pf_sync != 0 && tuning.pf_sync != 1)
-    return invalid_argument("moe: tuning.pf_sync must be 0 or 1");
+  if (tuning.pf_sync < 0 || tuning.pf_sync > 2)
+    return invalid_argument("moe: tuning.pf_sync must be 0, 1 or 2");
   if (tuning.pf_wgs == 4 && !use_wide)
     return invalid_argument("moe: four-warpgroup prefill CTAs need the 256-row CTAs");
   const bool use_wgs4 = use_wide && tuning.pf_wgs != 2;
-  if (tuning.pf_sync == 1 && !use_wgs4)
-    return invalid_argument("moe: tuning.pf_sync 1 needs the four-warpgroup prefill CTAs");
+  if (tuning.pf_sync != 0 && !use_wgs4)
+    return invalid_argument("moe: tuning.pf_sync 1 / 2 needs the four-warpgroup prefill CTAs");
+  // The four-warpgroup CTAs hand chunks over through per-slot mbarriers unless pf_sync is 2
+  // (session 26, H100, GEMMs against the CTA barrier per chunk: -2.3% MXFP4 T = 4096, -1.9% 8192,
+  // -5.6% 1024, -4.8% NVFP4 4096).
+  const bool use_mbar = use_wgs4 && tuning.pf_sync != 2;
   auto* xq8 = reinterpret_cast<uint8_t*>(ws + L.xq8);
   auto* xs = reinterpret_cast<float*>(ws + L.xs);
   auto* hq8 = reinterpret_cast<uint8_t*>(ws + L.hq8);
@@ -2840,7 +2844,7 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
                                                           stream);
   };
   if (bt == kPfTokens) {
-    DS_RETURN_IF_ERROR(launch_gemms_prefill(use_wg, use_wide, use_wgs4, tuning.pf_sync == 1, g1, g2,
+    DS_RETURN_IF_ERROR(launch_gemms_prefill(use_wg, use_wide, use_wgs4, use_mbar, g1, g2,
                                             tiles_bound, l.inter, l.dim, h, hq, total_rows,
                                             rows_bound, fp8, pdl, stream));
   } else if (use_f8) {

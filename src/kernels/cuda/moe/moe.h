@@ -143,8 +143,9 @@ struct MoeTuning {
   // those FP4 tiles (session 25), 32 = steps of 32 everywhere (the width set before session 23).
   // The outputs are the same bits either way.
   int pf_step = 0;
-  // The four-warpgroup CTAs' chunk hand-off: 0 = a CTA barrier per chunk, 1 = per-slot mbarriers
-  // (the warpgroups drift apart by up to about half a chunk; session 24). Same outputs either way.
+  // The four-warpgroup CTAs' chunk hand-off: 1 = per-slot mbarriers (the warpgroups drift apart by
+  // up to about half a chunk; session 24), 2 = a CTA barrier per chunk (the form before session
+  // 26); 0 = 1 (measured faster in session 26, NOTES.md). Same outputs either way.
   int pf_sync = 0;
   // 1: every MoE kernel launched as a programmatic dependent of the stream's previous kernel (PDL,
   // sm_90+; each waits for it at its start, so only the launch overlaps; DEEPSERVE_OPS_PDL=0 turns
