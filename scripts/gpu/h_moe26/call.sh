@@ -7,7 +7,8 @@
 #      compute-sanitizer memcheck of MoeCuda.TinyWide*, the whole bench_moe -> OUT/moe.json;
 #   3. test_gemm_cuda (linear_fp8's mbarrier helpers moved to a shared header in 5eb1a7c);
 #   4. the K loops of the default wgmma kernels (cuobjdump + h_moe23/sass_loops.py).
-#   scripts/gpu/h_moe26/call.sh [OUT_DIR]     env: BINS, AB_CASES, AB_ROUNDS (2), SKIP_FULL=1
+#   scripts/gpu/h_moe26/call.sh [OUT_DIR]     env: BINS, AB_CASES, AB_ROUNDS (2), SKIP_FULL=1,
+#   MOE_SANITIZE_FILTER (MoeCuda.TinyWide*), MOE_SANITIZE_TIMEOUT (90)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 out="${1:-${OUT:-/tmp/h_moe26_out}}"
@@ -18,12 +19,14 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format
 cases="${AB_CASES:-mxfp4:4096:0:0;mxfp4:4096:0:0:s8;mxfp4:4096:0:0:m;mxfp4:8192:0:0;mxfp4:8192:0:0:s8}"
 for i in $(seq "${AB_ROUNDS:-2}"); do
   echo "== A/B round $i"
-  DS_MOE_CASES="$cases" timeout 100 "$c/bench_moe" "$out/ab.json" 2>&1 | grep -E "moe_gemms|^ceil"
+  DS_MOE_CASES="$cases" timeout 100 "$c/bench_moe" "$out/ab.json" 2>&1 |
+    grep -E "moe_(gemms|forward)|^ceil" | awk '{print $1, $2, $(NF-6), $(NF-5), $(NF-4)}' | tee -a "$out/ab.txt"
 done
 rc=0
 if [ "${SKIP_FULL:-0}" != 1 ]; then
   MOE_TEST_BIN="$c/test_moe_cuda" MOE_BENCH_BIN="$c/bench_moe" MOE_SANITIZE=1 \
-    MOE_SANITIZE_FILTER="MoeCuda.TinyWide*" MOE_TEST_TIMEOUT=240 MOE_BENCH_TIMEOUT=200 \
+    MOE_SANITIZE_FILTER="${MOE_SANITIZE_FILTER:-MoeCuda.TinyWide*}" MOE_TEST_TIMEOUT=240 \
+    MOE_SANITIZE_TIMEOUT="${MOE_SANITIZE_TIMEOUT:-90}" MOE_BENCH_TIMEOUT=200 \
     bash scripts/gpu/run_moe.sh "$out" | tail -n 40
   rc=${PIPESTATUS[0]}
 fi
