@@ -764,59 +764,6 @@ TEST_F(MoeCuda, ProgrammaticDependentLaunch) {
   run_case(bad);
 }
 
-// The shared expert on the layer's side stream (MoeTuning::shared_stream 1: its x quantization,
-// plan and GEMMs forked from the forward's stream, joined before the combine), eager and inside a
-// CUDA graph (the fork / join become graph edges), with and without PDL, against the oracle and
-// bit for bit against the shared expert as one more group of the routed launches (2): the FP8
-// decode path at the Flash shape (T = 1, 5, 16, 64; 64 skewed), the bf16 tiles (NVFP4), hash
-// routing, a layer without a shared expert (nothing to fork) and an expert range. Refused: a bad
-// value, and the side stream on the prefill tiles.
-TEST_F(MoeCuda, SharedExpertOnSideStream) {
-  for (bool graph : {false, true}) {
-    for (int pdl : {0, 1}) {
-      const std::string g = std::string(graph ? " graph" : "") + (pdl ? " pdl" : "");
-      auto side_case = [&](Case c, cuda::MoeTuning t = {}) {
-        c.name += " side stream" + g;
-        t.pdl = pdl;
-        c.tuning = t;
-        c.tuning.shared_stream = 1;
-        cuda::MoeTuning other = t;
-        other.shared_stream = 2;
-        c.bit_equal = {other};
-        c.graph = graph;
-        run_case(c);
-      };
-      for (int64_t T : {1, 5, 16, 64}) {
-        Case c{"flash mxfp4", kFlash, WeightFormat::kMxfp4, T};
-        c.oracle_tokens = 4;
-        side_case(c);
-      }
-      Case skew{"flash mxfp4 skew", kFlash, WeightFormat::kMxfp4, 64, true};
-      skew.oracle_tokens = 4;
-      side_case(skew);
-      side_case({"tiny hash", kTiny, WeightFormat::kMxfp4, 1, false, true});
-      side_case({"tiny nvfp4 bf16 tiles", kTiny, WeightFormat::kNvfp4, 64}, {32, 1, 1, 0});
-      side_case({"tiny nvfp4 default", kTiny, WeightFormat::kNvfp4, 16});
-      Case noshared{"tiny mxfp4 no shared", kTiny, WeightFormat::kMxfp4, 16};
-      noshared.add_shared = false;
-      side_case(noshared);
-      Case range{"tiny mxfp4 expert range", kTiny, WeightFormat::kMxfp4, 16};
-      range.begin = 2;
-      range.end = 6;
-      side_case(range);
-    }
-  }
-  Case bad{"tiny bad shared stream", kTiny, WeightFormat::kMxfp4, 16};
-  bad.tuning.shared_stream = 3;
-  bad.expect_error = "shared_stream must be 0, 1 or 2";
-  run_case(bad);
-  Case pf{"tiny side stream on prefill tiles", kTiny, WeightFormat::kMxfp4, 512};
-  pf.tuning = {0, 0, 3, 0};
-  pf.tuning.shared_stream = 1;
-  pf.expect_error = "shared_stream 1 needs the decode tiles";
-  run_case(pf);
-}
-
 // The wgmma prefill kernel's scale folding at its limit: the routed w2 weights scaled so that the
 // layer's largest MXFP4 code is kMoeWgMaxScaleCode (the kernel's bf16 multiplier is then 2^127, the
 // largest finite power of two; sm_90 runs it), then one above (limit_to_scale_code turns the kernel

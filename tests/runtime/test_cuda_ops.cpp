@@ -345,33 +345,6 @@ TEST_F(CudaOpsTest, GraphDecodeEqualsEagerDecode) {
   EXPECT_GE((*graph_ops)->graph_replays() - replays, 15);
 }
 
-// CudaOpsOptions::moe_shared_stream: the shared expert's GEMMs on each MoE layer's side stream at
-// decode sizes (forked from and joined to the step's stream, inside the decode graphs too) give
-// the logits of the serial MoE bit for bit (the same arithmetic per row), prefill, graph-replayed
-// decode and a second eager backend alike; the whole model still agrees with the CPU.
-TEST_F(CudaOpsTest, MoeSharedStreamGivesTheSerialLogits) {
-  CudaOpsOptions o = ops_->options();
-  o.moe_shared_stream = true;
-  auto side_ops = CudaOps::create(tiny_model(), options_, o);
-  o.cuda_graphs = false;
-  auto side_eager_ops = CudaOps::create(tiny_model(), options_, o);
-  o.moe_shared_stream = false;
-  o.cuda_graphs = true;
-  auto serial_ops = CudaOps::create(tiny_model(), options_, o);
-  ASSERT_TRUE(side_ops.ok() && side_eager_ops.ok() && serial_ops.ok());
-  Forward side_fwd(&tiny_model(), options_, side_ops->get());
-  Forward side_eager_fwd(&tiny_model(), options_, side_eager_ops->get());
-  Forward serial_fwd(&tiny_model(), options_, serial_ops->get());
-  const auto tokens = random_tokens(150, 87);
-  const auto schedule = prefill_then_decode(110, 40);
-  const std::vector<float> serial = run_chunked(serial_fwd, tokens, schedule);
-  EXPECT_EQ(run_chunked(side_fwd, tokens, schedule), serial) << "side stream (graphs) vs serial";
-  EXPECT_EQ(run_chunked(side_eager_fwd, tokens, schedule), serial) << "side stream eager vs serial";
-  EXPECT_GE((*side_ops)->graph_replays(), 30);
-  expect_like_cpu(options_, side_ops->get(), "moe shared stream, prefill 110 + decode 40",
-                  [&](const Forward& f) { return run_chunked(f, tokens, schedule); });
-}
-
 // CudaOpsOptions::tiled_fp8_min_bytes: with every FP8 weight also held in the small-M tile order
 // (threshold 0; the tiny model's weights are all below the default) the copies show in
 // weight_bytes() and tiled_fp8_weights(), every linear gets its copy, and the whole model still

@@ -452,7 +452,6 @@ Status CudaOps::init() {
   kernel_pdl_ = opt_.kernel_pdl && !env_switched_off("DEEPSERVE_GEMM_PDL");
   fused_norm_rope_ = opt_.fused_norm_rope && !env_switched_off("DEEPSERVE_FUSED_NORM_ROPE");
   moe_pdl_ = env_switch("DEEPSERVE_MOE_PDL", opt_.moe_pdl);
-  moe_shared_stream_ = env_switch("DEEPSERVE_MOE_SHARED_STREAM", opt_.moe_shared_stream);
   sparse_mla_wgmma_ =
       opt_.sparse_mla_wgmma && !env_switched_off("DEEPSERVE_SPARSE_MLA_WGMMA") &&
       cuda::sparse_mla_wgmma_supported(int32_t(c.num_attention_heads), int32_t(c.head_dim));
@@ -1747,9 +1746,6 @@ void CudaOps::moe(const dsv4::MoeSite& site, const float* x, float* y) {
   if (!failed()) {
     cuda::MoeTuning tuning;
     tuning.pdl = moe_pdl_ ? 1 : 0;
-    // The side stream at decode sizes only (the prefill tiles refuse it).
-    const bool decode_tiles = cuda::MoeRunner::tile_tokens(step_->num_tokens, *it->second) < 128;
-    tuning.shared_stream = moe_shared_stream_ && decode_tiles ? 1 : 2;
     (void)check(cuda::MoeRunner::forward(*it->second, x, step_->ids, step_->num_tokens, y, ws,
                                          stream_, tuning));
   }

@@ -121,10 +121,6 @@ struct CudaOpsOptions {
   // decode-step gain measured (bench/results/ab_moe_pdl.json); DEEPSERVE_MOE_PDL=1 / =0 in the
   // environment turns it on / off (A/B switch).
   bool moe_pdl = false;
-  // At decode sizes the shared expert's GEMMs run on each MoE layer's side stream, concurrent with
-  // the routing (cuda::MoeTuning::shared_stream; session 26). DEEPSERVE_MOE_SHARED_STREAM=1 / =0
-  // in the environment turns it on / off (A/B switch).
-  bool moe_shared_stream = false;
 };
 
 class CudaOps final : public dsv4::Ops {
@@ -335,8 +331,6 @@ class CudaOps final : public dsv4::Ops {
   // DEEPSERVE_SPARSE_MLA_WGMMA=0.
   bool sparse_mla_wgmma_ = false;
   bool moe_pdl_ = false;  // CudaOpsOptions::moe_pdl, unless DEEPSERVE_MOE_PDL says otherwise
-  // CudaOpsOptions::moe_shared_stream, unless DEEPSERVE_MOE_SHARED_STREAM says otherwise.
-  bool moe_shared_stream_ = false;
   // bf16 weights padded to a multiple of 8 rows: host data -> (device copy, padded rows).
   std::unordered_map<const void*, std::pair<const uint16_t*, int64_t>> padded_bf16_;
   // Per-layer MoE state, keyed by the layer's host expert array (MoeSite::experts).

@@ -56,7 +56,7 @@ size_t align256(size_t v) { return (v + 255) & ~size_t(255); }
 
 struct Layout {
   size_t logits, experts, weights, group_offset, num_tiles, tiles, row_token, row_slot, row_weight,
-      xq, h, hq, ybuf, xq8, xs, hq8, hs, side_group_offset, side_num_tiles, side_tiles, total;
+      xq, h, hq, ybuf, xq8, xs, hq8, hs, total;
 };
 
 int64_t max_tiles(int64_t T, const MoeDeviceLayer& l, int bt) {
@@ -92,10 +92,6 @@ Layout make_layout(int64_t T, const MoeDeviceLayer& l) {
   o.xs = take(size_t(T * (l.dim / kChunk)) * 4);
   o.hq8 = take(size_t(rows * l.inter));
   o.hs = take(size_t(rows * (l.inter / kChunk)) * 4);
-  // The shared expert's own plan when it runs on the layer's side stream (shared_stream 1).
-  o.side_group_offset = take(size_t(l.num_experts + 2) * 4);
-  o.side_num_tiles = take(4);
-  o.side_tiles = take(size_t((T + 7) / 8) * 8);
   o.total = off;
   return o;
 }
@@ -546,29 +542,6 @@ __global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(RouteArgs ra, 
   for (int64_t t = threadIdx.x >> 5; t < ra.T; t += kPlanThreads / 32) route_token(ra, t);
   __syncthreads();
   plan_block(pa);
-}
-
-// The shared expert's plan for the side stream (MoeTuning::shared_stream 1): its group E alone, at
-// rows [T k, T k + T) (past every routed row, so the side's h / hq rows and ybuf slots never meet
-// the routed ones), row T k + t = token t with weight 1 and output slot T k + t (combine's shared
-// slot), tiles of bt rows. group_offset [E + 2] (only E and E + 1 are read for group E's tiles).
-__global__ void shared_plan_kernel(int64_t T, int64_t k, int64_t E, int bt, int32_t* group_offset,
-                                   int2* tiles, int32_t* num_tiles, int32_t* row_token,
-                                   int32_t* row_slot, float* row_weight) {
-  pdl_begin();
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t base = T * k;
-  if (i == 0) {
-    group_offset[E] = int(base);
-    group_offset[E + 1] = int(base + T);
-    *num_tiles = int((T + bt - 1) / bt);
-  }
-  if (i < T) {
-    row_token[base + i] = int(i);
-    row_slot[base + i] = int(base + i);
-    row_weight[base + i] = 1.0f;
-  }
-  if (i * bt < T) tiles[i] = make_int2(int(E), int(i * bt));
 }
 
 // ---- 4/6. activation quantization --------------------------------------------------------------
@@ -2498,12 +2471,6 @@ int max_mxfp4_scale_code(const cpu::ExpertWeights* experts, int64_t begin, int64
 void MoeDeviceLayer::release() {
   if (experts) cudaFree(experts);
   experts = nullptr;
-  for (cudaEvent_t* e : {&side_fork, &side_x, &side_join}) {
-    if (*e) cudaEventDestroy(*e);
-    *e = nullptr;
-  }
-  if (side_stream) cudaStreamDestroy(side_stream);
-  side_stream = nullptr;
 }
 
 MoeDeviceLayer::MoeDeviceLayer(MoeDeviceLayer&& o) noexcept { *this = std::move(o); }
@@ -2534,13 +2501,7 @@ MoeDeviceLayer& MoeDeviceLayer::operator=(MoeDeviceLayer&& o) noexcept {
     fp8_f16 = o.fp8_f16;
     pf_wgmma = o.pf_wgmma;
     pf_wide = o.pf_wide;
-    side_stream = o.side_stream;
-    side_fork = o.side_fork;
-    side_x = o.side_x;
-    side_join = o.side_join;
     o.experts = nullptr;
-    o.side_stream = nullptr;
-    o.side_fork = o.side_x = o.side_join = nullptr;
   }
   return *this;
 }
@@ -2653,11 +2614,6 @@ Result<MoeDeviceLayer> MoeDeviceLayer::create(const cpu::MoeParams& p) {
     // The 256-row CTAs (four warpgroups) by default where they divide the shapes (session 22,
     // H100, GEMMs at T = 4096 against the 128-row CTAs: MXFP4 -16%, NVFP4 -11%).
     l.pf_wide = wg && wide_prefill_fits(l);
-  }
-  if (l.add_shared) {
-    DS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&l.side_stream, cudaStreamNonBlocking));
-    for (cudaEvent_t* e : {&l.side_fork, &l.side_x, &l.side_join})
-      DS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   }
   const size_t bytes = table.size() * sizeof(MoeDeviceExpert);
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&l.experts), bytes));
@@ -2820,29 +2776,25 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   auto* hq8 = reinterpret_cast<uint8_t*>(ws + L.hq8);
   auto* hs = reinterpret_cast<float*>(ws + L.hs);
   const bool want_f8 = tuning.path == 2 || (tuning.path == 0 && l.fp8_mma && bt <= 16);
-  if (tuning.shared_stream < 0 || tuning.shared_stream > 2)
-    return invalid_argument("moe: tuning.shared_stream must be 0, 1 or 2");
-  if (tuning.shared_stream == 1 && bt == kPfTokens)
-    return invalid_argument("moe: tuning.shared_stream 1 needs the decode tiles (8 to 64 rows)");
-  // The shared expert on the layer's side stream (decode tiles; a layer without a shared expert
-  // has nothing to move): its x quantization, plan and GEMMs run while this stream routes.
-  const bool side = tuning.shared_stream == 1 && l.add_shared;
-  if (side && (!l.side_stream || !l.side_fork || !l.side_x || !l.side_join))
-    return invalid_argument("moe: the layer has no side stream (not made by create())");
   // x's activation quantization (xq bf16 in the GEMMs' K order; with the FP8 path also e4m3 codes
-  // xq8 and scales xs): inside the small-T logits kernel where it can, else its own launch below
-  // (on the side stream when the shared expert runs there: its GEMMs read it first).
-  XQuant xquant{!side, xq, l.quantize_activations, want_f8 ? xq8 : nullptr, xs, use_wg};
-  // The plan: with the routing in one launch at decode sizes, else its own launch. The shared
-  // expert's group is left out when the side stream plans and runs it.
+  // xq8 and scales xs): inside the small-T logits kernel where it can, else its own launch below.
+  const XQuant xquant{true, xq, l.quantize_activations, want_f8 ? xq8 : nullptr, xs, use_wg};
+  // The plan: with the routing in one launch at decode sizes, else its own launch.
   const PlanArgs pa{experts,      weights,   T,         l.topk,    l.num_experts, l.expert_begin,
-                    l.expert_end, l.add_shared && !side, bt, group_offset, tiles,  num_tiles,
+                    l.expert_end, l.add_shared, bt,     group_offset, tiles,      num_tiles,
                     row_token,    row_slot,  row_weight};
-  const auto quant_x = [&](cudaStream_t s) {
+  bool x_quantized = false, planned = false;
+  DS_RETURN_IF_ERROR(route_impl(l, x, token_ids, T, experts, weights, workspace, stream, pdl,
+                                xquant, &x_quantized, &pa, &planned));
+  if (!planned)
+    DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, plan_kernel, 1, kPlanThreads, 0, stream, pa));
+
+  if (!x_quantized) {
     const int64_t xblocks = T * (l.dim / kChunk);
-    return launch_pdl_if(pdl, quant_rows_kernel, unsigned(ceil_div(xblocks, 16)), 256, 0, s, x,
-                         l.dim, T, nullptr, xq, l.quantize_activations, xquant.out8, xs, use_wg);
-  };
+    DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, quant_rows_kernel, unsigned(ceil_div(xblocks, 16)),
+                                          256, 0, stream, x, l.dim, T, nullptr, xq,
+                                          l.quantize_activations, xquant.out8, xs, use_wg));
+  }
 
   GemmArgs g1{l.experts, int(l.num_experts), tiles, num_tiles, group_offset, row_token, row_slot,
               row_weight, xq, l.dim, l.inter, h, l.swiglu_limit, l.shared_expert_clamp,
@@ -2871,121 +2823,76 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   // 163 us unsplit and 144 us with 4), 16-token tiles without a split.
   int ks = tuning.k_split > 0 ? tuning.k_split : (bt == 8 ? 2 : 1);
   if (bt >= 32 || (bt == 16 && ks > 2)) ks = 1;  // the instantiated (tile, split) pairs
-  // K split and ring of the FP8 path (checked before anything is launched), measured on H200 (bench_moe, session 5): K split 4 at
-  // T = 1 (80.6 us vs 84.9 with 2: 896 CTAs instead of 448 for the 7 groups, < 2 waves at 3
-  // CTAs per SM), 2 at T = 16 and 64 (536 / 1240 us vs 548 / 1306 with 4, 616 / 1420 with 1).
-  // Ring 8 KB per warp (4 FP4 stages, 3 CTAs per SM). Session 8 (f16 MMA, cp.async sources
-  // computed once per CTA) re-measured the choices: K split 4 / 2 / 2 at T = 1 / 16 / 64 still
-  // best (74.8 / 443 / 1027 us; K split 1: 82.4 / 531 / 1187; 4 at T = 16 / 64: 489 / 1188),
-  // the 16 KB ring and 8-warp CTAs slower (T = 16: 502 and 470 us; NOTES.md).
-  const int kf = tuning.k_split > 0 ? tuning.k_split : (T <= 4 ? 4 : 2);
-  const int ring = tuning.ring_kb > 0 ? tuning.ring_kb : 8;
-  // Warps per CTA: 4, or 8 (8-row tiles, 8 KB ring: 2 CTAs = 16 warps per SM instead of 3 x 4
-  // at ~69 KB of shared memory each; session 8).
-  const int warps = tuning.warps > 0 ? tuning.warps : 4;
-  if (use_f8 && bt != kPfTokens) {
+  const auto run = [&](auto nt, auto kss) {
+    return launch_gemms<decltype(nt)::value, decltype(kss)::value>(
+        g1, g2, tiles_bound, l.inter, l.dim, h, hq, total_rows, rows_bound, fp8, pdl, stream);
+  };
+  using I1 = std::integral_constant<int, 1>;
+  using I2 = std::integral_constant<int, 2>;
+  using I4 = std::integral_constant<int, 4>;
+  using I8 = std::integral_constant<int, 8>;
+  // The FP8 path's MMA: f16 mma.sync on the exactly converted operands, or e4m3 mma.sync.
+  const bool h16 = tuning.mma == 0 ? l.fp8_f16 : tuning.mma == 2;
+  const auto run_f8 = [&](auto nt, auto kss, auto ring, auto warps) {
+    constexpr int kNt = decltype(nt)::value, kKs = decltype(kss)::value;
+    constexpr int kR = decltype(ring)::value, kW = decltype(warps)::value;
+    return h16 ? launch_gemms_f8<kNt, kKs, kR, true, kW>(g1, g2, tiles_bound, l.inter, l.dim, h,
+                                                         hq8, hs, total_rows, rows_bound, pdl,
+                                                         stream)
+               : launch_gemms_f8<kNt, kKs, kR, false, kW>(g1, g2, tiles_bound, l.inter, l.dim, h,
+                                                          hq8, hs, total_rows, rows_bound, pdl,
+                                                          stream);
+  };
+  if (bt == kPfTokens) {
+    DS_RETURN_IF_ERROR(launch_gemms_prefill(use_wg, use_wide, use_wgs4, use_mbar, g1, g2,
+                                            tiles_bound, l.inter, l.dim, h, hq, total_rows,
+                                            rows_bound, fp8, pdl, stream));
+  } else if (use_f8) {
+    // K split and ring of the FP8 path, measured on H200 (bench_moe, session 5): K split 4 at
+    // T = 1 (80.6 us vs 84.9 with 2: 896 CTAs instead of 448 for the 7 groups, < 2 waves at 3
+    // CTAs per SM), 2 at T = 16 and 64 (536 / 1240 us vs 548 / 1306 with 4, 616 / 1420 with 1).
+    // Ring 8 KB per warp (4 FP4 stages, 3 CTAs per SM). Session 8 (f16 MMA, cp.async sources
+    // computed once per CTA) re-measured the choices: K split 4 / 2 / 2 at T = 1 / 16 / 64 still
+    // best (74.8 / 443 / 1027 us; K split 1: 82.4 / 531 / 1187; 4 at T = 16 / 64: 489 / 1188),
+    // the 16 KB ring and 8-warp CTAs slower (T = 16: 502 and 470 us; NOTES.md).
+    const int kf = tuning.k_split > 0 ? tuning.k_split : (T <= 4 ? 4 : 2);
+    const int ring = tuning.ring_kb > 0 ? tuning.ring_kb : 8;
+    using R8 = std::integral_constant<int, 8192>;
+    using R16 = std::integral_constant<int, 16384>;
+    // Warps per CTA: 4, or 8 (8-row tiles, 8 KB ring: 2 CTAs = 16 warps per SM instead of 3 x 4
+    // at ~69 KB of shared memory each; session 8).
+    const int warps = tuning.warps > 0 ? tuning.warps : 4;
     if (warps != 4 && (warps != 8 || bt != 8 || ring != 8))
       return invalid_argument("moe: 8 warps per CTA need 8-row tiles and the 8 KB ring");
     const int64_t wn = warps / kf;  // column blocks of 16 (gate/up) or 32 (down) rows per CTA
     if (l.inter % (16 * wn) != 0 || l.dim % (32 * wn) != 0)
       return invalid_argument("moe: dim / inter not a multiple of the FP8 path's CTA columns");
-  }
-  // The FP8 path's MMA: f16 mma.sync on the exactly converted operands, or e4m3 mma.sync.
-  const bool h16 = tuning.mma == 0 ? l.fp8_f16 : tuning.mma == 2;
-  using I1 = std::integral_constant<int, 1>;
-  using I2 = std::integral_constant<int, 2>;
-  using I4 = std::integral_constant<int, 4>;
-  using I8 = std::integral_constant<int, 8>;
-  // The decode-tile GEMMs (gate/up, quant h, down) of one plan on stream s: tiles_n CTA rows at
-  // most, h / hq / hq8 / hs at that plan's first row (quant h covers rows_n rows, or *rows_dev).
-  const auto grouped = [&](const GemmArgs& a1, const GemmArgs& a2, int64_t tiles_n, int64_t row0,
-                           const int32_t* rows_dev, int64_t rows_n, cudaStream_t s) -> Status {
-    float* h0 = h + row0 * l.inter;
-    uint16_t* hq0 = hq + row0 * l.inter;
-    uint8_t* hq80 = hq8 + row0 * l.inter;
-    float* hs0 = hs + row0 * (l.inter / kChunk);
-    const auto run = [&](auto nt, auto kss) {
-      return launch_gemms<decltype(nt)::value, decltype(kss)::value>(
-          a1, a2, tiles_n, l.inter, l.dim, h0, hq0, rows_dev, rows_n, fp8, pdl, s);
-    };
-    const auto run_f8 = [&](auto nt, auto kss, auto rg, auto wp) {
-      constexpr int kNt = decltype(nt)::value, kKs = decltype(kss)::value;
-      constexpr int kR = decltype(rg)::value, kW = decltype(wp)::value;
-      return h16 ? launch_gemms_f8<kNt, kKs, kR, true, kW>(a1, a2, tiles_n, l.inter, l.dim, h0,
-                                                           hq80, hs0, rows_dev, rows_n, pdl, s)
-                 : launch_gemms_f8<kNt, kKs, kR, false, kW>(a1, a2, tiles_n, l.inter, l.dim, h0,
-                                                            hq80, hs0, rows_dev, rows_n, pdl, s);
-    };
-    if (use_f8) {
-      using R8 = std::integral_constant<int, 8192>;
-      using R16 = std::integral_constant<int, 16384>;
-      if (bt == 8 && ring == 16) {
-        return kf == 4   ? run_f8(I1{}, I4{}, R16{}, I4{})
-               : kf == 2 ? run_f8(I1{}, I2{}, R16{}, I4{})
-                         : run_f8(I1{}, I1{}, R16{}, I4{});
-      }
-      if (bt == 8 && warps == 8) {
-        return kf == 4   ? run_f8(I1{}, I4{}, R8{}, I8{})
-               : kf == 2 ? run_f8(I1{}, I2{}, R8{}, I8{})
-                         : run_f8(I1{}, I1{}, R8{}, I8{});
-      }
-      if (bt == 8) {
-        return kf == 4   ? run_f8(I1{}, I4{}, R8{}, I4{})
-               : kf == 2 ? run_f8(I1{}, I2{}, R8{}, I4{})
-                         : run_f8(I1{}, I1{}, R8{}, I4{});
-      }
-      return kf == 4   ? run_f8(I2{}, I4{}, R8{}, I4{})
-             : kf == 2 ? run_f8(I2{}, I2{}, R8{}, I4{})
-                       : run_f8(I2{}, I1{}, R8{}, I4{});
+    if (bt == 8 && ring == 16) {
+      DS_RETURN_IF_ERROR(kf == 4   ? run_f8(I1{}, I4{}, R16{}, I4{})
+                         : kf == 2 ? run_f8(I1{}, I2{}, R16{}, I4{})
+                                   : run_f8(I1{}, I1{}, R16{}, I4{}));
+    } else if (bt == 8 && warps == 8) {
+      DS_RETURN_IF_ERROR(kf == 4   ? run_f8(I1{}, I4{}, R8{}, I8{})
+                         : kf == 2 ? run_f8(I1{}, I2{}, R8{}, I8{})
+                                   : run_f8(I1{}, I1{}, R8{}, I8{}));
+    } else if (bt == 8) {
+      DS_RETURN_IF_ERROR(kf == 4   ? run_f8(I1{}, I4{}, R8{}, I4{})
+                         : kf == 2 ? run_f8(I1{}, I2{}, R8{}, I4{})
+                                   : run_f8(I1{}, I1{}, R8{}, I4{}));
+    } else {
+      DS_RETURN_IF_ERROR(kf == 4   ? run_f8(I2{}, I4{}, R8{}, I4{})
+                         : kf == 2 ? run_f8(I2{}, I2{}, R8{}, I4{})
+                                   : run_f8(I2{}, I1{}, R8{}, I4{}));
     }
-    if (bt == 8) return ks == 4 ? run(I1{}, I4{}) : ks == 2 ? run(I1{}, I2{}) : run(I1{}, I1{});
-    if (bt == 16) return ks == 2 ? run(I2{}, I2{}) : run(I2{}, I1{});
-    if (bt == 32) return run(I4{}, I1{});
-    return run(I8{}, I1{});
-  };
-
-  if (side) {
-    // Fork: the side stream quantizes x (signalling side_x: the routed GEMMs read it too), plans
-    // the shared expert's group alone and runs its GEMMs (signalling side_join, which the combine
-    // waits for). Every buffer it writes is its own (rows and slots from T k on, its plan arrays)
-    // or written with the same values the routed GEMMs read (xq, xq8, xs), after side_x.
-    cudaStream_t ss = l.side_stream;
-    DS_CUDA_RETURN_IF_ERROR(cudaEventRecord(l.side_fork, stream));
-    DS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(ss, l.side_fork, 0));
-    DS_CUDA_RETURN_IF_ERROR(quant_x(ss));
-    DS_CUDA_RETURN_IF_ERROR(cudaEventRecord(l.side_x, ss));
-    auto* sgo = reinterpret_cast<int32_t*>(ws + L.side_group_offset);
-    auto* snt = reinterpret_cast<int32_t*>(ws + L.side_num_tiles);
-    auto* stl = reinterpret_cast<int2*>(ws + L.side_tiles);
-    DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, shared_plan_kernel, unsigned(ceil_div(T, 256)), 256,
-                                          0, ss, T, l.topk, l.num_experts, bt, sgo, stl, snt,
-                                          row_token, row_slot, row_weight));
-    GemmArgs s1 = g1, s2 = g2;
-    s1.tiles = s2.tiles = stl;
-    s1.num_tiles = s2.num_tiles = snt;
-    s1.group_offset = s2.group_offset = sgo;
-    DS_RETURN_IF_ERROR(grouped(s1, s2, ceil_div(T, bt), T * l.topk, nullptr, T, ss));
-    DS_CUDA_RETURN_IF_ERROR(cudaEventRecord(l.side_join, ss));
-  }
-  bool x_quantized = false, planned = false;
-  DS_RETURN_IF_ERROR(route_impl(l, x, token_ids, T, experts, weights, workspace, stream, pdl,
-                                xquant, &x_quantized, &pa, &planned));
-  if (!planned)
-    DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, plan_kernel, 1, kPlanThreads, 0, stream, pa));
-  if (side) {
-    DS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, l.side_x, 0));
-  } else if (!x_quantized) {
-    DS_CUDA_RETURN_IF_ERROR(quant_x(stream));
-  }
-
-  if (bt == kPfTokens) {
-    DS_RETURN_IF_ERROR(launch_gemms_prefill(use_wg, use_wide, use_wgs4, use_mbar, g1, g2,
-                                            tiles_bound, l.inter, l.dim, h, hq, total_rows,
-                                            rows_bound, fp8, pdl, stream));
+  } else if (bt == 8) {
+    DS_RETURN_IF_ERROR(ks == 4 ? run(I1{}, I4{}) : ks == 2 ? run(I1{}, I2{}) : run(I1{}, I1{}));
+  } else if (bt == 16) {
+    DS_RETURN_IF_ERROR(ks == 2 ? run(I2{}, I2{}) : run(I2{}, I1{}));
+  } else if (bt == 32) {
+    DS_RETURN_IF_ERROR(run(I4{}, I1{}));
   } else {
-    DS_RETURN_IF_ERROR(grouped(g1, g2, tiles_bound, 0, total_rows, rows_bound, stream));
+    DS_RETURN_IF_ERROR(run(I8{}, I1{}));
   }
-  if (side) DS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, l.side_join, 0));
   DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, l.topk <= 8 ? combine_kernel<8> : combine_kernel<16>,
                                         dim3(unsigned(T), unsigned(ceil_div(l.dim, 1024))), 256, 0,
                                         stream, ybuf, experts, T, l.dim, l.topk, l.expert_begin,

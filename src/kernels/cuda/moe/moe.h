@@ -20,8 +20,7 @@
 // elsewhere with the weights dequantized once per tile into shared memory (bf16 mma.sync). Every
 // format.
 //
-// The shared expert runs as one more group of the same grouped launches (every token, weight 1),
-// or at decode sizes on a stream of its own next to the routing (MoeTuning::shared_stream).
+// The shared expert runs as one more group of the same grouped launches (every token, weight 1).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -93,13 +92,6 @@ class MoeDeviceLayer {
   // CTAs of 256 weight rows by default (MoeTuning::pf_rows), in four warpgroups (pf_wgs).
   bool pf_wide = false;
 
-  // Made by create() for a layer with a shared expert: the stream that runs the shared expert's
-  // GEMMs next to the routing (MoeTuning::shared_stream), and the events that fork it from and
-  // join it to the forward's stream. A forward records and waits on them in stream order, so the
-  // forwards of one layer must be issued in order (one stream, or captured one after another).
-  cudaStream_t side_stream = nullptr;
-  cudaEvent_t side_fork = nullptr, side_x = nullptr, side_join = nullptr;
-
   // Turns off the kernels whose scale folding the layer's largest MXFP4 e8m0 code
   // (max_mxfp4_scale_code) would overflow: the FP8 path's f16 variant above kMoeF16MaxScaleCode,
   // the FP8 path altogether above kMoeF8MaxScaleCode, the wgmma prefill kernel (pf_wgmma, pf_wide)
@@ -159,11 +151,6 @@ struct MoeTuning {
   // sm_90+; each waits for it at its start, so only the launch overlaps; DEEPSERVE_OPS_PDL=0 turns
   // the attribute off); 0: plain launches, the default (no step-level gain: NOTES.md, session 20).
   int pdl = 0;
-  // Decode tiles (8 to 64 rows) of a layer with a shared expert: 1 = the shared expert's x
-  // quantization, plan and GEMMs on the layer's side stream, concurrent with the router logits,
-  // routing and plan (a fork / join through events, also inside a CUDA graph; session 26), 2 = the
-  // shared expert as one more group of the routed launches; 0 = 2. Same outputs either way.
-  int shared_stream = 0;
 };
 
 // Runs the MoE forward. Stateless apart from the configuration: all scratch lives in the
