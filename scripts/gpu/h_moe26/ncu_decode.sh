@@ -3,7 +3,10 @@
 # kernels of bench_moe's default forward at each T in NCU_TS (the first NCU_COUNT launches of the
 # MoE kernels: the routing pass bench_moe makes first, then eager forwards), one CSV row per
 # kernel: duration, DRAM bytes and throughput, SM throughput. Binaries carried (BINS).
-#   scripts/gpu/h_moe26/ncu_decode.sh [OUT_DIR]     env: BINS, NCU_TS ("1 4 16"), NCU_COUNT (26)
+# NCU_PREFILL=1: also `--set full` of the first gate/up and down wgmma launches of the default
+# prefill at T = 4096 (per-slot mbarriers since session 26): details and the top SASS stall lines.
+#   scripts/gpu/h_moe26/ncu_decode.sh [OUT_DIR]     env: BINS, NCU_TS ("1 4 16"), NCU_COUNT (26),
+#   NCU_PREFILL
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 out="${1:-${OUT:-/tmp/h_moe26_ncu}}"
@@ -32,3 +35,15 @@ for (i, k), m in list(per.items())[-14:]:
     print("%4s %-40s %s" % (i, k, "  ".join("%s %s" % (short.get(n, n), v) for n, v in m.items())))
 PY
 done
+if [ "${NCU_PREFILL:-0}" = 1 ]; then
+  DS_MOE_CASES="mxfp4:4096:0:0" timeout 300 ncu --clock-control none \
+    --kernel-name regex:expert_gemm_wg_kernel --launch-count 2 --set full --import-source yes -f \
+    -o /tmp/ncu_pf "$c/bench_moe" /tmp/ncu_pf.json >/tmp/ncu_pf.log 2>&1
+  echo "ncu prefill rc=$?"
+  ncu -i /tmp/ncu_pf.ncu-rep --page details >"$out/ncu_prefill_4096.txt" 2>&1
+  ncu -i /tmp/ncu_pf.ncu-rep --page source --csv --print-source=sass >/tmp/ncu_pf.csv 2>&1
+  python3 scripts/gpu/h_mla16/sass_top.py /tmp/ncu_pf.csv 30 >"$out/ncu_prefill_4096_sass.txt" 2>&1
+  grep -E "expert_gemm_wg|Duration|Issue Slots Busy|Eligible Warps|No Eligible|DRAM Throughput|L2 Hit|Compute \(SM\) Throughput|Executed Ipc Active" \
+    "$out/ncu_prefill_4096.txt" | head -30
+fi
+
