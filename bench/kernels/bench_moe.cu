@@ -371,12 +371,12 @@ Matrices make_fp4(cpu::WeightFormat f, int64_t rows, int64_t cols, int64_t count
 }  // namespace
 }  // namespace ds
 
-// DS_MOE_CASES="fmt:T:path:raster[:rows[:wgs]][:sSTEP][:m|:b];..." (e.g. "mxfp4:4096:4:1",
+// DS_MOE_CASES="fmt:T:path:raster[:rows[:wgs]][:sSTEP][:m|:b][:w];..." (e.g. "mxfp4:4096:4:1",
 // "mxfp4:4096:4:0:256", "mxfp4:4096:4:0:256:2", "mxfp4:4096:0:0:s32", "mxfp4:4096:0:0:b") runs
 // only the forward cases with that weight format, token count, MoeTuning::path, pf_raster and
-// (when set) pf_rows, pf_wgs, pf_step and pf_sync 1 / 2 (":m" / ":b"; the heuristic's rows have
-// path 0): one launch sequence for a profiler (scripts/gpu/h_moe18/run.sh, NCU=1). Unset: every
-// case.
+// (when set) pf_rows, pf_wgs, pf_step, pf_sync 1 / 2 (":m" / ":b") and route_by_warp 1 (":w"; the
+// heuristic's rows have path 0): one launch sequence for a profiler (scripts/gpu/h_moe18/run.sh,
+// NCU=1). Unset: every case.
 bool case_selected(const char* fmt, int64_t T, const ds::cuda::MoeTuning& t) {
   const char* env = std::getenv("DS_MOE_CASES");
   if (env == nullptr || *env == 0) return true;
@@ -384,7 +384,8 @@ bool case_selected(const char* fmt, int64_t T, const ds::cuda::MoeTuning& t) {
       std::string(fmt) + ":" + std::to_string(T) + ":" + std::to_string(t.path) + ":" +
       std::to_string(t.pf_raster) + (t.pf_rows != 0 ? ":" + std::to_string(t.pf_rows) : "") +
       (t.pf_wgs != 0 ? ":" + std::to_string(t.pf_wgs) : "") +
-      (t.pf_step != 0 ? ":s" + std::to_string(t.pf_step) : "") + (t.pf_sync == 1 ? ":m" : t.pf_sync == 2 ? ":b" : "");
+      (t.pf_step != 0 ? ":s" + std::to_string(t.pf_step) : "") +
+      (t.pf_sync == 1 ? ":m" : t.pf_sync == 2 ? ":b" : "") + (t.route_by_warp == 1 ? ":w" : "");
   std::string list = env;
   for (size_t b = 0; b <= list.size();) {
     const size_t e = std::min(list.find(';', b), list.size());
@@ -548,9 +549,16 @@ int main(int argc, char** argv) {
       t.pdl = 1;
       cases.push_back({T, t});
     }
+    const bool mx = fmt == cpu::WeightFormat::kMxfp4;
+    // The decode-size routing by a warp per token (MoeTuning::route_by_warp 1) next to the default
+    // rows above (the CTA routes by rank up to 8 tokens at E = 256).
+    for (int64_t T : mx ? std::vector<int64_t>{1, 2, 4, 8} : std::vector<int64_t>{1}) {
+      cuda::MoeTuning t;
+      t.route_by_warp = 1;
+      cases.push_back({T, t});
+    }
     // The prefill grids in the order before session 20 (MoeTuning::pf_raster = 1: tiles side by
     // side) next to the default rows (the N blocks of a tile side by side).
-    const bool mx = fmt == cpu::WeightFormat::kMxfp4;
     if (layer->pf_wgmma) {
       const std::vector<int64_t> ts = mx ? std::vector<int64_t>{512, 1024, 4096, 8192}
                                          : std::vector<int64_t>{4096};
@@ -662,6 +670,7 @@ int main(int argc, char** argv) {
       if (bc.tuning.pf_step != 0) r.kernel += "_s" + std::to_string(bc.tuning.pf_step);
       if (bc.tuning.pf_sync != 0) r.kernel += bc.tuning.pf_sync == 1 ? "_mbar" : "_bar";
       if (bc.tuning.pdl) r.kernel += "_pdl";
+      if (bc.tuning.route_by_warp) r.kernel += "_rwarp";
       char shape[160];
       std::snprintf(shape, sizeof shape,
                     "T=%lld D=4096 E=256 k=6 inter=2048 distinct=%lld expert=%.2fMB +shared fp8",

@@ -764,6 +764,38 @@ TEST_F(MoeCuda, ProgrammaticDependentLaunch) {
   run_case(bad);
 }
 
+// Decode-size routing by rank over the CTA (the default where it takes at most two passes) against
+// a warp per token (MoeTuning::route_by_warp 1): the forward's y bit for bit (a different expert
+// or a weight one ulp off would change it) and the oracle, at the Flash shape (E = 256: one pass
+// up to 4 tokens, two up to 8; T = 16 falls back to the warps), skewed routing (the bias makes
+// expert 3 win every token), the tiny shape (E = 8: 32 tokens per pass), NVFP4, and a hash-routed
+// layer (always the warps). A bad value is refused.
+TEST_F(MoeCuda, RouteByRankGivesTheWarpRouting) {
+  cuda::MoeTuning warp;
+  warp.route_by_warp = 1;
+  auto rank_case = [&](Case c) {
+    c.name += " route by rank";
+    c.bit_equal = {warp};
+    run_case(c);
+  };
+  for (int64_t T : {1, 2, 4, 5, 8, 16}) {
+    Case c{"flash mxfp4", kFlash, WeightFormat::kMxfp4, T};
+    c.oracle_tokens = 4;
+    rank_case(c);
+  }
+  Case skew{"flash mxfp4 skew", kFlash, WeightFormat::kMxfp4, 8, true};
+  skew.oracle_tokens = 4;
+  rank_case(skew);
+  for (int64_t T : {1, 7, 32}) rank_case({"tiny mxfp4", kTiny, WeightFormat::kMxfp4, T});
+  rank_case({"tiny skew mxfp4", kTiny, WeightFormat::kMxfp4, 16, true});
+  rank_case({"tiny nvfp4", kTiny, WeightFormat::kNvfp4, 3});
+  rank_case({"tiny hash", kTiny, WeightFormat::kMxfp4, 4, false, true});
+  Case bad{"tiny bad route", kTiny, WeightFormat::kMxfp4, 4};
+  bad.tuning.route_by_warp = 2;
+  bad.expect_error = "route_by_warp must be 0 or 1";
+  run_case(bad);
+}
+
 // The wgmma prefill kernel's scale folding at its limit: the routed w2 weights scaled so that the
 // layer's largest MXFP4 code is kMoeWgMaxScaleCode (the kernel's bf16 multiplier is then 2^127, the
 // largest finite power of two; sm_90 runs it), then one above (limit_to_scale_code turns the kernel

@@ -8,7 +8,8 @@
 #   3. test_gemm_cuda (linear_fp8's mbarrier helpers moved to a shared header in 5eb1a7c);
 #   4. the K loops of the default wgmma kernels (cuobjdump + h_moe23/sass_loops.py).
 #   scripts/gpu/h_moe26/call.sh [OUT_DIR]     env: BINS, AB_CASES, AB_ROUNDS (2), SKIP_FULL=1,
-#   MOE_SANITIZE_FILTER (MoeCuda.TinyWide*), MOE_SANITIZE_TIMEOUT (90), SKIP_SASS=1
+#   MOE_SANITIZE_FILTER (MoeCuda.TinyWide*), MOE_SANITIZE_TIMEOUT (90), SKIP_SASS=1,
+#   MOE_SKIP_BENCH=1 (no whole bench_moe run)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 out="${1:-${OUT:-/tmp/h_moe26_out}}"
@@ -27,6 +28,7 @@ if [ "${SKIP_FULL:-0}" != 1 ]; then
   MOE_TEST_BIN="$c/test_moe_cuda" MOE_BENCH_BIN="$c/bench_moe" MOE_SANITIZE=1 \
     MOE_SANITIZE_FILTER="${MOE_SANITIZE_FILTER:-MoeCuda.TinyWide*}" MOE_TEST_TIMEOUT=240 \
     MOE_SANITIZE_TIMEOUT="${MOE_SANITIZE_TIMEOUT:-90}" MOE_BENCH_TIMEOUT=200 \
+    MOE_SKIP_BENCH="${MOE_SKIP_BENCH:-0}" \
     bash scripts/gpu/run_moe.sh "$out" | tail -n 40
   rc=${PIPESTATUS[0]}
 fi

@@ -537,9 +537,77 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanArgs a) {
 // T = 16, more than route_kernel (~11 us, T / 8 CTAs) and plan_kernel apart (bench_moe, H100,
 // session 20).
 constexpr int64_t kRoutePlanMaxTokens = kPlanThreads / 32;
-__global__ void __launch_bounds__(kPlanThreads) route_plan_kernel(RouteArgs ra, PlanArgs pa) {
+
+// Expert e's biased score s as a 64-bit key whose unsigned order is cpu::topk_indices' order:
+// the score's bits made order-preserving (+0 for -0; NaN below every number, never chosen ahead
+// of one), then the inverted index (equal scores: the lower index first).
+__device__ __forceinline__ uint64_t route_key(float s, int e) {
+  uint32_t u = __float_as_uint(s == 0.0f ? 0.0f : s);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  if (isnan(s)) u = 0u;
+  return (uint64_t(u) << 32) | uint64_t(0xFFFFFFFFu - uint32_t(e));
+}
+
+// The passes route_tokens_by_rank needs for T tokens of E experts (groups of E rounded up to a
+// warp, kPlanThreads / group tokens per pass).
+__host__ __device__ constexpr int64_t route_rank_passes(int64_t T, int64_t E) {
+  return (T + kPlanThreads / ((E + 31) / 32 * 32) - 1) / (kPlanThreads / ((E + 31) / 32 * 32));
+}
+
+// The routing of the step's tokens by the whole CTA (kPlanThreads threads, no hash routing), one
+// thread per (token, expert), instead of a warp per token: one warp's chain of route_token (16
+// scores per lane, then k rounds of argmax shuffles) took ~10 us of the 15 us route + plan launch
+// at T = 1 (ncu, H100, session 26). Per pass of kPlanThreads / G tokens (G = E rounded up to a
+// warp): every thread computes its expert's score and key (route_key) into shared memory, counts
+// the token's larger keys (its rank), and the thread of rank r < k writes slot r; then threads
+// r < k renormalize, summing the k unbiased scores in slot order as cpu::route_token does. The
+// experts and weights are route_token's, bit for bit (MoeTuning::route_by_warp compares them).
+__device__ __forceinline__ void route_tokens_by_rank(const RouteArgs& a) {
+  __shared__ uint64_t keys[kPlanThreads];
+  __shared__ float slot_score[kPlanThreads / 32][kMaxTopk];
+  const int E = int(a.E), k = int(a.k);
+  const int G = (E + 31) / 32 * 32, P = kPlanThreads / G;
+  const int grp = int(threadIdx.x) / G, e = int(threadIdx.x) % G;
+  for (int64_t t0 = 0; t0 < a.T; t0 += P) {
+    const int64_t t = t0 + grp;
+    const bool on = grp < P && t < a.T && e < E;
+    float raw = 0.0f;
+    if (on) {
+      raw = sqrt_softplus_dev(a.logits[t * a.E + e]);
+      keys[threadIdx.x] = route_key(raw + (a.bias ? a.bias[e] : 0.0f), e);
+    }
+    __syncthreads();
+    if (on) {
+      const uint64_t* kg = keys + grp * G;
+      const uint64_t mine = kg[e];
+      int rank = 0;
+#pragma unroll 8
+      for (int j = 0; j < E; ++j) rank += kg[j] > mine ? 1 : 0;
+      if (rank < k) {
+        a.experts[t * k + rank] = e;
+        slot_score[grp][rank] = raw;
+      }
+    }
+    __syncthreads();
+    if (grp < P && t < a.T && e < k) {
+      float sum = 0.0f;
+      for (int i = 0; i < k; ++i) sum += slot_score[grp][i];
+      a.weights[t * k + e] = slot_score[grp][e] / (sum + a.eps) * a.route_scale;
+    }
+    __syncthreads();  // the next pass rewrites keys and slot_score
+  }
+}
+
+// by_rank: route_tokens_by_rank (the caller checks no hash routing and at most two passes), else
+// a warp per token.
+__global__ void __launch_bounds__(kPlanThreads)
+    route_plan_kernel(RouteArgs ra, PlanArgs pa, bool by_rank) {
   pdl_begin();
-  for (int64_t t = threadIdx.x >> 5; t < ra.T; t += kPlanThreads / 32) route_token(ra, t);
+  if (by_rank) {
+    route_tokens_by_rank(ra);
+  } else {
+    for (int64_t t = threadIdx.x >> 5; t < ra.T; t += kPlanThreads / 32) route_token(ra, t);
+  }
   __syncthreads();
   plan_block(pa);
 }
@@ -2649,10 +2717,12 @@ namespace {
 // MoeRunner::route, and for forward(): with q.on the quantization of x inside the small-T logits
 // kernel where its grid covers x's blocks (*quantized tells whether it did; else the caller
 // launches quant_rows_kernel); with a plan, at T <= kRoutePlanMaxTokens the routing and the plan
-// as one route_plan_kernel (*planned; else the caller launches plan_kernel).
+// as one route_plan_kernel (*planned; else the caller launches plan_kernel), routing by rank over
+// the CTA unless by_warp (MoeTuning::route_by_warp).
 Status route_impl(const MoeDeviceLayer& l, const float* x, const int32_t* token_ids, int64_t T,
                   int32_t* experts, float* weights, void* workspace, cudaStream_t stream, bool pdl,
-                  XQuant q, bool* quantized, const PlanArgs* plan, bool* planned) {
+                  XQuant q, bool* quantized, const PlanArgs* plan, bool* planned,
+                  bool by_warp = false) {
   *quantized = false;
   *planned = false;
   if (T <= 0) return ok_status();
@@ -2691,8 +2761,10 @@ Status route_impl(const MoeDeviceLayer& l, const float* x, const int32_t* token_
                l.route_scale, l.renorm_epsilon, experts,   weights};
   if (plan && T <= kRoutePlanMaxTokens) {
     *planned = true;
+    // The whole CTA routes by rank where that takes at most two passes (T <= 8 at E = 256).
+    const bool by_rank = !by_warp && !l.tid2eid && route_rank_passes(T, l.num_experts) <= 2;
     DS_CUDA_RETURN_IF_ERROR(
-        launch_pdl_if(pdl, route_plan_kernel, 1, kPlanThreads, 0, stream, ra, *plan));
+        launch_pdl_if(pdl, route_plan_kernel, 1, kPlanThreads, 0, stream, ra, *plan, by_rank));
   } else {
     DS_CUDA_RETURN_IF_ERROR(
         launch_pdl_if(pdl, route_kernel, unsigned(ceil_div(T, 8)), 256, 0, stream, ra));
@@ -2733,6 +2805,8 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   auto* ybuf = reinterpret_cast<float*>(ws + L.ybuf);
 
   if (tuning.pdl != 0 && tuning.pdl != 1) return invalid_argument("moe: tuning.pdl must be 0 or 1");
+  if (tuning.route_by_warp != 0 && tuning.route_by_warp != 1)
+    return invalid_argument("moe: tuning.route_by_warp must be 0 or 1");
   const bool pdl = tuning.pdl == 1;
   const bool pf_forced = tuning.path == 3 || tuning.path == 4;
   const int bt = tuning.tile_tokens > 0 ? tuning.tile_tokens
@@ -2785,7 +2859,7 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
                     row_token,    row_slot,  row_weight};
   bool x_quantized = false, planned = false;
   DS_RETURN_IF_ERROR(route_impl(l, x, token_ids, T, experts, weights, workspace, stream, pdl,
-                                xquant, &x_quantized, &pa, &planned));
+                                xquant, &x_quantized, &pa, &planned, tuning.route_by_warp == 1));
   if (!planned)
     DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, plan_kernel, 1, kPlanThreads, 0, stream, pa));
 

@@ -151,6 +151,10 @@ struct MoeTuning {
   // sm_90+; each waits for it at its start, so only the launch overlaps; DEEPSERVE_OPS_PDL=0 turns
   // the attribute off); 0: plain launches, the default (no step-level gain: NOTES.md, session 20).
   int pdl = 0;
+  // Decode sizes (routing and plan in one launch): 0 = the CTA routes by rank, one thread per
+  // (token, expert), where that takes at most two passes and the layer does not hash-route
+  // (session 26); 1 = a warp per token (the form before). The same experts and weights either way.
+  int route_by_warp = 0;
 };
 
 // Runs the MoE forward. Stateless apart from the configuration: all scratch lives in the
