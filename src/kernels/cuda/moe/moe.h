@@ -152,8 +152,9 @@ struct MoeTuning {
   // the attribute off); 0: plain launches, the default (no step-level gain: NOTES.md, session 20).
   int pdl = 0;
   // Decode sizes (routing and plan in one launch): 0 = the CTA routes by rank, one thread per
-  // (token, expert), where that takes at most two passes and the layer does not hash-route
-  // (session 26); 1 = a warp per token (the form before). The same experts and weights either way.
+  // (token, expert), where the tokens fill at most half of it (T <= 2 at 256 experts) and the
+  // layer does not hash-route (session 26); 1 = a warp per token everywhere (the form before).
+  // The same experts and weights either way.
   int route_by_warp = 0;
 };
 
