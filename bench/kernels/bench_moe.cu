@@ -551,7 +551,7 @@ int main(int argc, char** argv) {
     }
     const bool mx = fmt == cpu::WeightFormat::kMxfp4;
     // The decode-size routing by a warp per token (MoeTuning::route_by_warp 1) next to the default
-    // rows above (the CTA routes by rank up to 8 tokens at E = 256).
+    // rows above (the CTA routes by rank up to 2 tokens at E = 256).
     for (int64_t T : mx ? std::vector<int64_t>{1, 2, 4, 8} : std::vector<int64_t>{1}) {
       cuda::MoeTuning t;
       t.route_by_warp = 1;

@@ -892,10 +892,11 @@ TEST_F(MoeCuda, WgmmaTwoWarpgroupPrefillVariants) {
 // 256-row CTAs (four warpgroups) bit for bit against 128-row ones, against two-warpgroup 256-row
 // ones, against their own tiles in widths of steps of 32 and of 8 (MoeTuning::pf_step; the default
 // steps are 16), against their CTA barrier per chunk (pf_sync 2; the default hands chunks over
-// through per-slot mbarriers), and the oracle (tiny shapes, in the memcheck filter): many groups (T = 512, with the FP8-block shared expert's tiles: three
-// slots, one chunk ahead), one group of 32 full tiles (skewed T = 4096), NVFP4 at ~88 rows per
-// expert, both grid orders; bad widths, a bad width step, a bad hand-off and a width or hand-off on
-// the wrong CTAs are refused. Skipped (printed) off sm_90.
+// through per-slot mbarriers), and the oracle (tiny shapes, in the memcheck filter): many groups
+// (T = 512, with the FP8-block shared expert's tiles: three slots, one chunk ahead), one group of
+// 32 full tiles (skewed T = 4096), NVFP4 at ~88 rows per expert, both grid orders; bad widths, a
+// bad width step, a bad hand-off and a width or hand-off on the wrong CTAs are refused. Skipped
+// (printed) off sm_90.
 TEST_F(MoeCuda, TinyWidePrefillCtas) {
   for (Case c : {Case{"tiny mxfp4 wide", kTiny, WeightFormat::kMxfp4, 512},
                  Case{"tiny skew mxfp4 wide", kTiny, WeightFormat::kMxfp4, 4096, true},

@@ -531,7 +531,8 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanArgs a) {
 }
 
 // Decode sizes (T <= kRoutePlanMaxTokens): the routing of every token (a warp per token, as
-// route_kernel) and the plan in one CTA, one launch instead of two. The CTA barrier makes the
+// route_kernel, or by rank over the CTA at T <= 2: route_tokens_by_rank) and the plan in one CTA,
+// one launch instead of two. The CTA barrier makes the
 // experts and weights its warps wrote visible to the plan. At most one token per warp: with 64
 // tokens (two per warp, all on one SM) the node took 31.6 us against 12.8 at T = 1 and 15.2 at
 // T = 16, more than route_kernel (~11 us, T / 8 CTAs) and plan_kernel apart (bench_moe, H100,
@@ -1898,10 +1899,11 @@ __device__ __forceinline__ void mma_half(float (&acc)[64], const uint32_t (&a)[4
 // with kRg 1 (session 22: the 256-row CTAs as four warpgroups of one row group each, 512 threads:
 // 4 warps per scheduler instead of 2, each with half the dequantization per chunk).
 // kMbar (four warpgroups only; the default there, MoeTuning::pf_sync 2 turns it off): per-slot
-// mbarriers instead of the CTA barrier per chunk. Each thread's copies of a chunk arrive on the slot's `full` barrier when they land;
-// each warp arrives on the slot's `empty` barrier once its wgmmas reading the slot are done, and a
-// thread waits for that before copying into the slot again. The warpgroups may then drift apart by
-// about half a chunk instead of meeting at every chunk.
+// mbarriers instead of the CTA barrier per chunk. Each thread's copies of a chunk arrive on the
+// slot's `full` barrier when they land; each warp arrives on the slot's `empty` barrier once its
+// wgmmas reading the slot are done, and a thread waits for that before copying into the slot
+// again. The warpgroups may then drift apart by about half a chunk instead of meeting at every
+// chunk.
 template <bool kFused, int FMT, int N, int kRg = 1, int kWgs = 2, bool kMbar = false>
 __device__ __forceinline__ void wg_tile(const GemmArgs& a, const MoeDeviceExpert& ex, int g,
                                         int base, int row0, int rows, int64_t nb, uint8_t* smem) {
