@@ -532,11 +532,10 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(PlanArgs a) {
 
 // Decode sizes (T <= kRoutePlanMaxTokens): the routing of every token (a warp per token, as
 // route_kernel, or by rank over the CTA at T <= 2: route_tokens_by_rank) and the plan in one CTA,
-// one launch instead of two. The CTA barrier makes the
-// experts and weights its warps wrote visible to the plan. At most one token per warp: with 64
-// tokens (two per warp, all on one SM) the node took 31.6 us against 12.8 at T = 1 and 15.2 at
-// T = 16, more than route_kernel (~11 us, T / 8 CTAs) and plan_kernel apart (bench_moe, H100,
-// session 20).
+// one launch instead of two. The CTA barrier makes the experts and weights its warps wrote
+// visible to the plan. At most one token per warp: with 64 tokens (two per warp, all on one SM)
+// the node took 31.6 us against 12.8 at T = 1 and 15.2 at T = 16, more than route_kernel (~11 us,
+// T / 8 CTAs) and plan_kernel apart (bench_moe, H100, session 20).
 constexpr int64_t kRoutePlanMaxTokens = kPlanThreads / 32;
 
 // Expert e's biased score s as a 64-bit key whose unsigned order is cpu::topk_indices' order:
