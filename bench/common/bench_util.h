@@ -32,6 +32,7 @@ struct DeviceInfo {
   int sm_count = 0;
   int driver_version = 0;
   size_t l2_bytes = 0;
+  int cc_major = 0, cc_minor = 0;
 };
 
 inline DeviceInfo device_info() {
@@ -41,6 +42,8 @@ inline DeviceInfo device_info() {
   info.name = prop.name;
   info.sm_count = prop.multiProcessorCount;
   info.l2_bytes = size_t(prop.l2CacheSize);
+  info.cc_major = prop.major;
+  info.cc_minor = prop.minor;
   DS_BENCH_CHECK(cudaDriverGetVersion(&info.driver_version));
   return info;
 }

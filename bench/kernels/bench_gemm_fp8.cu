@@ -290,7 +290,7 @@ cuda::Fp8SmallMParams small_m_params(const Weights& w, int c, bool tiled, const 
   p.k_split = ks;
   p.stages = stages;
   p.max_ctas = max_ctas;
-  p.pdl = true;
+  p.pdl = bench::env_or("DS_BENCH_PDL", "1") != "0";  // DS_BENCH_PDL=0: launches without PDL
   return p;
 }
 
@@ -485,16 +485,28 @@ int main(int argc, char** argv) {
       double ceil_us = 0, heur_us = 0, lt_us = 0, floor_us = 0, run_us = 0;
       std::string heur_cfg, run_cfg;
       double heur_err = -1, lt_err = -1, run_err = -1;
+      double wg_us = 0, wg_best_us = 0, wg_err = -1;
+      std::string wg_cfg, wg_best_cfg;
     };
+    // kWgmma needs a compute capability 9.0 device.
+    const bool wgmma_ok = dev.cc_major == 9 && dev.cc_minor == 0;
     std::vector<Row> rows;
     std::vector<Shape> shapes(std::begin(attn), std::end(attn));
     shapes.push_back(extra[0]);  // wq_a+wkv fused
+    // DS_BATCH_SHAPES="wq_b,wo_b" / DS_BATCH_M="16,64": only these shapes / token counts.
+    const std::string only_shapes = bench::env_or("DS_BATCH_SHAPES", "");
+    const std::string only_m = "," + bench::env_or("DS_BATCH_M", "") + ",";
     for (const Shape& s : shapes) {
+      if (!only_shapes.empty() &&
+          ("," + only_shapes + ",").find("," + std::string(s.name) + ",") == std::string::npos)
+        continue;
       const size_t wbytes = size_t(s.n * s.groups * s.k);
       const int copies = int(std::max<size_t>(20, (rotate_bytes + wbytes - 1) / wbytes));
       Weights w(s, copies, 11 + s.n + s.k);
       double ceil_us = 0;
       for (int64_t m : {1, 2, 4, 8, 16, 32, 64}) {
+        if (only_m != ",," && only_m.find("," + std::to_string(m) + ",") == std::string::npos)
+          continue;
         const int64_t gk = s.k * s.groups, gn = s.n * s.groups;
         const DecodeInput in(s, m, stream);
         const std::vector<uint16_t>& hx = in.hx;
@@ -572,6 +584,41 @@ int main(int argc, char** argv) {
           recs.push_back(make("GemmRunner linear_fp8 (pre-quantized)+pdl",
                               lt ? "cuBLASLt block-scaled" : row.heur_cfg, row.run_us, row.run_err));
         }
+        if (wgmma_ok) {
+          // kWgmma (session 27): the heuristic layout, then every (warpgroups, k_split, stages)
+          // layout; the best is recorded next to it (DS_WG_SWEEP=0: heuristic only).
+          // DS_WG_CFG="wg,ks,stages" replaces the heuristic layout (profiling one layout).
+          int fw = 0, fk = 0, fs = 0;
+          std::sscanf(bench::env_or("DS_WG_CFG", "").c_str(), "%d,%d,%d", &fw, &fk, &fs);
+          const cuda::Fp8SmallMPlan wp = cuda::fp8_small_m_plan(
+              params(0, cuda::SmallMKernel::kWgmma, fw, fk, fs, 0), dev.sm_count);
+          char wcfg[128];
+          std::snprintf(wcfg, sizeof wcfg, "wgmma wg=%d ks=%d st=%d", wp.row_warps, wp.k_split,
+                        wp.stages);
+          row.wg_cfg = wcfg;
+          row.wg_us = time_p(cuda::SmallMKernel::kWgmma, fw, fk, fs, 0);
+          row.wg_err = check_p(cuda::SmallMKernel::kWgmma, fw, fk, fs, 0);
+          recs.push_back(make("fp8_small_m wgmma heur+pdl", wcfg, row.wg_us, row.wg_err));
+          row.wg_best_us = row.wg_us;
+          row.wg_best_cfg = wcfg;
+          if (bench::env_or("DS_WG_SWEEP", "1") != "0") {
+            const int64_t kb = s.k / 128;
+            for (int wgs : {1, 2})
+              for (int ks : {1, 2, 4, 8})
+                for (int st : {4, 6}) {
+                  const int64_t ctas = (s.n + 64 * wgs - 1) / (64 * wgs) * s.groups * ks;
+                  if (ks > kb || (kb + ks - 1) / ks > 64 || ctas > 6 * dev.sm_count) continue;
+                  if (wgs == wp.row_warps && ks == wp.k_split && st == wp.stages) continue;
+                  const double us = time_p(cuda::SmallMKernel::kWgmma, wgs, ks, st, 0);
+                  std::snprintf(wcfg, sizeof wcfg, "wgmma wg=%d ks=%d st=%d", wgs, ks, st);
+                  recs.push_back(make("fp8_small_m wgmma sweep+pdl", wcfg, us, -1));
+                  if (us < row.wg_best_us) {
+                    row.wg_best_us = us;
+                    row.wg_best_cfg = wcfg;
+                  }
+                }
+          }
+        }
         if (m >= 16) {
           // cuBLASLt block-scaled (GemmRunner's default path for M > 64) at the same M.
           auto lt_params = [&](int c) {
@@ -625,6 +672,16 @@ int main(int argc, char** argv) {
                 "floor", "ceil", "runner (engine)", "us", "%", "small-M kAuto", "us", "%", "cublas",
                 "%", "e_run", "e_heur", "e_lt");
     auto shortcfg = [](const std::string& c) { return c.substr(0, c.find(" copies")); };
+    if (wgmma_ok) {
+      std::printf("\nkWgmma (%% = floor / time)\n%-14s %6s | %-24s %6s %3s %7s | %-24s %6s %3s\n",
+                  "shape", "floor", "heuristic", "us", "%", "err", "best layout", "us", "%");
+      for (const Row& r : rows) {
+        const std::string sh = r.shape.substr(0, r.shape.find(" N="));
+        std::printf("%-14s %6.2f | %-24s %6.2f %3.0f %7.2g | %-24s %6.2f %3.0f\n", sh.c_str(),
+                    r.floor_us, r.wg_cfg.c_str(), r.wg_us, 100 * r.floor_us / r.wg_us, r.wg_err,
+                    r.wg_best_cfg.c_str(), r.wg_best_us, 100 * r.floor_us / r.wg_best_us);
+      }
+    }
     for (const Row& r : rows) {
       const std::string sh = r.shape.substr(0, r.shape.find(" N="));
       std::printf("%-14s %6.2f %5.2f | %-24s %6.2f %3.0f | %-24s %6.2f %3.0f | %7.2f %3.0f | %7.2g "

@@ -395,11 +395,17 @@ Status CudaOps::register_weights() {
         cuda::launch_e8m0_to_f32(weights_.get(w->scale), static_cast<float*>(f32), n, stream_));
     e8m0_f32_[w->scale] = static_cast<const float*>(f32);
   }
-  // The large FP8 weights once more in the small-M tile order, for the decode kernels.
+  // The large FP8 weights once more in the small-M tile order, for the decode kernels, except
+  // those that the wgmma kernel serves at every M <= 8 (wq_b), which never read the copy.
   const bool tiled = opt_.tiled_fp8_min_bytes >= 0 && !env_switched_off("DEEPSERVE_TILED_FP8");
   for (const cpu::LinearWeight* w : fp8) {
     const int64_t bytes = w->out_features * w->in_features;
     if (!tiled || bytes < opt_.tiled_fp8_min_bytes || fp8_tiled_.count(w->data) != 0) continue;
+    cuda::Fp8WeightView v;
+    v.out_features = w->out_features;
+    v.in_features = w->in_features;
+    if (gemm_wgmma_ && cuda::fp8_linear_uses_wgmma(v, 1) && cuda::fp8_linear_uses_wgmma(v, 8))
+      continue;
     DS_ASSIGN_OR_RETURN(void* dev, weights_.allocate_derived(size_t(bytes)));
     DS_RETURN_IF_ERROR(cuda::launch_fp8_weight_to_tiles(
         weights_.get(static_cast<const uint8_t*>(w->data)), static_cast<uint8_t*>(dev),
@@ -450,6 +456,7 @@ Status CudaOps::init() {
       cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, opt_.device));
   DS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   kernel_pdl_ = opt_.kernel_pdl && !env_switched_off("DEEPSERVE_GEMM_PDL");
+  gemm_wgmma_ = opt_.gemm_wgmma && !env_switched_off("DEEPSERVE_GEMM_WGMMA");
   fused_norm_rope_ = opt_.fused_norm_rope && !env_switched_off("DEEPSERVE_FUSED_NORM_ROPE");
   moe_pdl_ = env_switch("DEEPSERVE_MOE_PDL", opt_.moe_pdl);
   sparse_mla_wgmma_ =
@@ -1431,6 +1438,7 @@ Status CudaOps::linear_impl(const float* x, int64_t rows, const cpu::LinearWeigh
     p.y_type = out_type;
     p.y_row_stride = w.out_features;
     p.pdl = kernel_pdl_;
+    p.wgmma = gemm_wgmma_;
     st = gemm_->linear_fp8(p, stream_);
   } else if (w.format == cpu::WeightFormat::kBF16 && groups == 1) {
     cuda::Bf16LinearParams p;
@@ -1503,6 +1511,7 @@ void CudaOps::linear_pair(const float* x, int64_t rows, const cpu::LinearWeight&
   p.y2_row_stride = w1.out_features;
   p.split_features = w0.out_features;
   p.pdl = kernel_pdl_;
+  p.wgmma = gemm_wgmma_;
   (void)check(gemm_->linear_fp8(p, stream_));
 }
 

@@ -108,6 +108,11 @@ struct CudaOpsOptions {
   // previous kernel (their weights / addresses are read while it finishes; they wait before
   // reading its outputs). DEEPSERVE_GEMM_PDL=0 in the environment turns it off (A/B switch).
   bool kernel_pdl = true;
+  // Decode-sized FP8 linears on the sm_90a wgmma kernel where it measured faster
+  // (cuda::fp8_linear_uses_wgmma: wq_b at <= 32 tokens, wo_b at 9-32, quantized wo_a at 9-64);
+  // a weight served by it at every M <= 8 gets no tile-ordered copy. DEEPSERVE_GEMM_WGMMA=0 in the
+  // environment turns it off (A/B switch).
+  bool gemm_wgmma = true;
   // The q and kv paths' RMSNorm, RoPE and FP8 simulation of kv as one launch each
   // (Ops::norm_rope). DEEPSERVE_FUSED_NORM_ROPE=0 turns it off (A/B switch).
   bool fused_norm_rope = true;
@@ -325,6 +330,7 @@ class CudaOps final : public dsv4::Ops {
   };
   std::unordered_map<const void*, FusedPair> fused_pairs_;
   bool kernel_pdl_ = true;  // CudaOpsOptions::kernel_pdl, unless DEEPSERVE_GEMM_PDL=0
+  bool gemm_wgmma_ = true;  // CudaOpsOptions::gemm_wgmma, unless DEEPSERVE_GEMM_WGMMA=0
   // Ops::fuses_norm_rope: CudaOpsOptions::fused_norm_rope, unless DEEPSERVE_FUSED_NORM_ROPE=0
   bool fused_norm_rope_ = true;
   // CudaOpsOptions::sparse_mla_wgmma on a device and shape that run it, unless

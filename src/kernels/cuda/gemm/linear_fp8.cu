@@ -24,6 +24,7 @@
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/func_attributes.h"
 #include "kernels/cuda/common/mbarrier.cuh"
+#include "kernels/cuda/common/wgmma.cuh"
 #include "kernels/cuda/gemm/linear_fp8.h"
 #include "kernels/cuda/norm/device_util.cuh"
 #include "kernels/cuda/quant/quant_fp8.h"
@@ -307,14 +308,15 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1) fp8_small_m_kernel(
 }
 
 // One launch of kernel(a) with the attributes the arguments ask for: a cluster of k_split CTAs
-// along K (k_split > 1) and programmatic dependent launch (pdl).
+// along K (k_split > 1) and programmatic dependent launch (pdl), and smem_bytes of dynamic shared
+// memory (the caller opts the kernel in to more than 48 KB: ensure_max_dynamic_smem).
 template <typename Kernel>
 cudaError_t launch_small_m_kernel(Kernel kernel, const SmallMArgs& a, dim3 grid, int threads,
-                                  cudaStream_t stream) {
+                                  cudaStream_t stream, size_t smem_bytes = 0) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(unsigned(threads));
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = smem_bytes;
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   unsigned n = 0;
@@ -832,28 +834,7 @@ cudaError_t launch_bulk(const SmallMArgs& a, dim3 grid, cudaStream_t stream) {
   // slots is 48 KB of ring alone: refused with cudaErrorInvalidValue until session 10, when the
   // attribute was set only for rings above 48 KB): opt in for every ring size, once per device.
   if (const cudaError_t e = ensure_max_dynamic_smem(kernel, int(smem)); e != cudaSuccess) return e;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(unsigned(bulk_threads(KP)));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  if (a.k_split > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = unsigned(a.k_split);
-    attr[n].val.clusterDim.y = 1;
-    attr[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  if (a.pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  cfg.attrs = attr;
-  cfg.numAttrs = n;
-  return cudaLaunchKernelEx(&cfg, kernel, a);
+  return launch_small_m_kernel(kernel, a, grid, bulk_threads(KP), stream, smem);
 }
 
 template <int NT, int KP>
@@ -866,6 +847,315 @@ cudaError_t dispatch_bulk_rw(int rw, const SmallMArgs& a, dim3 grid, cudaStream_
     default:
       return launch_bulk<NT, 4, KP>(a, grid, stream);
   }
+}
+
+// ---- kWgmma: FP8 wgmma from a cp.async ring (sm_90a), up to 64 tokens in one pass -----------
+//
+// Why (NOTES.md, session 27): at 9..64 tokens kStream re-reads every weight once per 16-token
+// chunk and cuBLASLt's block-scaled GEMM reaches 43-60% of copy bandwidth, so the decode batches
+// of the 33 MB projections ran at 16-60%. Here each weight byte crosses HBM once for all tokens:
+//  - CTA = WG warpgroups x 64 weight rows (wgmma M) x all tokens (wgmma N = NB, the token count
+//    rounded up to 8, 16, 32 or 64) x the K range of its cluster rank (clusters of k_split CTAs
+//    split K, partials summed through distributed shared memory in rank order).
+//  - Every thread copies its fixed 16-byte pieces of each 128-K stage (64 x WG weight rows and NB
+//    activation rows of 128 bytes, 128-byte swizzle) with cp.async into a ring of S stages, S - 1
+//    in flight; rows past N and tokens past M are zero-filled.
+//  - Per stage each warpgroup runs 4 wgmma m64nNBk32 e4m3 into a fresh block accumulator (the
+//    tensor core sums one 128-K block, as REF's fp8_gemm on Hopper does) and adds it to the fp32
+//    running sums times weight scale x activation scale of the block (both from shared memory,
+//    loaded once per CTA).
+// The ring slot consumed in iteration i is refilled in iteration i + 1, after the CTA barrier
+// that follows every warpgroup's wgmma wait of iteration i.
+constexpr int kWgRows = 64;         // weight rows per warpgroup (wgmma M)
+constexpr int kWgMaxKBlocks = 64;   // 128-K blocks per CTA whose scales shared memory holds
+
+__host__ __device__ constexpr int wg_stage_bytes(int nb, int wgs) {
+  return (kWgRows * wgs + nb) * 128;
+}
+// Ring, then the block scales as fp32: weights [2][kWgMaxKBlocks], activations [kb][nb] for the
+// kb_max = ceil(K blocks / k_split) K blocks of a cluster rank.
+__host__ __device__ constexpr int wg_smem_bytes(int nb, int wgs, int stages, int kb_max) {
+  return 1024 + stages * wg_stage_bytes(nb, wgs) + (2 * kWgMaxKBlocks + kb_max * nb) * 4;
+}
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DS_GEMM_WGMMA_PATH 1
+#else
+#define DS_GEMM_WGMMA_PATH 0
+#endif
+
+#if DS_GEMM_WGMMA_PATH
+// D[64 x NB] (+)= A[64 x 32] * B[32 x NB], e4m3 from shared memory, fp32 accumulators
+// (scale_d 0: D = A * B).
+template <int NB>
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[NB / 2], uint64_t da, uint64_t db,
+                                           int scale_d);
+template <>
+__device__ __forceinline__ void wgmma_e4m3<8>(float (&d)[4], uint64_t da, uint64_t db,
+                                              int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_e4m3<16>(float (&d)[8], uint64_t da, uint64_t db,
+                                               int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_e4m3<32>(float (&d)[16], uint64_t da, uint64_t db,
+                                               int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, "
+      "1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_e4m3<64>(float (&d)[32], uint64_t da, uint64_t db,
+                                               int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// 16 bytes global -> shared, cached in L2 only; src_bytes 0 fills the 16 bytes with zeros.
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit_group() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+#endif  // DS_GEMM_WGMMA_PATH
+
+template <int NB, int WG, int S>
+__global__ void __launch_bounds__(128 * WG, WG == 2 ? 2 : 3) fp8_wgmma_kernel(SmallMArgs a) {
+#if DS_GEMM_WGMMA_PATH
+  constexpr int kThr = 128 * WG;
+  constexpr int kAhead = S - 1;  // stages in flight
+  constexpr int kRowsCta = kWgRows * WG;
+  constexpr int kStage = wg_stage_bytes(NB, WG);
+  constexpr int kWPieces = kRowsCta * 8 / kThr;                // = 4: weight pieces per thread
+  constexpr int kXPieces = (NB * 8 + kThr - 1) / kThr;         // activation pieces per thread
+  static_assert(kRowsCta * 8 % kThr == 0, "weight pieces divide evenly");
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  // The block scales as fp32 (decoded once per CTA: the promotion of a stage is then one LDS.64,
+  // two FMUL and four FFMA per token pair of a thread).
+  float* ws_s = reinterpret_cast<float*>(smem + S * kStage);  // [wg][kb] weight scales
+  float* xs_s = ws_s + 2 * kWgMaxKBlocks;                     // [kb][NB] activation scales
+  const uint32_t ring = smem_addr(smem);
+
+  const int tid = threadIdx.x;
+  const int wg = tid >> 7, wt = tid & 127, w4 = wt >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int ks = a.k_split;
+  const int srank = int(blockIdx.x % unsigned(ks));
+  const int64_t item = blockIdx.x / unsigned(ks);
+  const int64_t tile = item % a.tiles, group = item / a.tiles;
+  const int64_t row0 = tile * kRowsCta;  // within the group
+  const int kblocks = int(a.k / 128);
+  const int kb_begin = kblocks * srank / ks, kb_end = kblocks * (srank + 1) / ks;
+  const int nkb = kb_end - kb_begin;
+
+  // This thread's pieces: weight piece p = tid + kThr * u is row p / 8, 16-byte chunk p % 8;
+  // activation piece p (< NB * 8) is token p / 8, chunk p % 8. Sources at K block kb_begin.
+  const uint8_t* wsrc[kWPieces];
+  uint32_t wdst[kWPieces];
+  int wbytes[kWPieces];
+#pragma unroll
+  for (int u = 0; u < kWPieces; ++u) {
+    const int p = tid + kThr * u, r = p >> 3, c = p & 7;
+    const bool ok = row0 + r < a.n;
+    wsrc[u] = a.w + ((group * a.n + (ok ? row0 + r : 0)) * a.k + int64_t(kb_begin) * 128 + c * 16);
+    wdst[u] = uint32_t(r * 128 + ((c ^ (r & 7)) << 4));
+    wbytes[u] = ok ? 16 : 0;
+  }
+  const uint8_t* xsrc[kXPieces];
+  uint32_t xdst[kXPieces];
+  int xbytes[kXPieces];
+#pragma unroll
+  for (int u = 0; u < kXPieces; ++u) {
+    const int p = tid + kThr * u, t = p >> 3, c = p & 7;
+    const bool ok = p < NB * 8 && t < a.m;
+    xsrc[u] = a.x_codes + ((ok ? t : 0) * a.x_stride + group * a.k + int64_t(kb_begin) * 128 +
+                           c * 16);
+    xdst[u] = uint32_t(kRowsCta * 128 + t * 128 + ((c ^ (t & 7)) << 4));
+    xbytes[u] = ok ? 16 : (p < NB * 8 ? 0 : -1);  // -1: no piece
+  }
+  auto issue_w = [&](int i) {  // weights of stage i (K block kb_begin + i) into slot i % S
+    const uint32_t base = ring + uint32_t((i % S) * kStage);
+#pragma unroll
+    for (int u = 0; u < kWPieces; ++u)
+      cp_async16_zfill(base + wdst[u], wsrc[u] + int64_t(i) * 128, wbytes[u]);
+  };
+  auto issue_x = [&](int i) {
+    const uint32_t base = ring + uint32_t((i % S) * kStage);
+#pragma unroll
+    for (int u = 0; u < kXPieces; ++u)
+      if (xbytes[u] >= 0) cp_async16_zfill(base + xdst[u], xsrc[u] + int64_t(i) * 128, xbytes[u]);
+  };
+
+  // Weights and their scales do not depend on the previous kernel: requested before waiting.
+  // The scale loads are issued 4 at a time per thread (independent loads, one latency).
+#pragma unroll
+  for (int i = 0; i < kAhead; ++i)
+    if (i < nkb) issue_w(i);
+  for (int e0 = tid; e0 < WG * nkb; e0 += 4 * kThr) {
+    uint32_t v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int e = e0 + u * kThr;
+      const int64_t r = group * a.n + row0 + int64_t(e / nkb) * kWgRows;  // the warpgroup's rows
+      v[u] = e < WG * nkb && r < (group + 1) * a.n
+                 ? a.w_scale[(r / 128) * a.w_scale_stride + kb_begin + e % nkb]
+                 : 127u;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (e0 + u * kThr < WG * nkb) ws_s[e0 + u * kThr] = e8m0_to_float_dev(v[u]);
+  }
+  if (a.pdl) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+  }
+  for (int e0 = tid; e0 < NB * nkb; e0 += 4 * kThr) {
+    uint32_t v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int e = e0 + u * kThr, t = e % NB, kb = e / NB;
+      v[u] = e < NB * nkb && t < a.m
+                 ? a.x_scales[t * a.x_scale_stride + group * (a.k / 128) + kb_begin + kb]
+                 : 127u;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (e0 + u * kThr < NB * nkb) xs_s[e0 + u * kThr] = e8m0_to_float_dev(v[u]);
+  }
+#pragma unroll
+  for (int i = 0; i < kAhead; ++i) {
+    if (i < nkb) issue_x(i);
+    cp_async_commit_group();  // group i: stage i (and, for i = 0, the weights issued above)
+  }
+
+  float acc[NB / 2];
+#pragma unroll
+  for (int j = 0; j < NB / 2; ++j) acc[j] = 0.f;
+  const uint64_t desc_w = wgmma::desc(ring + uint32_t(wg * kWgRows * 128));
+  const uint64_t desc_x = wgmma::desc(ring + uint32_t(kRowsCta * 128));
+  // acc += block accumulator b of stage i x weight scale x activation scale.
+  auto promote = [&](float(&b)[NB / 2], int i) {
+#pragma unroll
+    for (int j = 0; j < NB / 2; ++j) wgmma::fence_operand(b[j]);
+    const float ws = ws_s[wg * nkb + i];
+    const float* xsk = xs_s + i * NB + 2 * t4;
+#pragma unroll
+    for (int j = 0; j < NB / 8; ++j) {
+      const float2 xs = *reinterpret_cast<const float2*>(xsk + 8 * j);
+      const float s0 = ws * xs.x, s1 = ws * xs.y;
+      acc[4 * j] = fmaf(b[4 * j], s0, acc[4 * j]);
+      acc[4 * j + 1] = fmaf(b[4 * j + 1], s1, acc[4 * j + 1]);
+      acc[4 * j + 2] = fmaf(b[4 * j + 2], s0, acc[4 * j + 2]);
+      acc[4 * j + 3] = fmaf(b[4 * j + 3], s1, acc[4 * j + 3]);
+    }
+  };
+  // Stage i: wait for its pieces, refill the slot that stage i - 1 read (its wgmma were waited
+  // for before the barrier), run its 4 wgmma into a fresh block accumulator (the first with
+  // scale_d 0), wait for them and promote. (Waiting one stage later, with one stage fewer in
+  // flight, measured 1-5% slower: NOTES.md, session 27.)
+  for (int i = 0; i < nkb; ++i) {
+    cp_async_wait_group<kAhead - 1>();  // this thread's pieces of stage i have landed
+    wgmma::fence_proxy_async();
+    __syncthreads();  // ... and every thread's; the slot of stage i + kAhead is free
+    if (i + kAhead < nkb) {
+      issue_w(i + kAhead);
+      issue_x(i + kAhead);
+    }
+    cp_async_commit_group();
+    const uint64_t so = uint64_t(((i % S) * kStage) >> 4);
+    float blk[NB / 2];
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_e4m3<NB>(blk, desc_w + so + uint64_t(2 * kk), desc_x + so + uint64_t(2 * kk),
+                     kk > 0 ? 1 : 0);
+    wgmma::commit();
+    wgmma::wait<0>();
+    promote(blk, i);
+  }
+  cp_async_wait_group<0>();
+  __syncthreads();  // every warpgroup's wgmma reads of the ring are done: it becomes `red`
+
+  // Partials: rows wg * 64 + 16 w4 + g (+8), tokens 8j + 2 t4 (+1).
+  using Red = float[1][kRowsCta][NB + 1];
+  Red& red = *reinterpret_cast<Red*>(smem);
+  const int r0 = wg * kWgRows + 16 * w4 + g;
+#pragma unroll
+  for (int j = 0; j < NB / 8; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      red[0][r0][8 * j + 2 * t4 + c] = acc[4 * j + c];
+      red[0][r0 + 8][8 * j + 2 * t4 + c] = acc[4 * j + 2 + c];
+    }
+  reduce_k_partials<1, kRowsCta, NB, kThr>(a, red, srank, tile, group, 0);
+#else
+  __trap();  // launched only on compute capability 9.0 devices (fp8_small_m_plan)
+#endif
+}
+
+template <int NB, int WG, int S>
+cudaError_t launch_wgmma(const SmallMArgs& a, dim3 grid, cudaStream_t stream) {
+  auto kernel = fp8_wgmma_kernel<NB, WG, S>;
+  const int kblocks = int(a.k / 128);
+  const int smem = wg_smem_bytes(NB, WG, S, (kblocks + a.k_split - 1) / a.k_split);
+  if (const cudaError_t e = ensure_max_dynamic_smem(kernel, smem); e != cudaSuccess) return e;
+  return launch_small_m_kernel(kernel, a, grid, 128 * WG, stream, size_t(smem));
+}
+
+template <int NB, int WG>
+cudaError_t dispatch_wgmma_stages(int stages, const SmallMArgs& a, dim3 grid,
+                                  cudaStream_t stream) {
+  return stages >= 6 ? launch_wgmma<NB, WG, 6>(a, grid, stream)
+                     : launch_wgmma<NB, WG, 4>(a, grid, stream);
+}
+
+template <int NB>
+cudaError_t dispatch_wgmma_wg(int wgs, int stages, const SmallMArgs& a, dim3 grid,
+                              cudaStream_t stream) {
+  return wgs == 2 ? dispatch_wgmma_stages<NB, 2>(stages, a, grid, stream)
+                  : dispatch_wgmma_stages<NB, 1>(stages, a, grid, stream);
+}
+
+// Token tile of kWgmma: M rounded up to 8, 16, 32 or 64.
+int wgmma_tokens(int64_t m) {
+  return m <= 8 ? 8 : m <= 16 ? 16 : m <= 32 ? 32 : 64;
 }
 
 int n_tiles_for(int64_t m) {
@@ -897,6 +1187,20 @@ int device_cc_major() {
     return v;
   }();
   return major;
+}
+
+// Compute capability 9.0 exactly: the devices that run the sm_90a image's wgmma paths.
+bool device_is_sm90() {
+  static bool is = [] {
+    int dev = 0, minor = -1;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return device_cc_major() == 9 && minor == 0;
+  }();
+  return is;
 }
 
 Status check_weight(const Fp8WeightView& w) {
@@ -1029,6 +1333,29 @@ Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms) {
   const bool fp8_act = p.x_codes != nullptr;
   plan.kernel = p.kernel;
   plan.k_parts = p.k_parts ? p.k_parts : 1;
+  if (plan.kernel == SmallMKernel::kWgmma) {
+    // From the H100 sweep of session 27 (NOTES.md): two warpgroups per CTA only at 33-64 tokens
+    // (their activation copies per weight byte are halved where they are largest), clusters
+    // along K until the CTAs nearly fill one wave (>= 0.9 x SMs; each rank keeps >= 4 K blocks
+    // and at most kWgMaxKBlocks), and a ring of 6 stages where a rank has >= 16 K blocks or
+    // the token tile is 8 (4 otherwise: then more CTAs per SM pay more than a deeper ring).
+    const int64_t kblocks = p.w.in_features / kFp8GemmBlock;
+    const int nb = wgmma_tokens(p.num_tokens);
+    const int wgs = p.row_warps ? p.row_warps : nb == 64 ? 2 : 1;
+    const int64_t tiles =
+        (p.w.out_features + kWgRows * wgs - 1) / (kWgRows * wgs) * p.w.num_groups;
+    int ks = p.k_split;
+    if (!ks) {
+      ks = 1;
+      while (ks < 8 && ((kblocks + ks - 1) / ks > kWgMaxKBlocks ||
+                        (tiles * ks * 10 < 9 * int64_t(num_sms) && kblocks / (2 * ks) >= 4)))
+        ks *= 2;
+    }
+    plan.row_warps = wgs;
+    plan.k_split = ks;
+    plan.stages = p.stages ? p.stages : kblocks / ks >= 16 || nb == 8 ? 6 : 4;
+    return plan;
+  }
   if (plan.kernel == SmallMKernel::kAuto)
     plan.kernel = fp8_act && p.num_tokens <= kSmallMMaxTokens && p.max_ctas == 0
                       ? SmallMKernel::kStream
@@ -1131,6 +1458,83 @@ Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms) {
   return plan;
 }
 
+namespace {
+
+// The kernel arguments of p under plan (tiles, groups and items are the caller's).
+SmallMArgs small_m_args(const Fp8SmallMParams& p, const Fp8SmallMPlan& plan,
+                        const uint8_t* tiled) {
+  const int64_t in_cols = p.w.in_features * p.w.num_groups;
+  const bool fp8_act = p.x_codes != nullptr;
+  SmallMArgs a{};
+  a.w = p.w.data;
+  a.w_tiled = tiled;
+  a.w_scale = p.w.scale;
+  a.x_codes = p.x_codes;
+  a.x_scales = p.x_scales;
+  a.x_bf16 = p.x_bf16;
+  a.y = p.y;
+  a.y2 = p.y2;
+  a.y2_stride = p.y2_row_stride;
+  a.n_split = p.split_features;
+  a.n = p.w.out_features;
+  a.k = p.w.in_features;
+  a.m = p.num_tokens;
+  a.x_stride = fp8_act ? in_cols : p.x_row_stride;
+  a.x_scale_stride = in_cols / kFp8GemmBlock;
+  a.y_stride = p.y_row_stride;
+  a.w_scale_stride = p.w.in_features / kFp8GemmBlock;
+  a.k_split = plan.k_split;
+  a.y_f32 = out_is_f32(p.y_type) ? 1 : 0;
+  a.y_round = p.y_type == OutType::kF32Bf16 ? 1 : 0;
+  a.pdl = p.pdl ? 1 : 0;
+  a.stages = plan.stages;
+  return a;
+}
+
+// kWgmma: one pass over all tokens, a cluster of k_split CTAs per row tile of 64 x row_warps.
+Status launch_wgmma_plan(const Fp8SmallMParams& p, const Fp8SmallMPlan& plan,
+                         cudaStream_t stream) {
+  if (!p.x_codes) return invalid_argument("fp8 linear: kWgmma needs FP8-quantized activations");
+  if (p.num_tokens > kSmallMMaxTokens)
+    return invalid_argument("fp8 linear: kWgmma takes at most 64 tokens");
+  if (!device_is_sm90())
+    return invalid_argument("fp8 linear: kWgmma needs a compute capability 9.0 device");
+  const int wgs = plan.row_warps, ks = plan.k_split;
+  const int64_t kblocks = p.w.in_features / kFp8GemmBlock;
+  if ((wgs != 1 && wgs != 2) || (ks != 1 && ks != 2 && ks != 4 && ks != 8) ||
+      (plan.stages != 4 && plan.stages != 6))
+    return invalid_argument(
+        "fp8 linear: kWgmma needs row_warps (warpgroups) 1 or 2, k_split 1, 2, 4 or 8 and "
+        "stages 4 or 6");
+  if (ks > kblocks || (kblocks + ks - 1) / ks > kWgMaxKBlocks)
+    return invalid_argument("fp8 linear: kWgmma needs 1 .. 64 K blocks of 128 per cluster rank");
+  SmallMArgs a = small_m_args(p, plan, nullptr);
+  a.tiles = (p.w.out_features + kWgRows * wgs - 1) / (kWgRows * wgs);
+  a.groups = p.w.num_groups;
+  a.items = a.tiles * a.groups;
+  if (a.items * ks > 0x7FFFFFFF) return invalid_argument("fp8 linear: shape too large");
+  const dim3 grid(unsigned(a.items * ks), 1, 1);
+  const int nb = wgmma_tokens(p.num_tokens);
+  cudaError_t err;
+  switch (nb) {
+    case 8:
+      err = dispatch_wgmma_wg<8>(wgs, plan.stages, a, grid, stream);
+      break;
+    case 16:
+      err = dispatch_wgmma_wg<16>(wgs, plan.stages, a, grid, stream);
+      break;
+    case 32:
+      err = dispatch_wgmma_wg<32>(wgs, plan.stages, a, grid, stream);
+      break;
+    default:
+      err = dispatch_wgmma_wg<64>(wgs, plan.stages, a, grid, stream);
+  }
+  DS_CUDA_RETURN_IF_ERROR(err);
+  return ok_status();
+}
+
+}  // namespace
+
 Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) {
   if (Status s = check_weight(p.w); !s.ok()) return s;
   if (p.num_tokens < 0) return invalid_argument("fp8 linear: negative token count");
@@ -1151,6 +1555,7 @@ Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) 
         "fp8 linear: a split output needs one group, 0 < split < N, both outputs and row strides "
         ">= their widths");
   const Fp8SmallMPlan plan = fp8_small_m_plan(p, device_sms());
+  if (plan.kernel == SmallMKernel::kWgmma) return launch_wgmma_plan(p, plan, stream);
   // kBulk needs cp.async.bulk (sm_90+); elsewhere the same layout runs on kStream.
   const bool bulk_kernel = plan.kernel == SmallMKernel::kBulk && device_cc_major() >= 9;
   const bool stream_kernel = plan.kernel == SmallMKernel::kStream ||
@@ -1169,29 +1574,7 @@ Status launch_fp8_linear_small_m(const Fp8SmallMParams& p, cudaStream_t stream) 
         "fp8 linear: row_warps must be 1, 2, 4 (or 8, kMma) and k_split 1, 2, 4 or 8");
   // Tokens per work item: 8 * nt (kStream: up to 16 per chunk; kMma: up to 64).
   const int nt = stream_kernel ? (p.num_tokens <= 8 ? 1 : 2) : n_tiles_for(p.num_tokens);
-  SmallMArgs a{};
-  a.w = p.w.data;
-  a.w_tiled = stream_kernel && plan.tiled ? p.w.tiled : nullptr;
-  a.w_scale = p.w.scale;
-  a.x_codes = p.x_codes;
-  a.x_scales = p.x_scales;
-  a.x_bf16 = p.x_bf16;
-  a.y = p.y;
-  a.y2 = p.y2;
-  a.y2_stride = p.y2_row_stride;
-  a.n_split = p.split_features;
-  a.n = p.w.out_features;
-  a.k = p.w.in_features;
-  a.m = p.num_tokens;
-  a.x_stride = fp8_act ? in_cols : p.x_row_stride;
-  a.x_scale_stride = in_cols / kFp8GemmBlock;
-  a.y_stride = p.y_row_stride;
-  a.w_scale_stride = p.w.in_features / kFp8GemmBlock;
-  a.k_split = ks;
-  a.y_f32 = out_is_f32(p.y_type) ? 1 : 0;
-  a.y_round = p.y_type == OutType::kF32Bf16 ? 1 : 0;
-  a.pdl = p.pdl ? 1 : 0;
-  a.stages = plan.stages;
+  SmallMArgs a = small_m_args(p, plan, stream_kernel && plan.tiled ? p.w.tiled : nullptr);
   const int64_t tiles = (p.w.out_features + 16 * rw - 1) / (16 * rw);
   const int64_t mchunks = (p.num_tokens + 8 * nt - 1) / (8 * nt);
   a.tiles = tiles;
@@ -1573,6 +1956,20 @@ bool fp8_linear_uses_cublaslt(const Fp8WeightView& w, int64_t m) {
   return m > 16 || (m > 8 && w.in_features <= 1024);
 }
 
+bool fp8_linear_uses_wgmma(const Fp8WeightView& w, int64_t m) {
+  // H100, graph of >= 20 launches on distinct weight copies, PDL on (NOTES.md, session 27):
+  // wq_b 11.9 / 12.5 / 13.8 / 16.4 us at M = 1 / 8 / 16 / 32 (kStream 14.2 / 15.7, cuBLASLt
+  // 17.0 / 18.4) but 21.1 at M = 64 (cuBLASLt 18.3); wo_b 16.8 / 18.8 at M = 16 / 32 (kStream
+  // 17.7, cuBLASLt 20.3) but 15.1-15.3 at M <= 8 (kBulk 14.7-15.0) and 31.4 at 64 (cuBLASLt
+  // 21.7); wo_a 15.8 / 17.7 / 23.3 at M = 16 / 32 / 64 (kStream 18.0 / 29.8 / 58.3), 14.0-14.4
+  // at M <= 8 (kBulk 13.1-13.7). The small weights (wq_a, wkv, their pair) stay on kStream.
+  if (m < 1 || m > kSmallMMaxTokens || !device_is_sm90()) return false;
+  const int64_t bytes = w.out_features * w.in_features * w.num_groups;
+  if (bytes < (int64_t(16) << 20)) return false;
+  if (w.num_groups > 1) return m > 8;
+  return w.in_features <= 1024 ? m <= 32 : m > 8 && m <= 32;
+}
+
 Status GemmRunner::linear_fp8(const Fp8LinearParams& p, cudaStream_t stream) {
   if (Status s = check_weight(p.w); !s.ok()) return s;
   if (p.num_tokens < 0) return invalid_argument("fp8 linear: negative token count");
@@ -1605,10 +2002,11 @@ Status GemmRunner::linear_fp8(const Fp8LinearParams& p, cudaStream_t stream) {
   // Decode batches go to cuBLASLt only when they fit the runner's workspace (pre-quantized input
   // larger than it keeps running the small-M kernels, as before session 7).
   const bool fits = p.num_tokens <= max_tokens_ && in_cols <= max_in_columns_;
-  if (p.split_features != 0 && fp8_linear_uses_cublaslt(p.w, p.num_tokens))
+  const bool wgmma = fp8_act && p.wgmma && fp8_linear_uses_wgmma(p.w, p.num_tokens);
+  const bool lt = !wgmma && fp8_linear_uses_cublaslt(p.w, p.num_tokens);
+  if (p.split_features != 0 && lt)
     return invalid_argument("fp8 linear: a split output runs on the small-M kernels only");
-  if (fp8_act && fp8_linear_uses_cublaslt(p.w, p.num_tokens) &&
-      (p.num_tokens > kSmallMMaxTokens || fits)) {
+  if (fp8_act && lt && (p.num_tokens > kSmallMMaxTokens || fits)) {
     Status s = linear_fp8_cublaslt(q, stream);
     if (s.code() != StatusCode::kUnimplemented) return s;
     // No cuBLASLt algorithm for this combination: the small-M kernel in chunks below.
@@ -1630,6 +2028,7 @@ Status GemmRunner::linear_fp8(const Fp8LinearParams& p, cudaStream_t stream) {
   sp.y2_row_stride = p.y2_row_stride;
   sp.split_features = p.split_features;
   sp.pdl = p.pdl;
+  if (wgmma) sp.kernel = SmallMKernel::kWgmma;
   return launch_fp8_linear_small_m(sp, stream);
 }
 

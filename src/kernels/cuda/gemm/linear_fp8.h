@@ -105,7 +105,11 @@ Status launch_fp8_weight_to_tiles(const uint8_t* w, uint8_t* tiled, int64_t rows
 //    With a tile-ordered copy (Fp8WeightView::tiled) on sm_90+: kBulk on the copy at M <= 2, and
 //    at M <= 8 where the row-major rule would not pick kBulk (wq_b; NOTES.md, session 12) or
 //    where its K split of 2 runs as 2 K partitions per CTA (wo_b; session 13).
-enum class SmallMKernel : uint8_t { kAuto, kMma, kStream, kBulk };
+//  - kWgmma (compute capability 9.0 only: sm_90a wgmma): FP8 activations, M <= 64 in one pass
+//    (every weight byte read once for all tokens): warpgroups of 64 weight rows x all tokens,
+//    wgmma e4m3 from a cp.async ring of `stages` (4 or 6) 128-K stages in shared memory; row_warps
+//    = warpgroups per CTA (1 or 2), k_split = CTAs per cluster along K (NOTES.md, session 27).
+enum class SmallMKernel : uint8_t { kAuto, kMma, kStream, kBulk, kWgmma };
 inline constexpr int64_t kStreamMaxTokens = 16;  // kStream: tokens per work item (chunk)
 
 struct Fp8SmallMParams {
@@ -136,7 +140,7 @@ struct Fp8SmallMParams {
   bool pdl = false;
   // CTAs in the grid (0 = one per work item); with a cap each CTA (cluster) loops over items.
   int max_ctas = 0;
-  // kBulk: shared-memory ring slots per CTA, 2..8 (0 = heuristic).
+  // kBulk: shared-memory ring slots per CTA, 2..8; kWgmma: 4 or 6 (0 = heuristic).
   int stages = 0;
   // kBulk at M <= 8: K partitions inside a CTA, 1 or 2 (0 = heuristic). Each partition has its
   // own producer warp, ring of `stages` slots and 4 consumer warps and takes the K range that
@@ -154,7 +158,7 @@ struct Fp8SmallMPlan {
   SmallMKernel kernel = SmallMKernel::kMma;
   int row_warps = 1;
   int k_split = 1;
-  int stages = 0;  // kBulk only
+  int stages = 0;  // kBulk and kWgmma only
   int k_parts = 1;  // kBulk only: K partitions per CTA (Fp8SmallMParams::k_parts)
   bool tiled = false;  // kStream / kBulk read p.w.tiled (the tile-ordered copy; M <= 8 only)
 };
@@ -183,6 +187,8 @@ struct Fp8LinearParams {
   int64_t y2_row_stride = 0;
   int64_t split_features = 0;
   bool pdl = false;  // small-M path: programmatic dependent launch (see above)
+  // kWgmma where fp8_linear_uses_wgmma (false: the small-M kernels and cuBLASLt as before).
+  bool wgmma = true;
 };
 
 struct Bf16LinearParams {
@@ -198,11 +204,20 @@ struct Bf16LinearParams {
 };
 
 // Whether GemmRunner::linear_fp8 runs the FP8 block-scaled GEMM for m tokens of w on cuBLASLt in
-// reference numerics (else the small-M kernels): M > 64, and the decode batch sizes where cuBLASLt
+// reference numerics (else the small-M kernels), unless fp8_linear_uses_wgmma takes the case first:
+// M > 64, and the decode batch sizes where cuBLASLt
 // measured faster on the H200 (run h-gemm7-1, NOTES.md v6): a single-group weight of >= 16 MB
 // (wq_b, wo_b) at M > 16, or at M > 8 when K <= 1024 (wq_b). Needs N % 128 == 0, K % 512 == 0
 // and fp32 weight scales (w.scale_f32), else the small-M kernels run.
 bool fp8_linear_uses_cublaslt(const Fp8WeightView& w, int64_t m);
+
+// Whether GemmRunner::linear_fp8 runs m tokens of w on kWgmma in reference numerics, in place of
+// the small-M kernels and cuBLASLt (fp8_linear_uses_cublaslt is then not asked): a compute
+// capability 9.0 device, a weight of >= 16 MB and the token counts where kWgmma measured faster
+// than both (H100, session 27, kernels/cuda/gemm/NOTES.md): one group with K <= 1024 (wq_b) at
+// M <= 32, one group with larger K (wo_b) at 9 <= M <= 32, grouped weights (wo_a) at
+// 9 <= M <= 64.
+bool fp8_linear_uses_wgmma(const Fp8WeightView& w, int64_t m);
 
 // Owns a cuBLASLt handle and carves a caller-provided device workspace into the quantized
 // activations and the cuBLASLt workspace. One instance per stream (the workspace is reused by
