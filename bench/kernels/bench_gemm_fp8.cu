@@ -487,6 +487,9 @@ int main(int argc, char** argv) {
       double heur_err = -1, lt_err = -1, run_err = -1;
       double wg_us = 0, wg_best_us = 0, wg_err = -1;
       std::string wg_cfg, wg_best_cfg;
+      // hf numerics (bf16 activations: what the engine runs for wo_a): kAuto vs kWgmma.
+      double hf_us = 0, hf_err = -1, hfwg_us = 0, hfwg_err = -1, hfwg_best_us = 0;
+      std::string hf_cfg, hfwg_cfg, hfwg_best_cfg;
     };
     // kWgmma needs a compute capability 9.0 device.
     const bool wgmma_ok = dev.cc_major == 9 && dev.cc_minor == 0;
@@ -619,6 +622,70 @@ int main(int argc, char** argv) {
                 }
           }
         }
+        if (bench::env_or("DS_BATCH_HF", "1") != "0") {
+          // hf numerics: the bf16 activations themselves (no quantization), small-M kAuto (kMma)
+          // against kWgmma's bf16 variant (heuristic layout, then the sweep's best).
+          auto hf = [&](int c, cuda::SmallMKernel kern, int rw, int ks, int st) {
+            cuda::Fp8SmallMParams p = params(c, kern, rw, ks, st, 0);
+            p.x_codes = nullptr;
+            p.x_scales = nullptr;
+            p.x_bf16 = in.x;
+            p.x_row_stride = gk;
+            return p;
+          };
+          auto time_hf = [&](cuda::SmallMKernel kern, int rw, int ks, int st) {
+            return bench::time_us(
+                       [&](cudaStream_t sm) {
+                         for (int c = 0; c < copies; ++c)
+                           ST_CHECK(cuda::launch_fp8_linear_small_m(hf(c, kern, rw, ks, st), sm));
+                       },
+                       stream, 20, 3, true) /
+                   copies;
+          };
+          auto check_hf = [&](cuda::SmallMKernel kern) {
+            DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
+            ST_CHECK(cuda::launch_fp8_linear_small_m(hf(0, kern, 0, 0, 0), stream));
+            DS_BENCH_CHECK(cudaStreamSynchronize(stream));
+            return check_error(w, hx, m, y, false, 3);
+          };
+          const cuda::Fp8SmallMPlan hp =
+              cuda::fp8_small_m_plan(hf(0, cuda::SmallMKernel::kAuto, 0, 0, 0), dev.sm_count);
+          char hcfg[128];
+          std::snprintf(hcfg, sizeof hcfg, "mma rw=%d ks=%d", hp.row_warps, hp.k_split);
+          row.hf_cfg = hcfg;
+          row.hf_us = time_hf(cuda::SmallMKernel::kAuto, 0, 0, 0);
+          row.hf_err = check_hf(cuda::SmallMKernel::kAuto);
+          recs.push_back(make("fp8_small_m bf16-act heur+pdl", hcfg, row.hf_us, row.hf_err));
+          if (wgmma_ok) {
+            const cuda::Fp8SmallMPlan wp =
+                cuda::fp8_small_m_plan(hf(0, cuda::SmallMKernel::kWgmma, 0, 0, 0), dev.sm_count);
+            std::snprintf(hcfg, sizeof hcfg, "wgmma wg=%d ks=%d st=%d", wp.row_warps, wp.k_split,
+                          wp.stages);
+            row.hfwg_cfg = hcfg;
+            row.hfwg_us = time_hf(cuda::SmallMKernel::kWgmma, 0, 0, 0);
+            row.hfwg_err = check_hf(cuda::SmallMKernel::kWgmma);
+            recs.push_back(
+                make("fp8_small_m wgmma bf16-act heur+pdl", hcfg, row.hfwg_us, row.hfwg_err));
+            row.hfwg_best_us = row.hfwg_us;
+            row.hfwg_best_cfg = hcfg;
+            const int64_t kb = s.k / 128;
+            for (int wgs : {1, 2})
+              for (int ks : {1, 2, 4})
+                for (int st : {4, 6}) {
+                  const int64_t ctas = (s.n + 64 * wgs - 1) / (64 * wgs) * s.groups * ks;
+                  if (ks > kb || (kb + ks - 1) / ks > 64 || ctas > 6 * dev.sm_count) continue;
+                  if (wgs == wp.row_warps && ks == wp.k_split && st == wp.stages) continue;
+                  if (bench::env_or("DS_WG_SWEEP", "1") == "0") continue;
+                  const double us = time_hf(cuda::SmallMKernel::kWgmma, wgs, ks, st);
+                  std::snprintf(hcfg, sizeof hcfg, "wgmma wg=%d ks=%d st=%d", wgs, ks, st);
+                  recs.push_back(make("fp8_small_m wgmma bf16-act sweep+pdl", hcfg, us, -1));
+                  if (us < row.hfwg_best_us) {
+                    row.hfwg_best_us = us;
+                    row.hfwg_best_cfg = hcfg;
+                  }
+                }
+          }
+        }
         if (m >= 16) {
           // cuBLASLt block-scaled (GemmRunner's default path for M > 64) at the same M.
           auto lt_params = [&](int c) {
@@ -680,6 +747,21 @@ int main(int argc, char** argv) {
         std::printf("%-14s %6.2f | %-24s %6.2f %3.0f %7.2g | %-24s %6.2f %3.0f\n", sh.c_str(),
                     r.floor_us, r.wg_cfg.c_str(), r.wg_us, 100 * r.floor_us / r.wg_us, r.wg_err,
                     r.wg_best_cfg.c_str(), r.wg_best_us, 100 * r.floor_us / r.wg_best_us);
+      }
+    }
+    if (bench::env_or("DS_BATCH_HF", "1") != "0") {
+      std::printf("\nhf numerics, bf16 activations (%% = floor / time)\n%-14s %6s | %-16s %6s %3s "
+                  "%7s | %-22s %6s %3s %7s | %-22s %6s\n",
+                  "shape", "floor", "small-M kAuto", "us", "%", "err", "kWgmma heuristic", "us",
+                  "%", "err", "kWgmma best", "us");
+      for (const Row& r : rows) {
+        const std::string sh = r.shape.substr(0, r.shape.find(" N="));
+        std::printf("%-14s %6.2f | %-16s %6.2f %3.0f %7.2g | %-22s %6.2f %3.0f %7.2g | %-22s "
+                    "%6.2f\n",
+                    sh.c_str(), r.floor_us, r.hf_cfg.c_str(), r.hf_us, 100 * r.floor_us / r.hf_us,
+                    r.hf_err, r.hfwg_cfg.c_str(), r.hfwg_us,
+                    r.hfwg_us > 0 ? 100 * r.floor_us / r.hfwg_us : 0.0, r.hfwg_err,
+                    r.hfwg_best_cfg.c_str(), r.hfwg_best_us);
       }
     }
     for (const Row& r : rows) {

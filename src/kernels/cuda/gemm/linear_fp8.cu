@@ -869,13 +869,18 @@ cudaError_t dispatch_bulk_rw(int rw, const SmallMArgs& a, dim3 grid, cudaStream_
 constexpr int kWgRows = 64;         // weight rows per warpgroup (wgmma M)
 constexpr int kWgMaxKBlocks = 64;   // 128-K blocks per CTA whose scales shared memory holds
 
-__host__ __device__ constexpr int wg_stage_bytes(int nb, int wgs) {
-  return (kWgRows * wgs + nb) * 128;
+// A stage: the e4m3 weight rows, then the activation rows (e4m3, or bf16 as two [nb][64] halves
+// of K).
+__host__ __device__ constexpr int wg_stage_bytes(int nb, int wgs, bool bf16) {
+  return (kWgRows * wgs + (bf16 ? 2 : 1) * nb) * 128;
 }
-// Ring, then the block scales as fp32: weights [2][kWgMaxKBlocks], activations [kb][nb] for the
-// kb_max = ceil(K blocks / k_split) K blocks of a cluster rank.
-__host__ __device__ constexpr int wg_smem_bytes(int nb, int wgs, int stages, int kb_max) {
-  return 1024 + stages * wg_stage_bytes(nb, wgs) + (2 * kWgMaxKBlocks + kb_max * nb) * 4;
+// Ring; with bf16 activations the bf16 copy of each warpgroup's weight rows ([2][64][64] per
+// warpgroup); then the block scales as fp32: weights [2][kWgMaxKBlocks], activations [kb][nb]
+// for the kb_max = ceil(K blocks / k_split) K blocks of a cluster rank (e4m3 only).
+__host__ __device__ constexpr int wg_smem_bytes(int nb, int wgs, int stages, int kb_max,
+                                                bool bf16) {
+  return 1024 + stages * wg_stage_bytes(nb, wgs, bf16) + (bf16 ? wgs * 2 * kWgRows * 128 : 0) +
+         (2 * kWgMaxKBlocks + (bf16 ? 0 : kb_max * nb)) * 4;
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -885,61 +890,53 @@ __host__ __device__ constexpr int wg_smem_bytes(int nb, int wgs, int stages, int
 #endif
 
 #if DS_GEMM_WGMMA_PATH
-// D[64 x NB] (+)= A[64 x 32] * B[32 x NB], e4m3 from shared memory, fp32 accumulators
-// (scale_d 0: D = A * B).
-template <int NB>
-__device__ __forceinline__ void wgmma_e4m3(float (&d)[NB / 2], uint64_t da, uint64_t db,
-                                           int scale_d);
-template <>
-__device__ __forceinline__ void wgmma_e4m3<8>(float (&d)[4], uint64_t da, uint64_t db,
-                                              int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "l"(da), "l"(db), "r"(scale_d));
-}
-template <>
-__device__ __forceinline__ void wgmma_e4m3<16>(float (&d)[8], uint64_t da, uint64_t db,
-                                               int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7])
-      : "l"(da), "l"(db), "r"(scale_d));
-}
-template <>
-__device__ __forceinline__ void wgmma_e4m3<32>(float (&d)[16], uint64_t da, uint64_t db,
-                                               int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, "
-      "1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15])
-      : "l"(da), "l"(db), "r"(scale_d));
-}
-template <>
-__device__ __forceinline__ void wgmma_e4m3<64>(float (&d)[32], uint64_t da, uint64_t db,
-                                               int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(da), "l"(db), "r"(scale_d));
-}
-
+// D[64 x NB] (+)= A[64 x K] * B[K x NB] from shared memory (K-major, 128-byte swizzle), fp32
+// accumulators (scale_d 0: D = A * B): e4m3 with K = 32, or bf16 with K = 16 (kBf16).
+#define DS_WG_R4 "{%0, %1, %2, %3}"
+#define DS_WG_R8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
+#define DS_WG_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define DS_WG_R32                                                                            \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define DS_WG_D4 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+#define DS_WG_D8 DS_WG_D4, "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+#define DS_WG_D16                                                                             \
+  DS_WG_D8, "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),       \
+      "+f"(d[14]), "+f"(d[15])
+#define DS_WG_D32                                                                              \
+  DS_WG_D16, "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),     \
+      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), \
+      "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+// One specialization per (N, input type): operands N / 2 and N / 2 + 1 are the descriptors,
+// N / 2 + 2 the scale_d predicate (A, B, P).
+#define DS_WG_MMA(N, BF16, SHAPE, TAIL, A, B, P, REGS, DREGS)                                 \
+  template <>                                                                                \
+  __device__ __forceinline__ void wgmma_ss<N, BF16>(float(&d)[N / 2], uint64_t da, uint64_t db, \
+                                                    int scale_d) {                           \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" P ", 0;\nwgmma.mma_async.sync.aligned." \
+                 SHAPE " " REGS ", %" A ", %" B ", p, 1, 1" TAIL ";\n}\n"                    \
+                 : DREGS                                                                     \
+                 : "l"(da), "l"(db), "r"(scale_d));                                          \
+  }
+template <int N, bool kBf16>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t da, uint64_t db, int scale_d);
+DS_WG_MMA(8, false, "m64n8k32.f32.e4m3.e4m3", "", "4", "5", "6", DS_WG_R4, DS_WG_D4)
+DS_WG_MMA(16, false, "m64n16k32.f32.e4m3.e4m3", "", "8", "9", "10", DS_WG_R8, DS_WG_D8)
+DS_WG_MMA(32, false, "m64n32k32.f32.e4m3.e4m3", "", "16", "17", "18", DS_WG_R16, DS_WG_D16)
+DS_WG_MMA(64, false, "m64n64k32.f32.e4m3.e4m3", "", "32", "33", "34", DS_WG_R32, DS_WG_D32)
+DS_WG_MMA(8, true, "m64n8k16.f32.bf16.bf16", ", 0, 0", "4", "5", "6", DS_WG_R4, DS_WG_D4)
+DS_WG_MMA(16, true, "m64n16k16.f32.bf16.bf16", ", 0, 0", "8", "9", "10", DS_WG_R8, DS_WG_D8)
+DS_WG_MMA(32, true, "m64n32k16.f32.bf16.bf16", ", 0, 0", "16", "17", "18", DS_WG_R16, DS_WG_D16)
+DS_WG_MMA(64, true, "m64n64k16.f32.bf16.bf16", ", 0, 0", "32", "33", "34", DS_WG_R32, DS_WG_D32)
+#undef DS_WG_MMA
+#undef DS_WG_R4
+#undef DS_WG_R8
+#undef DS_WG_R16
+#undef DS_WG_R32
+#undef DS_WG_D4
+#undef DS_WG_D8
+#undef DS_WG_D16
+#undef DS_WG_D32
 // 16 bytes global -> shared, cached in L2 only; src_bytes 0 fills the 16 bytes with zeros.
 __device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
@@ -955,22 +952,25 @@ __device__ __forceinline__ void cp_async_wait_group() {
 }
 #endif  // DS_GEMM_WGMMA_PATH
 
-template <int NB, int WG, int S>
+template <int NB, int WG, int S, bool kBf16>
 __global__ void __launch_bounds__(128 * WG, WG == 2 ? 2 : 3) fp8_wgmma_kernel(SmallMArgs a) {
 #if DS_GEMM_WGMMA_PATH
   constexpr int kThr = 128 * WG;
   constexpr int kAhead = S - 1;  // stages in flight
   constexpr int kRowsCta = kWgRows * WG;
-  constexpr int kStage = wg_stage_bytes(NB, WG);
+  constexpr int kStage = wg_stage_bytes(NB, WG, kBf16);
+  constexpr int kXChunks = kBf16 ? 16 : 8;                     // 16-byte pieces per token row
   constexpr int kWPieces = kRowsCta * 8 / kThr;                // = 4: weight pieces per thread
-  constexpr int kXPieces = (NB * 8 + kThr - 1) / kThr;         // activation pieces per thread
+  constexpr int kXPieces = (NB * kXChunks + kThr - 1) / kThr;  // activation pieces per thread
   static_assert(kRowsCta * 8 % kThr == 0, "weight pieces divide evenly");
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  // bf16 activations: each warpgroup's weight rows of the current stage in bf16 ([2][64][64]).
+  uint8_t* wb16 = smem + S * kStage;
   // The block scales as fp32 (decoded once per CTA: the promotion of a stage is then one LDS.64,
   // two FMUL and four FFMA per token pair of a thread).
-  float* ws_s = reinterpret_cast<float*>(smem + S * kStage);  // [wg][kb] weight scales
-  float* xs_s = ws_s + 2 * kWgMaxKBlocks;                     // [kb][NB] activation scales
+  float* ws_s = reinterpret_cast<float*>(wb16 + (kBf16 ? WG * 2 * kWgRows * 128 : 0));
+  float* xs_s = ws_s + 2 * kWgMaxKBlocks;  // [kb][NB] activation scales (e4m3 only)
   const uint32_t ring = smem_addr(smem);
 
   const int tid = threadIdx.x;
@@ -986,7 +986,9 @@ __global__ void __launch_bounds__(128 * WG, WG == 2 ? 2 : 3) fp8_wgmma_kernel(Sm
   const int nkb = kb_end - kb_begin;
 
   // This thread's pieces: weight piece p = tid + kThr * u is row p / 8, 16-byte chunk p % 8;
-  // activation piece p (< NB * 8) is token p / 8, chunk p % 8. Sources at K block kb_begin.
+  // activation piece p (< NB * kXChunks) is token p / kXChunks, chunk p % kXChunks (bf16: chunks
+  // 8 .. 15 are the second K half, stored as its own [NB][128 bytes] tile). Sources at K block
+  // kb_begin.
   const uint8_t* wsrc[kWPieces];
   uint32_t wdst[kWPieces];
   int wbytes[kWPieces];
@@ -1001,14 +1003,17 @@ __global__ void __launch_bounds__(128 * WG, WG == 2 ? 2 : 3) fp8_wgmma_kernel(Sm
   const uint8_t* xsrc[kXPieces];
   uint32_t xdst[kXPieces];
   int xbytes[kXPieces];
+  constexpr int kEsz = kBf16 ? 2 : 1;  // activation element bytes
+  const uint8_t* xbase =
+      kBf16 ? reinterpret_cast<const uint8_t*>(a.x_bf16) : static_cast<const uint8_t*>(a.x_codes);
 #pragma unroll
   for (int u = 0; u < kXPieces; ++u) {
-    const int p = tid + kThr * u, t = p >> 3, c = p & 7;
-    const bool ok = p < NB * 8 && t < a.m;
-    xsrc[u] = a.x_codes + ((ok ? t : 0) * a.x_stride + group * a.k + int64_t(kb_begin) * 128 +
-                           c * 16);
-    xdst[u] = uint32_t(kRowsCta * 128 + t * 128 + ((c ^ (t & 7)) << 4));
-    xbytes[u] = ok ? 16 : (p < NB * 8 ? 0 : -1);  // -1: no piece
+    const int p = tid + kThr * u, t = p / kXChunks, c16 = p % kXChunks, c = c16 & 7;
+    const bool ok = p < NB * kXChunks && t < a.m;
+    xsrc[u] = xbase + ((ok ? t : 0) * a.x_stride + group * a.k + int64_t(kb_begin) * 128) * kEsz +
+              c16 * 16;
+    xdst[u] = uint32_t(kRowsCta * 128 + (c16 >> 3) * NB * 128 + t * 128 + ((c ^ (t & 7)) << 4));
+    xbytes[u] = ok ? 16 : (p < NB * kXChunks ? 0 : -1);  // -1: no piece
   }
   auto issue_w = [&](int i) {  // weights of stage i (K block kb_begin + i) into slot i % S
     const uint32_t base = ring + uint32_t((i % S) * kStage);
@@ -1020,7 +1025,8 @@ __global__ void __launch_bounds__(128 * WG, WG == 2 ? 2 : 3) fp8_wgmma_kernel(Sm
     const uint32_t base = ring + uint32_t((i % S) * kStage);
 #pragma unroll
     for (int u = 0; u < kXPieces; ++u)
-      if (xbytes[u] >= 0) cp_async16_zfill(base + xdst[u], xsrc[u] + int64_t(i) * 128, xbytes[u]);
+      if (xbytes[u] >= 0)
+        cp_async16_zfill(base + xdst[u], xsrc[u] + int64_t(i) * 128 * kEsz, xbytes[u]);
   };
 
   // Weights and their scales do not depend on the previous kernel: requested before waiting.
@@ -1046,7 +1052,7 @@ __global__ void __launch_bounds__(128 * WG, WG == 2 ? 2 : 3) fp8_wgmma_kernel(Sm
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     asm volatile("griddepcontrol.wait;" ::: "memory");
   }
-  for (int e0 = tid; e0 < NB * nkb; e0 += 4 * kThr) {
+  for (int e0 = tid; !kBf16 && e0 < NB * nkb; e0 += 4 * kThr) {
     uint32_t v[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -1070,7 +1076,7 @@ __global__ void __launch_bounds__(128 * WG, WG == 2 ? 2 : 3) fp8_wgmma_kernel(Sm
   for (int j = 0; j < NB / 2; ++j) acc[j] = 0.f;
   const uint64_t desc_w = wgmma::desc(ring + uint32_t(wg * kWgRows * 128));
   const uint64_t desc_x = wgmma::desc(ring + uint32_t(kRowsCta * 128));
-  // acc += block accumulator b of stage i x weight scale x activation scale.
+  // acc += block accumulator b of stage i x weight scale (x activation scale: e4m3).
   auto promote = [&](float(&b)[NB / 2], int i) {
 #pragma unroll
     for (int j = 0; j < NB / 2; ++j) wgmma::fence_operand(b[j]);
@@ -1078,7 +1084,8 @@ __global__ void __launch_bounds__(128 * WG, WG == 2 ? 2 : 3) fp8_wgmma_kernel(Sm
     const float* xsk = xs_s + i * NB + 2 * t4;
 #pragma unroll
     for (int j = 0; j < NB / 8; ++j) {
-      const float2 xs = *reinterpret_cast<const float2*>(xsk + 8 * j);
+      const float2 xs = kBf16 ? make_float2(1.f, 1.f)
+                              : *reinterpret_cast<const float2*>(xsk + 8 * j);
       const float s0 = ws * xs.x, s1 = ws * xs.y;
       acc[4 * j] = fmaf(b[4 * j], s0, acc[4 * j]);
       acc[4 * j + 1] = fmaf(b[4 * j + 1], s1, acc[4 * j + 1]);
@@ -1086,10 +1093,38 @@ __global__ void __launch_bounds__(128 * WG, WG == 2 ? 2 : 3) fp8_wgmma_kernel(Sm
       acc[4 * j + 3] = fmaf(b[4 * j + 3], s1, acc[4 * j + 3]);
     }
   };
+  // bf16 activations: the warpgroup's 64 weight rows of ring slot `slot` to bf16 (exact), into
+  // its [2][64][64] tile (K halves, 128-byte swizzle); thread wt converts 4 pieces of 16 codes.
+  uint8_t* wb = wb16 + wg * 2 * kWgRows * 128;
+  auto to_bf16 = [&](int slot) {
+    const uint8_t* src = smem + slot * kStage + wg * kWgRows * 128;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int p = wt + 128 * u, r = p >> 3, c = p & 7;
+      const uint4 v = *reinterpret_cast<const uint4*>(src + r * 128 + ((c ^ (r & 7)) << 4));
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      uint4 o[2];
+      uint32_t* ow = reinterpret_cast<uint32_t*>(o);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        ow[2 * q] = e4m3x2_to_bf16x2(w[q]);
+        ow[2 * q + 1] = e4m3x2_to_bf16x2(w[q] >> 16);
+      }
+      // K 16c .. 16c + 15 = bf16 chunks 2 (c % 4) and + 1 of K half c / 4.
+      uint8_t* dst = wb + (c >> 2) * kWgRows * 128 + r * 128;
+      const int c0 = 2 * (c & 3);
+      *reinterpret_cast<uint4*>(dst + ((c0 ^ (r & 7)) << 4)) = o[0];
+      *reinterpret_cast<uint4*>(dst + (((c0 + 1) ^ (r & 7)) << 4)) = o[1];
+    }
+    wgmma::fence_proxy_async();
+    wgmma::warpgroup_bar(wg);
+  };
+  const uint64_t desc_wb = wgmma::desc(smem_addr(wb));
   // Stage i: wait for its pieces, refill the slot that stage i - 1 read (its wgmma were waited
-  // for before the barrier), run its 4 wgmma into a fresh block accumulator (the first with
-  // scale_d 0), wait for them and promote. (Waiting one stage later, with one stage fewer in
-  // flight, measured 1-5% slower: NOTES.md, session 27.)
+  // for before the barrier), run its wgmma (4 x k32 e4m3, or the bf16 copy of the weights and
+  // 8 x k16 bf16) into a fresh block accumulator (the first with scale_d 0), wait for them and
+  // promote. (Waiting one stage later, with one stage fewer in flight, measured 1-5% slower:
+  // NOTES.md, session 27.)
   for (int i = 0; i < nkb; ++i) {
     cp_async_wait_group<kAhead - 1>();  // this thread's pieces of stage i have landed
     wgmma::fence_proxy_async();
@@ -1101,11 +1136,21 @@ __global__ void __launch_bounds__(128 * WG, WG == 2 ? 2 : 3) fp8_wgmma_kernel(Sm
     cp_async_commit_group();
     const uint64_t so = uint64_t(((i % S) * kStage) >> 4);
     float blk[NB / 2];
-    wgmma::fence();
+    if constexpr (kBf16) {
+      to_bf16(i % S);
+      wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      wgmma_e4m3<NB>(blk, desc_w + so + uint64_t(2 * kk), desc_x + so + uint64_t(2 * kk),
-                     kk > 0 ? 1 : 0);
+      for (int kk = 0; kk < 8; ++kk)  // K half kk / 4, k16 step kk % 4 (32 bytes)
+        wgmma_ss<NB, true>(blk, desc_wb + uint64_t((kk >> 2) * (kWgRows * 128 >> 4) + 2 * (kk & 3)),
+                           desc_x + so + uint64_t((kk >> 2) * (NB * 128 >> 4) + 2 * (kk & 3)),
+                           kk > 0 ? 1 : 0);
+    } else {
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wgmma_ss<NB, false>(blk, desc_w + so + uint64_t(2 * kk), desc_x + so + uint64_t(2 * kk),
+                            kk > 0 ? 1 : 0);
+    }
     wgmma::commit();
     wgmma::wait<0>();
     promote(blk, i);
@@ -1130,27 +1175,30 @@ __global__ void __launch_bounds__(128 * WG, WG == 2 ? 2 : 3) fp8_wgmma_kernel(Sm
 #endif
 }
 
-template <int NB, int WG, int S>
+template <int NB, int WG, int S, bool kBf16>
 cudaError_t launch_wgmma(const SmallMArgs& a, dim3 grid, cudaStream_t stream) {
-  auto kernel = fp8_wgmma_kernel<NB, WG, S>;
+  auto kernel = fp8_wgmma_kernel<NB, WG, S, kBf16>;
   const int kblocks = int(a.k / 128);
-  const int smem = wg_smem_bytes(NB, WG, S, (kblocks + a.k_split - 1) / a.k_split);
+  const int smem = wg_smem_bytes(NB, WG, S, (kblocks + a.k_split - 1) / a.k_split, kBf16);
   if (const cudaError_t e = ensure_max_dynamic_smem(kernel, smem); e != cudaSuccess) return e;
   return launch_small_m_kernel(kernel, a, grid, 128 * WG, stream, size_t(smem));
 }
 
-template <int NB, int WG>
+template <int NB, int WG, bool kBf16>
 cudaError_t dispatch_wgmma_stages(int stages, const SmallMArgs& a, dim3 grid,
                                   cudaStream_t stream) {
-  return stages >= 6 ? launch_wgmma<NB, WG, 6>(a, grid, stream)
-                     : launch_wgmma<NB, WG, 4>(a, grid, stream);
+  return stages >= 6 ? launch_wgmma<NB, WG, 6, kBf16>(a, grid, stream)
+                     : launch_wgmma<NB, WG, 4, kBf16>(a, grid, stream);
 }
 
 template <int NB>
-cudaError_t dispatch_wgmma_wg(int wgs, int stages, const SmallMArgs& a, dim3 grid,
+cudaError_t dispatch_wgmma_wg(int wgs, int stages, bool bf16, const SmallMArgs& a, dim3 grid,
                               cudaStream_t stream) {
-  return wgs == 2 ? dispatch_wgmma_stages<NB, 2>(stages, a, grid, stream)
-                  : dispatch_wgmma_stages<NB, 1>(stages, a, grid, stream);
+  if (bf16)
+    return wgs == 2 ? dispatch_wgmma_stages<NB, 2, true>(stages, a, grid, stream)
+                    : dispatch_wgmma_stages<NB, 1, true>(stages, a, grid, stream);
+  return wgs == 2 ? dispatch_wgmma_stages<NB, 2, false>(stages, a, grid, stream)
+                  : dispatch_wgmma_stages<NB, 1, false>(stages, a, grid, stream);
 }
 
 // Token tile of kWgmma: M rounded up to 8, 16, 32 or 64.
@@ -1494,7 +1542,9 @@ SmallMArgs small_m_args(const Fp8SmallMParams& p, const Fp8SmallMPlan& plan,
 // kWgmma: one pass over all tokens, a cluster of k_split CTAs per row tile of 64 x row_warps.
 Status launch_wgmma_plan(const Fp8SmallMParams& p, const Fp8SmallMPlan& plan,
                          cudaStream_t stream) {
-  if (!p.x_codes) return invalid_argument("fp8 linear: kWgmma needs FP8-quantized activations");
+  const bool bf16 = p.x_codes == nullptr;  // hf numerics: bf16 activations
+  if (bf16 && reinterpret_cast<uintptr_t>(p.x_bf16) % 16 != 0)
+    return invalid_argument("fp8 linear: kWgmma needs 16-byte aligned bf16 input");
   if (p.num_tokens > kSmallMMaxTokens)
     return invalid_argument("fp8 linear: kWgmma takes at most 64 tokens");
   if (!device_is_sm90())
@@ -1518,16 +1568,16 @@ Status launch_wgmma_plan(const Fp8SmallMParams& p, const Fp8SmallMPlan& plan,
   cudaError_t err;
   switch (nb) {
     case 8:
-      err = dispatch_wgmma_wg<8>(wgs, plan.stages, a, grid, stream);
+      err = dispatch_wgmma_wg<8>(wgs, plan.stages, bf16, a, grid, stream);
       break;
     case 16:
-      err = dispatch_wgmma_wg<16>(wgs, plan.stages, a, grid, stream);
+      err = dispatch_wgmma_wg<16>(wgs, plan.stages, bf16, a, grid, stream);
       break;
     case 32:
-      err = dispatch_wgmma_wg<32>(wgs, plan.stages, a, grid, stream);
+      err = dispatch_wgmma_wg<32>(wgs, plan.stages, bf16, a, grid, stream);
       break;
     default:
-      err = dispatch_wgmma_wg<64>(wgs, plan.stages, a, grid, stream);
+      err = dispatch_wgmma_wg<64>(wgs, plan.stages, bf16, a, grid, stream);
   }
   DS_CUDA_RETURN_IF_ERROR(err);
   return ok_status();
