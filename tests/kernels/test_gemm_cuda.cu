@@ -331,9 +331,11 @@ class GemmCudaTest : public ::testing::Test {
     // The small-M kernels (what GemmRunner runs unless fp8_linear_uses_wgmma or
     // fp8_linear_uses_cublaslt: hf numerics, small decode shapes, shapes neither takes) are held
     // to the tight bound; kWgmma and cuBLASLt to their own.
-    const bool runner_wgmma = path == Path::kAuto && quantize && cuda::fp8_linear_uses_wgmma(wv, m);
-    const bool wgmma = (path == Path::kSmallM && cfg.kernel == cuda::SmallMKernel::kWgmma) ||
-                       runner_wgmma;
+    // kWgmma on bf16 activations (bf16 wgmma on the converted weights) keeps fp32 sums: tight.
+    const bool runner_wgmma =
+        path == Path::kAuto && quantize && cuda::fp8_linear_uses_wgmma(wv, m, true);
+    const bool wgmma = quantize && ((path == Path::kSmallM &&
+                                     cfg.kernel == cuda::SmallMKernel::kWgmma) || runner_wgmma);
     const bool tight = (path == Path::kSmallM && !wgmma) ||
                        (path == Path::kAuto && (!quantize || (!runner_wgmma &&
                                                               !cuda::fp8_linear_uses_cublaslt(wv, m))));
@@ -820,12 +822,13 @@ TEST_F(GemmCudaTest, DecodeCublasLtRangeThroughRunner) {
 
 TEST_F(GemmCudaTest, DecodeWgmmaRangeThroughRunner) {
   // Where GemmRunner::linear_fp8 routes decode batches to kWgmma (fp8_linear_uses_wgmma, compute
-  // capability 9.0 only): wq_b at M <= 32, wo_b at 9..32, the grouped wo_a at 9..64, never the
-  // small weights or hf numerics; the cases on both sides of each bound run through the runner
-  // (each held to the tolerance of the path it took), fp32 and rounded output.
+  // capability 9.0 only): quantized wq_b at M <= 32, wo_b at 9..32, the grouped wo_a at 9..64;
+  // with bf16 activations wo_a and wq_b from M = 16; never the small weights. The cases on both
+  // sides of the bounds run through the runner (each held to the tolerance of the path it took),
+  // fp32 and rounded output.
   const bool sm90 = device_is_sm90();
-  auto uses = [](int64_t n, int64_t k, int g, int64_t m) {
-    return cuda::fp8_linear_uses_wgmma({nullptr, nullptr, nullptr, n, k, g}, m);
+  auto uses = [](int64_t n, int64_t k, int g, int64_t m, bool q = true) {
+    return cuda::fp8_linear_uses_wgmma({nullptr, nullptr, nullptr, n, k, g}, m, q);
   };
   EXPECT_EQ(uses(32768, 1024, 1, 1), sm90);
   EXPECT_EQ(uses(32768, 1024, 1, 32), sm90);
@@ -837,12 +840,20 @@ TEST_F(GemmCudaTest, DecodeWgmmaRangeThroughRunner) {
   EXPECT_EQ(uses(1024, 4096, 8, 64), sm90);
   EXPECT_FALSE(uses(1536, 4096, 1, 16));  // the wq_a + wkv pair: 6 MB
   EXPECT_FALSE(uses(32768, 1024, 1, 0));
+  // bf16 activations (hf numerics, the engine's wo_a): wo_a and wq_b from 16 tokens, not wo_b.
+  EXPECT_FALSE(uses(1024, 4096, 8, 15, false));
+  EXPECT_EQ(uses(1024, 4096, 8, 16, false), sm90);
+  EXPECT_EQ(uses(32768, 1024, 1, 64, false), sm90);
+  EXPECT_FALSE(uses(4096, 8192, 1, 32, false));
   uint64_t seed = 1550;
   for (int i : {1, 3, 4})
     for (int64_t m : {8, 9, 32, 33})
       run_fp8_case(kFlashShapes[i], m, true,
                    m % 2 ? cuda::OutType::kF32 : cuda::OutType::kF32Bf16, ++seed);
   run_fp8_case(kFlashShapes[3], 64, true, cuda::OutType::kF32, ++seed);
+  for (int64_t m : {15, 16, 37, 64})
+    run_fp8_case(kFlashShapes[3], m, false, cuda::OutType::kF32Bf16, ++seed);
+  run_fp8_case(kFlashShapes[1], 20, false, cuda::OutType::kF32, ++seed);
 }
 
 TEST_F(GemmCudaTest, DecodeBatchSizesThroughRunner) {

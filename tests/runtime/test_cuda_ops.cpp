@@ -367,15 +367,15 @@ TEST_F(CudaOpsTest, TiledFp8WeightsMatchCpu) {
     if (w.format == cpu::WeightFormat::kFp8Block && w.data)
       fp8_bytes += w.out_features * w.in_features;
   };
+  // Every FP8 weight but wo_a (bf16 input: the tile order is read with FP8 activations only).
   for (const dsv4::LayerWeights& L : m.layers)
-    for (const cpu::LinearWeight* w : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.indexer_wq_b,
+    for (const cpu::LinearWeight* w : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_b, &L.indexer_wq_b,
                                        &L.shared.w1, &L.shared.w2, &L.shared.w3})
       add(*w);
   for (const dsv4::MtpWeights& M : m.mtp) {
     for (const cpu::LinearWeight* w :
-         {&M.block.wq_a, &M.block.wq_b, &M.block.wkv, &M.block.wo_a, &M.block.wo_b,
-          &M.block.indexer_wq_b, &M.block.shared.w1, &M.block.shared.w2, &M.block.shared.w3,
-          &M.e_proj, &M.h_proj})
+         {&M.block.wq_a, &M.block.wq_b, &M.block.wkv, &M.block.wo_b, &M.block.indexer_wq_b,
+          &M.block.shared.w1, &M.block.shared.w2, &M.block.shared.w3, &M.e_proj, &M.h_proj})
       add(*w);
   }
   ASSERT_GT(fp8_bytes, 0);

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <set>
 #include <string>
 #include <unordered_set>
 
@@ -352,11 +353,13 @@ Status CudaOps::register_weights() {
 
   // The cuBLASLt FP8 path takes the block scales as fp32: convert every FP8 weight's grid once.
   std::vector<const cpu::LinearWeight*> fp8;
+  std::set<const void*> bf16_input;  // wo_a: never quantizes its input (§2)
   auto collect = [&](const dsv4::LayerWeights& L) {
     for (const cpu::LinearWeight* w : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.indexer_wq_b,
                                        &L.shared.w1, &L.shared.w2, &L.shared.w3}) {
       if (w->format == cpu::WeightFormat::kFp8Block && w->data != nullptr) fp8.push_back(w);
     }
+    bf16_input.insert(L.wo_a.data);
   };
   for (const dsv4::LayerWeights& L : model_.layers) collect(L);
   for (const dsv4::MtpWeights& M : model_.mtp) {
@@ -396,11 +399,14 @@ Status CudaOps::register_weights() {
     e8m0_f32_[w->scale] = static_cast<const float*>(f32);
   }
   // The large FP8 weights once more in the small-M tile order, for the decode kernels, except
-  // those that the wgmma kernel serves at every M <= 8 (wq_b), which never read the copy.
+  // those that never read the copy: wo_a (bf16 input; the tile order is read with FP8
+  // activations only) and those that the wgmma kernel serves at every M <= 8 (wq_b).
   const bool tiled = opt_.tiled_fp8_min_bytes >= 0 && !env_switched_off("DEEPSERVE_TILED_FP8");
   for (const cpu::LinearWeight* w : fp8) {
     const int64_t bytes = w->out_features * w->in_features;
-    if (!tiled || bytes < opt_.tiled_fp8_min_bytes || fp8_tiled_.count(w->data) != 0) continue;
+    if (!tiled || bytes < opt_.tiled_fp8_min_bytes || fp8_tiled_.count(w->data) != 0 ||
+        bf16_input.count(w->data) != 0)
+      continue;
     cuda::Fp8WeightView v;
     v.out_features = w->out_features;
     v.in_features = w->in_features;

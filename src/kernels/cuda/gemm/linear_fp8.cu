@@ -1382,11 +1382,14 @@ Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms) {
   plan.kernel = p.kernel;
   plan.k_parts = p.k_parts ? p.k_parts : 1;
   if (plan.kernel == SmallMKernel::kWgmma) {
-    // From the H100 sweep of session 27 (NOTES.md): two warpgroups per CTA only at 33-64 tokens
-    // (their activation copies per weight byte are halved where they are largest), clusters
+    // From the H100 sweeps of session 27 (NOTES.md): two warpgroups per CTA only at 33-64 tokens
+    // (their activation copies per weight byte are halved where they are largest); clusters
     // along K until the CTAs nearly fill one wave (>= 0.9 x SMs; each rank keeps >= 4 K blocks
-    // and at most kWgMaxKBlocks), and a ring of 6 stages where a rank has >= 16 K blocks or
-    // the token tile is 8 (4 otherwise: then more CTAs per SM pay more than a deeper ring).
+    // and at most kWgMaxKBlocks), with bf16 activations once more while under 1.8 x SMs and
+    // ranks keep >= 16 K blocks (each stage's weight conversion lengthens the per-CTA chain);
+    // a ring of 6 stages where a rank has >= 16 K blocks or the token tile is 8 (e4m3), or has
+    // >= 16 K blocks and the tile is <= 16 (bf16); 4 otherwise (more CTAs per SM pay more).
+    const bool bf16 = p.x_codes == nullptr;
     const int64_t kblocks = p.w.in_features / kFp8GemmBlock;
     const int nb = wgmma_tokens(p.num_tokens);
     const int wgs = p.row_warps ? p.row_warps : nb == 64 ? 2 : 1;
@@ -1398,10 +1401,13 @@ Fp8SmallMPlan fp8_small_m_plan(const Fp8SmallMParams& p, int num_sms) {
       while (ks < 8 && ((kblocks + ks - 1) / ks > kWgMaxKBlocks ||
                         (tiles * ks * 10 < 9 * int64_t(num_sms) && kblocks / (2 * ks) >= 4)))
         ks *= 2;
+      if (bf16 && ks < 8 && tiles * ks * 10 < 18 * int64_t(num_sms) && kblocks / (2 * ks) >= 16)
+        ks *= 2;
     }
     plan.row_warps = wgs;
     plan.k_split = ks;
-    plan.stages = p.stages ? p.stages : kblocks / ks >= 16 || nb == 8 ? 6 : 4;
+    const bool deep = bf16 ? kblocks / ks >= 16 && nb <= 16 : kblocks / ks >= 16 || nb == 8;
+    plan.stages = p.stages ? p.stages : deep ? 6 : 4;
     return plan;
   }
   if (plan.kernel == SmallMKernel::kAuto)
@@ -2006,16 +2012,20 @@ bool fp8_linear_uses_cublaslt(const Fp8WeightView& w, int64_t m) {
   return m > 16 || (m > 8 && w.in_features <= 1024);
 }
 
-bool fp8_linear_uses_wgmma(const Fp8WeightView& w, int64_t m) {
+bool fp8_linear_uses_wgmma(const Fp8WeightView& w, int64_t m, bool quantized) {
   // H100, graph of >= 20 launches on distinct weight copies, PDL on (NOTES.md, session 27):
   // wq_b 11.9 / 12.5 / 13.8 / 16.4 us at M = 1 / 8 / 16 / 32 (kStream 14.2 / 15.7, cuBLASLt
   // 17.0 / 18.4) but 21.1 at M = 64 (cuBLASLt 18.3); wo_b 16.8 / 18.8 at M = 16 / 32 (kStream
   // 17.7, cuBLASLt 20.3) but 15.1-15.3 at M <= 8 (kBulk 14.7-15.0) and 31.4 at 64 (cuBLASLt
   // 21.7); wo_a 15.8 / 17.7 / 23.3 at M = 16 / 32 / 64 (kStream 18.0 / 29.8 / 58.3), 14.0-14.4
   // at M <= 8 (kBulk 13.1-13.7). The small weights (wq_a, wkv, their pair) stay on kStream.
+  // bf16 activations (hf numerics; the engine's wo_a), call 6: wo_a 20.4 / 22.7 / 27.5 us at
+  // M = 16 / 32 / 64 (kMma 23.4 / 33.6 / 52.7) but 19.0 at M <= 8 (kMma 14.4-16.0); wq_b 23.6 /
+  // 26.7 / 35.1 at M = 16 / 32 / 64 (kMma 25.0 / 39.6 / 61.7); wo_b 24.7 at M = 16 (kMma 23.2).
   if (m < 1 || m > kSmallMMaxTokens || !device_is_sm90()) return false;
   const int64_t bytes = w.out_features * w.in_features * w.num_groups;
   if (bytes < (int64_t(16) << 20)) return false;
+  if (!quantized) return m >= 16 && (w.num_groups > 1 || w.in_features <= 1024);
   if (w.num_groups > 1) return m > 8;
   return w.in_features <= 1024 ? m <= 32 : m > 8 && m <= 32;
 }
@@ -2052,8 +2062,8 @@ Status GemmRunner::linear_fp8(const Fp8LinearParams& p, cudaStream_t stream) {
   // Decode batches go to cuBLASLt only when they fit the runner's workspace (pre-quantized input
   // larger than it keeps running the small-M kernels, as before session 7).
   const bool fits = p.num_tokens <= max_tokens_ && in_cols <= max_in_columns_;
-  const bool wgmma = fp8_act && p.wgmma && fp8_linear_uses_wgmma(p.w, p.num_tokens);
-  const bool lt = !wgmma && fp8_linear_uses_cublaslt(p.w, p.num_tokens);
+  const bool wgmma = p.wgmma && fp8_linear_uses_wgmma(p.w, p.num_tokens, fp8_act);
+  const bool lt = fp8_act && !wgmma && fp8_linear_uses_cublaslt(p.w, p.num_tokens);
   if (p.split_features != 0 && lt)
     return invalid_argument("fp8 linear: a split output runs on the small-M kernels only");
   if (fp8_act && lt && (p.num_tokens > kSmallMMaxTokens || fits)) {

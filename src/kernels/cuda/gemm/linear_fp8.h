@@ -211,13 +211,14 @@ struct Bf16LinearParams {
 // and fp32 weight scales (w.scale_f32), else the small-M kernels run.
 bool fp8_linear_uses_cublaslt(const Fp8WeightView& w, int64_t m);
 
-// Whether GemmRunner::linear_fp8 runs m tokens of w on kWgmma in reference numerics, in place of
-// the small-M kernels and cuBLASLt (fp8_linear_uses_cublaslt is then not asked): a compute
-// capability 9.0 device, a weight of >= 16 MB and the token counts where kWgmma measured faster
-// than both (H100, session 27, kernels/cuda/gemm/NOTES.md): one group with K <= 1024 (wq_b) at
-// M <= 32, one group with larger K (wo_b) at 9 <= M <= 32, grouped weights (wo_a) at
-// 9 <= M <= 64.
-bool fp8_linear_uses_wgmma(const Fp8WeightView& w, int64_t m);
+// Whether GemmRunner::linear_fp8 runs m tokens of w on kWgmma, in place of the small-M kernels
+// and cuBLASLt (fp8_linear_uses_cublaslt is then not asked): a compute capability 9.0 device, a
+// weight of >= 16 MB and the token counts where kWgmma measured faster than both (H100, session
+// 27, kernels/cuda/gemm/NOTES.md). Quantized activations (reference numerics): one group with
+// K <= 1024 (wq_b) at M <= 32, one group with larger K (wo_b) at 9 <= M <= 32, grouped weights
+// (wo_a) at 9 <= M <= 64. bf16 activations (quantized false: wo_a in the engine, hf numerics):
+// grouped weights or K <= 1024 at M >= 16.
+bool fp8_linear_uses_wgmma(const Fp8WeightView& w, int64_t m, bool quantized = true);
 
 // Owns a cuBLASLt handle and carves a caller-provided device workspace into the quantized
 // activations and the cuBLASLt workspace. One instance per stream (the workspace is reused by
