@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 27: event-timed decode components (deepserve profile --graphs --event-timing) of a
-# Flash 4-layer checkpoint at context 512, B = 1 and 16, DEEPSERVE_GEMM_WGMMA=1 / =0 alternating,
-# two rounds; the attention projections component is where kWgmma runs (wq_b, wo_b).
+# Flash 4-layer checkpoint at context 512, B in EV_BATCHES (default 1 16), with
+# DEEPSERVE_GEMM_WGMMA=1 / =0 alternating, two rounds; the attention projections component is
+# where kWgmma runs (wq_b, wo_b, wo_a).
 # Binaries: build/carry/backend.tar.xz (deepserve + its shared libraries).
 #   scripts/gpu/h_gemm27/events.sh OUT
 set -uo pipefail
@@ -15,7 +16,7 @@ export DEEPSERVE_CACHE_DIR=/dev/shm/deepserve-cache
 model=/dev/shm/flash4
 [ -d "$model" ] || "$c/deepserve" make-checkpoint --preset flash --layers 4 --out "$model" \
   --no-verify >"$out/ev/make_flash.log" 2>&1 || { echo "make-checkpoint failed"; exit 1; }
-for b in 1 16; do
+for b in ${EV_BATCHES:-1 16}; do
   for round in 1 2; do
     for v in 1 0; do
       name="profile_flash4_b${b}_c512_events_wgmma${v}_r${round}"
