@@ -336,9 +336,10 @@ class GemmCudaTest : public ::testing::Test {
         path == Path::kAuto && quantize && cuda::fp8_linear_uses_wgmma(wv, m, true);
     const bool wgmma = quantize && ((path == Path::kSmallM &&
                                      cfg.kernel == cuda::SmallMKernel::kWgmma) || runner_wgmma);
-    const bool tight = (path == Path::kSmallM && !wgmma) ||
-                       (path == Path::kAuto && (!quantize || (!runner_wgmma &&
-                                                              !cuda::fp8_linear_uses_cublaslt(wv, m))));
+    const bool runner_lt =
+        path == Path::kAuto && quantize && !runner_wgmma && cuda::fp8_linear_uses_cublaslt(wv, m);
+    const bool tight =
+        (path == Path::kSmallM && !wgmma) || (path == Path::kAuto && !runner_wgmma && !runner_lt);
     const double tol_s = tight ? kTol : wgmma ? kTolWgmma : kTolCublasLt;
     double worst = 0, err2 = 0, ref2 = 0;
     int64_t bad = 0;

@@ -1140,10 +1140,12 @@ __global__ void __launch_bounds__(128 * WG, WG == 2 ? 2 : 3) fp8_wgmma_kernel(Sm
       to_bf16(i % S);
       wgmma::fence();
 #pragma unroll
-      for (int kk = 0; kk < 8; ++kk)  // K half kk / 4, k16 step kk % 4 (32 bytes)
-        wgmma_ss<NB, true>(blk, desc_wb + uint64_t((kk >> 2) * (kWgRows * 128 >> 4) + 2 * (kk & 3)),
-                           desc_x + so + uint64_t((kk >> 2) * (NB * 128 >> 4) + 2 * (kk & 3)),
+      for (int kk = 0; kk < 8; ++kk) {  // K half kk / 4, k16 step kk % 4 (32 bytes)
+        const uint64_t step = uint64_t(2 * (kk & 3));
+        wgmma_ss<NB, true>(blk, desc_wb + uint64_t((kk >> 2) * (kWgRows * 128 >> 4)) + step,
+                           desc_x + so + uint64_t((kk >> 2) * (NB * 128 >> 4)) + step,
                            kk > 0 ? 1 : 0);
+      }
     } else {
       wgmma::fence();
 #pragma unroll
@@ -1171,7 +1173,7 @@ __global__ void __launch_bounds__(128 * WG, WG == 2 ? 2 : 3) fp8_wgmma_kernel(Sm
     }
   reduce_k_partials<1, kRowsCta, NB, kThr>(a, red, srank, tile, group, 0);
 #else
-  __trap();  // launched only on compute capability 9.0 devices (fp8_small_m_plan)
+  __trap();  // launched only on compute capability 9.0 devices (launch_wgmma_plan)
 #endif
 }
 

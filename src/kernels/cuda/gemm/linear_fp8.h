@@ -9,7 +9,10 @@
 //    kernels. They read each weight byte and its block scale once, run the products on the tensor
 //    cores (FP8 mma.sync when the activations are FP8-quantized, BF16 mma.sync on in-register
 //    dequantized weights otherwise), apply the scales per 128-K block in fp32 and reduce split-K
-//    partials inside a thread-block cluster (deterministic, one launch, graph-capturable).
+//    partials inside a thread-block cluster (deterministic, one launch, graph-capturable). On
+//    compute capability 9.0 GemmRunner sends the decode batches of the >= 16 MB weights where it
+//    measured faster to kWgmma (fp8_linear_uses_wgmma): the same contract on sm_90a wgmma, all
+//    M <= 64 tokens in one pass over the weights.
 //  - large M (prefill): cuBLASLt FP8 GEMM with 1x128 activation / 128x128 weight block scaling
 //    (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F / BLK128x128_32F, cuBLAS >= 12.9, sm_90).
 // Reference numerics (§2) quantize the input to e4m3 per 128 K-elements first, with the kernel of
