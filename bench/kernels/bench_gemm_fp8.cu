@@ -608,7 +608,7 @@ int main(int argc, char** argv) {
             const int64_t kb = s.k / 128;
             for (int wgs : {1, 2})
               for (int ks : {1, 2, 4, 8})
-                for (int st : {3, 4, 6}) {
+                for (int st : {4, 6}) {
                   const int64_t ctas = (s.n + 64 * wgs - 1) / (64 * wgs) * s.groups * ks;
                   if (ks > kb || (kb + ks - 1) / ks > 64 || ctas > 6 * dev.sm_count) continue;
                   if (wgs == wp.row_warps && ks == wp.k_split && st == wp.stages) continue;
@@ -671,7 +671,7 @@ int main(int argc, char** argv) {
             const int64_t kb = s.k / 128;
             for (int wgs : {1, 2})
               for (int ks : {1, 2, 4})
-                for (int st : {3, 4, 6}) {
+                for (int st : {4, 6}) {
                   const int64_t ctas = (s.n + 64 * wgs - 1) / (64 * wgs) * s.groups * ks;
                   if (ks > kb || (kb + ks - 1) / ks > 64 || ctas > 6 * dev.sm_count) continue;
                   if (wgs == wp.row_warps && ks == wp.k_split && st == wp.stages) continue;

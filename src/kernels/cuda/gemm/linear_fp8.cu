@@ -1189,9 +1189,8 @@ cudaError_t launch_wgmma(const SmallMArgs& a, dim3 grid, cudaStream_t stream) {
 template <int NB, int WG, bool kBf16>
 cudaError_t dispatch_wgmma_stages(int stages, const SmallMArgs& a, dim3 grid,
                                   cudaStream_t stream) {
-  return stages >= 6   ? launch_wgmma<NB, WG, 6, kBf16>(a, grid, stream)
-         : stages == 4 ? launch_wgmma<NB, WG, 4, kBf16>(a, grid, stream)
-                       : launch_wgmma<NB, WG, 3, kBf16>(a, grid, stream);
+  return stages >= 6 ? launch_wgmma<NB, WG, 6, kBf16>(a, grid, stream)
+                     : launch_wgmma<NB, WG, 4, kBf16>(a, grid, stream);
 }
 
 template <int NB>
@@ -1561,10 +1560,10 @@ Status launch_wgmma_plan(const Fp8SmallMParams& p, const Fp8SmallMPlan& plan,
   const int wgs = plan.row_warps, ks = plan.k_split;
   const int64_t kblocks = p.w.in_features / kFp8GemmBlock;
   if ((wgs != 1 && wgs != 2) || (ks != 1 && ks != 2 && ks != 4 && ks != 8) ||
-      (plan.stages != 3 && plan.stages != 4 && plan.stages != 6))
+      (plan.stages != 4 && plan.stages != 6))
     return invalid_argument(
         "fp8 linear: kWgmma needs row_warps (warpgroups) 1 or 2, k_split 1, 2, 4 or 8 and "
-        "stages 3, 4 or 6");
+        "stages 4 or 6");
   if (ks > kblocks || (kblocks + ks - 1) / ks > kWgMaxKBlocks)
     return invalid_argument("fp8 linear: kWgmma needs 1 .. 64 K blocks of 128 per cluster rank");
   SmallMArgs a = small_m_args(p, plan, nullptr);

@@ -110,7 +110,7 @@ Status launch_fp8_weight_to_tiles(const uint8_t* w, uint8_t* tiled, int64_t rows
 //    where its K split of 2 runs as 2 K partitions per CTA (wo_b; session 13).
 //  - kWgmma (compute capability 9.0 only: sm_90a wgmma): FP8 activations, M <= 64 in one pass
 //    (every weight byte read once for all tokens): warpgroups of 64 weight rows x all tokens,
-//    wgmma e4m3 from a cp.async ring of `stages` (3, 4 or 6) 128-K stages in shared memory; row_warps
+//    wgmma e4m3 from a cp.async ring of `stages` (4 or 6) 128-K stages in shared memory; row_warps
 //    = warpgroups per CTA (1 or 2), k_split = CTAs per cluster along K (NOTES.md, session 27).
 enum class SmallMKernel : uint8_t { kAuto, kMma, kStream, kBulk, kWgmma };
 inline constexpr int64_t kStreamMaxTokens = 16;  // kStream: tokens per work item (chunk)
@@ -143,7 +143,7 @@ struct Fp8SmallMParams {
   bool pdl = false;
   // CTAs in the grid (0 = one per work item); with a cap each CTA (cluster) loops over items.
   int max_ctas = 0;
-  // kBulk: shared-memory ring slots per CTA, 2..8; kWgmma: 3, 4 or 6 (0 = heuristic).
+  // kBulk: shared-memory ring slots per CTA, 2..8; kWgmma: 4 or 6 (0 = heuristic).
   int stages = 0;
   // kBulk at M <= 8: K partitions inside a CTA, 1 or 2 (0 = heuristic). Each partition has its
   // own producer warp, ring of `stages` slots and 4 consumer warps and takes the K range that
