@@ -496,6 +496,11 @@ int main(int argc, char** argv) {
     std::vector<Row> rows;
     std::vector<Shape> shapes(std::begin(attn), std::end(attn));
     shapes.push_back(extra[0]);  // wq_a+wkv fused
+    // DS_BATCH_TP2=1: the per-rank slices of the three 33 MB projections under tensor parallelism
+    // of 2 (docs/parallelism.md: wq_b rows by head, wo_a rows by group, wo_b input columns).
+    if (bench::env_or("DS_BATCH_TP2", "0") == "1")
+      shapes = {{"wq_b/tp2", 16384, 1024, 1}, {"wo_a/tp2", 1024, 4096, 4},
+                {"wo_b/tp2", 4096, 4096, 1}};
     // DS_BATCH_SHAPES="wq_b,wo_b" / DS_BATCH_M="16,64": only these shapes / token counts.
     const std::string only_shapes = bench::env_or("DS_BATCH_SHAPES", "");
     const std::string only_m = "," + bench::env_or("DS_BATCH_M", "") + ",";
