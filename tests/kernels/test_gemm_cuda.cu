@@ -846,6 +846,13 @@ TEST_F(GemmCudaTest, DecodeWgmmaRangeThroughRunner) {
   EXPECT_EQ(uses(1024, 4096, 8, 16, false), sm90);
   EXPECT_EQ(uses(32768, 1024, 1, 64, false), sm90);
   EXPECT_FALSE(uses(4096, 8192, 1, 32, false));
+  // The slices under tensor parallelism of 2 (16.8 MB): wq_b and wo_b as the full weights; wo_a
+  // up to 32 tokens when quantized, never with bf16 input.
+  EXPECT_EQ(uses(16384, 1024, 1, 1), sm90);
+  EXPECT_EQ(uses(4096, 4096, 1, 16), sm90);
+  EXPECT_EQ(uses(1024, 4096, 4, 32), sm90);
+  EXPECT_FALSE(uses(1024, 4096, 4, 64));
+  EXPECT_FALSE(uses(1024, 4096, 4, 16, false));
   uint64_t seed = 1550;
   for (int i : {1, 3, 4})
     for (int64_t m : {8, 9, 32, 33})
@@ -855,6 +862,8 @@ TEST_F(GemmCudaTest, DecodeWgmmaRangeThroughRunner) {
   for (int64_t m : {15, 16, 37, 64})
     run_fp8_case(kFlashShapes[3], m, false, cuda::OutType::kF32Bf16, ++seed);
   run_fp8_case(kFlashShapes[1], 20, false, cuda::OutType::kF32, ++seed);
+  const LinearShape wo_a_tp2{"wo_a/tp2", 1024, 4096, 4};
+  for (int64_t m : {32, 33, 64}) run_fp8_case(wo_a_tp2, m, true, cuda::OutType::kF32, ++seed);
 }
 
 TEST_F(GemmCudaTest, DecodeBatchSizesThroughRunner) {

@@ -2024,11 +2024,16 @@ bool fp8_linear_uses_wgmma(const Fp8WeightView& w, int64_t m, bool quantized) {
   // bf16 activations (hf numerics; the engine's wo_a), call 6: wo_a 20.4 / 22.7 / 27.5 us at
   // M = 16 / 32 / 64 (kMma 23.4 / 33.6 / 52.7) but 19.0 at M <= 8 (kMma 14.4-16.0); wq_b 23.6 /
   // 26.7 / 35.1 at M = 16 / 32 / 64 (kMma 25.0 / 39.6 / 61.7); wo_b 24.7 at M = 16 (kMma 23.2).
+  // The per-rank slices under tensor parallelism of 2 (call 12, 16.8 MB each): wq_b 7.07 / 9.24
+  // at M = 1 / 16 (kStream 8.13, cuBLASLt 10.43), wo_b 10.29 at 16 (kStream 10.46); but wo_a
+  // with bf16 input 17.3 / 41.7 at M = 16 / 64 (kMma 14.7 / 32.7) and quantized 31.1 at 64
+  // (kStream 28.9): hence the 32 MB bound for those two.
   if (m < 1 || m > kSmallMMaxTokens || !device_is_sm90()) return false;
   const int64_t bytes = w.out_features * w.in_features * w.num_groups;
   if (bytes < (int64_t(16) << 20)) return false;
-  if (!quantized) return m >= 16 && (w.num_groups > 1 || w.in_features <= 1024);
-  if (w.num_groups > 1) return m > 8;
+  const bool full = bytes >= (int64_t(32) << 20);
+  if (!quantized) return full && m >= 16 && (w.num_groups > 1 || w.in_features <= 1024);
+  if (w.num_groups > 1) return m > 8 && (full || m <= 32);
   return w.in_features <= 1024 ? m <= 32 : m > 8 && m <= 32;
 }
 

@@ -219,8 +219,9 @@ bool fp8_linear_uses_cublaslt(const Fp8WeightView& w, int64_t m);
 // weight of >= 16 MB and the token counts where kWgmma measured faster than both (H100, session
 // 27, kernels/cuda/gemm/NOTES.md). Quantized activations (reference numerics): one group with
 // K <= 1024 (wq_b) at M <= 32, one group with larger K (wo_b) at 9 <= M <= 32, grouped weights
-// (wo_a) at 9 <= M <= 64. bf16 activations (quantized false: wo_a in the engine, hf numerics):
-// grouped weights or K <= 1024 at M >= 16.
+// (wo_a) at 9 <= M <= 64 (9 <= M <= 32 under 32 MB: wo_a's slice under tensor parallelism of 2).
+// bf16 activations (quantized false: wo_a in the engine, hf numerics): grouped weights or
+// K <= 1024 of >= 32 MB at M >= 16.
 bool fp8_linear_uses_wgmma(const Fp8WeightView& w, int64_t m, bool quantized = true);
 
 // Owns a cuBLASLt handle and carves a caller-provided device workspace into the quantized
