@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <initializer_list>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -521,24 +522,36 @@ int main(int argc, char** argv) {
         uint8_t* const codes = in.codes;
         uint8_t* const xs = in.xs;
         uint16_t* const y = in.y;
-        auto params = [&](int c, cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas) {
-          return small_m_params(w, c, false, in, m, kern, rw, ks, st, max_ctas);
+        // hf: the bf16 activations themselves (hf numerics, no quantization) instead of the codes.
+        auto params = [&](int c, cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas,
+                          bool hf = false) {
+          cuda::Fp8SmallMParams p = small_m_params(w, c, false, in, m, kern, rw, ks, st, max_ctas);
+          if (hf) {
+            p.x_codes = nullptr;
+            p.x_scales = nullptr;
+            p.x_bf16 = in.x;
+            p.x_row_stride = gk;
+          }
+          return p;
         };
-        auto time_p = [&](cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas) {
+        auto time_p = [&](cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas,
+                          bool hf = false) {
           return bench::time_us(
                      [&](cudaStream_t sm) {
                        for (int c = 0; c < copies; ++c)
                          ST_CHECK(cuda::launch_fp8_linear_small_m(
-                             params(c, kern, rw, ks, st, max_ctas), sm));
+                             params(c, kern, rw, ks, st, max_ctas, hf), sm));
                      },
                      stream, 20, 3, true) /
                  copies;
         };
-        auto check_p = [&](cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas) {
+        auto check_p = [&](cuda::SmallMKernel kern, int rw, int ks, int st, int max_ctas,
+                           bool hf = false) {
           DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
-          ST_CHECK(cuda::launch_fp8_linear_small_m(params(0, kern, rw, ks, st, max_ctas), stream));
+          ST_CHECK(cuda::launch_fp8_linear_small_m(params(0, kern, rw, ks, st, max_ctas, hf),
+                                                   stream));
           DS_BENCH_CHECK(cudaStreamSynchronize(stream));
-          return check_error(w, hx, m, y, true, 3);
+          return check_error(w, hx, m, y, !hf, 3);
         };
         const double bytes = double(wbytes) + double(w.scale_count) + double(m * gk) +
                              double(m * gk / 128) + double(m * gn) * 2;
@@ -592,104 +605,60 @@ int main(int argc, char** argv) {
           recs.push_back(make("GemmRunner linear_fp8 (pre-quantized)+pdl",
                               lt ? "cuBLASLt block-scaled" : row.heur_cfg, row.run_us, row.run_err));
         }
-        if (wgmma_ok) {
-          // kWgmma (session 27): the heuristic layout, then every (warpgroups, k_split, stages)
-          // layout; the best is recorded next to it (DS_WG_SWEEP=0: heuristic only).
-          // DS_WG_CFG="wg,ks,stages" replaces the heuristic layout (profiling one layout).
-          int fw = 0, fk = 0, fs = 0;
-          std::sscanf(bench::env_or("DS_WG_CFG", "").c_str(), "%d,%d,%d", &fw, &fk, &fs);
+        // kWgmma (session 27): the heuristic layout (fw, fk, fs: 0 = heuristic), then, unless
+        // DS_WG_SWEEP=0, every (warpgroups, k_split in `splits`, stages) layout; the fastest is
+        // kept next to it. `tag` names the records ("" or " bf16-act").
+        auto wgmma_rows = [&](bool hf, int fw, int fk, int fs, std::initializer_list<int> splits,
+                              const std::string& tag, double& us_out, double& err_out,
+                              std::string& cfg_out, double& best_us, std::string& best_cfg) {
           const cuda::Fp8SmallMPlan wp = cuda::fp8_small_m_plan(
-              params(0, cuda::SmallMKernel::kWgmma, fw, fk, fs, 0), dev.sm_count);
+              params(0, cuda::SmallMKernel::kWgmma, fw, fk, fs, 0, hf), dev.sm_count);
           char wcfg[128];
           std::snprintf(wcfg, sizeof wcfg, "wgmma wg=%d ks=%d st=%d", wp.row_warps, wp.k_split,
                         wp.stages);
-          row.wg_cfg = wcfg;
-          row.wg_us = time_p(cuda::SmallMKernel::kWgmma, fw, fk, fs, 0);
-          row.wg_err = check_p(cuda::SmallMKernel::kWgmma, fw, fk, fs, 0);
-          recs.push_back(make("fp8_small_m wgmma heur+pdl", wcfg, row.wg_us, row.wg_err));
-          row.wg_best_us = row.wg_us;
-          row.wg_best_cfg = wcfg;
-          if (bench::env_or("DS_WG_SWEEP", "1") != "0") {
-            const int64_t kb = s.k / 128;
-            for (int wgs : {1, 2})
-              for (int ks : {1, 2, 4, 8})
-                for (int st : {4, 6}) {
-                  const int64_t ctas = (s.n + 64 * wgs - 1) / (64 * wgs) * s.groups * ks;
-                  if (ks > kb || (kb + ks - 1) / ks > 64 || ctas > 6 * dev.sm_count) continue;
-                  if (wgs == wp.row_warps && ks == wp.k_split && st == wp.stages) continue;
-                  const double us = time_p(cuda::SmallMKernel::kWgmma, wgs, ks, st, 0);
-                  std::snprintf(wcfg, sizeof wcfg, "wgmma wg=%d ks=%d st=%d", wgs, ks, st);
-                  recs.push_back(make("fp8_small_m wgmma sweep+pdl", wcfg, us, -1));
-                  if (us < row.wg_best_us) {
-                    row.wg_best_us = us;
-                    row.wg_best_cfg = wcfg;
-                  }
+          cfg_out = wcfg;
+          us_out = time_p(cuda::SmallMKernel::kWgmma, fw, fk, fs, 0, hf);
+          err_out = check_p(cuda::SmallMKernel::kWgmma, fw, fk, fs, 0, hf);
+          recs.push_back(make("fp8_small_m wgmma" + tag + " heur+pdl", wcfg, us_out, err_out));
+          best_us = us_out;
+          best_cfg = wcfg;
+          if (bench::env_or("DS_WG_SWEEP", "1") == "0") return;
+          const int64_t kb = s.k / 128;
+          for (int wgs : {1, 2})
+            for (int ks : splits)
+              for (int st : {4, 6}) {
+                const int64_t ctas = (s.n + 64 * wgs - 1) / (64 * wgs) * s.groups * ks;
+                if (ks > kb || (kb + ks - 1) / ks > 64 || ctas > 6 * dev.sm_count) continue;
+                if (wgs == wp.row_warps && ks == wp.k_split && st == wp.stages) continue;
+                const double us = time_p(cuda::SmallMKernel::kWgmma, wgs, ks, st, 0, hf);
+                std::snprintf(wcfg, sizeof wcfg, "wgmma wg=%d ks=%d st=%d", wgs, ks, st);
+                recs.push_back(make("fp8_small_m wgmma" + tag + " sweep+pdl", wcfg, us, -1));
+                if (us < best_us) {
+                  best_us = us;
+                  best_cfg = wcfg;
                 }
-          }
+              }
+        };
+        if (wgmma_ok) {
+          // DS_WG_CFG="wg,ks,stages" replaces the heuristic layout (profiling one layout).
+          int fw = 0, fk = 0, fs = 0;
+          std::sscanf(bench::env_or("DS_WG_CFG", "").c_str(), "%d,%d,%d", &fw, &fk, &fs);
+          wgmma_rows(false, fw, fk, fs, {1, 2, 4, 8}, "", row.wg_us, row.wg_err, row.wg_cfg,
+                     row.wg_best_us, row.wg_best_cfg);
         }
         if (bench::env_or("DS_BATCH_HF", "1") != "0") {
-          // hf numerics: the bf16 activations themselves (no quantization), small-M kAuto (kMma)
-          // against kWgmma's bf16 variant (heuristic layout, then the sweep's best).
-          auto hf = [&](int c, cuda::SmallMKernel kern, int rw, int ks, int st) {
-            cuda::Fp8SmallMParams p = params(c, kern, rw, ks, st, 0);
-            p.x_codes = nullptr;
-            p.x_scales = nullptr;
-            p.x_bf16 = in.x;
-            p.x_row_stride = gk;
-            return p;
-          };
-          auto time_hf = [&](cuda::SmallMKernel kern, int rw, int ks, int st) {
-            return bench::time_us(
-                       [&](cudaStream_t sm) {
-                         for (int c = 0; c < copies; ++c)
-                           ST_CHECK(cuda::launch_fp8_linear_small_m(hf(c, kern, rw, ks, st), sm));
-                       },
-                       stream, 20, 3, true) /
-                   copies;
-          };
-          auto check_hf = [&](cuda::SmallMKernel kern) {
-            DS_BENCH_CHECK(cudaMemsetAsync(y, 0xFF, size_t(m * gn) * 2, stream));
-            ST_CHECK(cuda::launch_fp8_linear_small_m(hf(0, kern, 0, 0, 0), stream));
-            DS_BENCH_CHECK(cudaStreamSynchronize(stream));
-            return check_error(w, hx, m, y, false, 3);
-          };
-          const cuda::Fp8SmallMPlan hp =
-              cuda::fp8_small_m_plan(hf(0, cuda::SmallMKernel::kAuto, 0, 0, 0), dev.sm_count);
+          // hf numerics: small-M kAuto (kMma) against kWgmma's bf16 variant.
+          const cuda::Fp8SmallMPlan hp = cuda::fp8_small_m_plan(
+              params(0, cuda::SmallMKernel::kAuto, 0, 0, 0, 0, true), dev.sm_count);
           char hcfg[128];
           std::snprintf(hcfg, sizeof hcfg, "mma rw=%d ks=%d", hp.row_warps, hp.k_split);
           row.hf_cfg = hcfg;
-          row.hf_us = time_hf(cuda::SmallMKernel::kAuto, 0, 0, 0);
-          row.hf_err = check_hf(cuda::SmallMKernel::kAuto);
+          row.hf_us = time_p(cuda::SmallMKernel::kAuto, 0, 0, 0, 0, true);
+          row.hf_err = check_p(cuda::SmallMKernel::kAuto, 0, 0, 0, 0, true);
           recs.push_back(make("fp8_small_m bf16-act heur+pdl", hcfg, row.hf_us, row.hf_err));
-          if (wgmma_ok) {
-            const cuda::Fp8SmallMPlan wp =
-                cuda::fp8_small_m_plan(hf(0, cuda::SmallMKernel::kWgmma, 0, 0, 0), dev.sm_count);
-            std::snprintf(hcfg, sizeof hcfg, "wgmma wg=%d ks=%d st=%d", wp.row_warps, wp.k_split,
-                          wp.stages);
-            row.hfwg_cfg = hcfg;
-            row.hfwg_us = time_hf(cuda::SmallMKernel::kWgmma, 0, 0, 0);
-            row.hfwg_err = check_hf(cuda::SmallMKernel::kWgmma);
-            recs.push_back(
-                make("fp8_small_m wgmma bf16-act heur+pdl", hcfg, row.hfwg_us, row.hfwg_err));
-            row.hfwg_best_us = row.hfwg_us;
-            row.hfwg_best_cfg = hcfg;
-            const int64_t kb = s.k / 128;
-            for (int wgs : {1, 2})
-              for (int ks : {1, 2, 4})
-                for (int st : {4, 6}) {
-                  const int64_t ctas = (s.n + 64 * wgs - 1) / (64 * wgs) * s.groups * ks;
-                  if (ks > kb || (kb + ks - 1) / ks > 64 || ctas > 6 * dev.sm_count) continue;
-                  if (wgs == wp.row_warps && ks == wp.k_split && st == wp.stages) continue;
-                  if (bench::env_or("DS_WG_SWEEP", "1") == "0") continue;
-                  const double us = time_hf(cuda::SmallMKernel::kWgmma, wgs, ks, st);
-                  std::snprintf(hcfg, sizeof hcfg, "wgmma wg=%d ks=%d st=%d", wgs, ks, st);
-                  recs.push_back(make("fp8_small_m wgmma bf16-act sweep+pdl", hcfg, us, -1));
-                  if (us < row.hfwg_best_us) {
-                    row.hfwg_best_us = us;
-                    row.hfwg_best_cfg = hcfg;
-                  }
-                }
-          }
+          if (wgmma_ok)
+            wgmma_rows(true, 0, 0, 0, {1, 2, 4}, " bf16-act", row.hfwg_us, row.hfwg_err,
+                       row.hfwg_cfg, row.hfwg_best_us, row.hfwg_best_cfg);
         }
         if (m >= 16) {
           // cuBLASLt block-scaled (GemmRunner's default path for M > 64) at the same M.

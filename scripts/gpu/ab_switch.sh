@@ -13,9 +13,9 @@ var="${2:?usage: ab_switch.sh OUT VAR [LAYERS] [STEPS]}"
 layers="${3:-4}"
 steps="${4:-40}"
 carry=/tmp/carry_ab
-rm -rf "$carry" && mkdir -p "$carry" "$out/logs" "$out/ab"
-xz -dc build/carry/backend.tar.xz | tar -C "$carry" -xf - || { echo "no carry"; exit 2; }
-export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+mkdir -p "$out/logs" "$out/ab"
+. scripts/gpu/unpack_bins.sh
+unpack_bins build/carry/backend.tar.xz "$carry" || { echo "no carry"; exit 2; }
 [ -f build/carry/COMMIT ] && export DS_COMMIT="$(cat build/carry/COMMIT)"
 export DEEPSERVE_CACHE_DIR=/dev/shm/deepserve-cache
 model=/dev/shm/flash$layers

@@ -16,8 +16,7 @@ cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/run_steps_out}"
 mkdir -p "$out"
 c=/tmp/carry_steps
-rm -rf "$c" && mkdir -p "$c" && xz -dc build/carry/backend.tar.xz | tar -C "$c" -xf -
-export LD_LIBRARY_PATH="$c/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. scripts/gpu/unpack_bins.sh && unpack_bins build/carry/backend.tar.xz "$c"
 [ -f build/carry/COMMIT ] && export DS_COMMIT="$(cat build/carry/COMMIT)"
 t0=$(date +%s)
 el() { echo $(( $(date +%s) - t0 )); }

@@ -14,8 +14,7 @@ cd "$(dirname "$0")/../../.."
 out="${1:-${OUT:-/tmp/h_gemm27_out}}"
 mkdir -p "$out"
 c=/tmp/c27
-rm -rf "$c" && mkdir -p "$c" && xz -dc "${BINS:?packed binaries}" | tar -C "$c" -xf -
-export LD_LIBRARY_PATH="$c/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. scripts/gpu/unpack_bins.sh && unpack_bins "${BINS:?packed binaries}" "$c"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv >"$out/gpu.txt"
 first="${GEMM_FIRST:-*Wgmma*:*RejectsBadShapes*}"
 timeout 240 "$c/test_gemm_cuda" --gtest_filter="$first" >"$out/test_first.log" 2>&1

@@ -9,8 +9,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 out="${1:?usage: events.sh OUT}"
 c=/tmp/carry_ev
-rm -rf "$c" && mkdir -p "$c" "$out/ev" && xz -dc build/carry/backend.tar.xz | tar -C "$c" -xf -
-export LD_LIBRARY_PATH="$c/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+mkdir -p "$out/ev"
+. scripts/gpu/unpack_bins.sh && unpack_bins build/carry/backend.tar.xz "$c"
 [ -f build/carry/COMMIT ] && export DS_COMMIT="$(cat build/carry/COMMIT)"
 export DEEPSERVE_CACHE_DIR=/dev/shm/deepserve-cache
 model=/dev/shm/flash4

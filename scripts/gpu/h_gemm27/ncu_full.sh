@@ -8,8 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 out="${1:?usage: ncu_full.sh OUT}"
 c=/tmp/c27n
-rm -rf "$c" && mkdir -p "$c" && xz -dc "${BINS:?packed binaries}" | tar -C "$c" -xf -
-export LD_LIBRARY_PATH="$c/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. scripts/gpu/unpack_bins.sh && unpack_bins "${BINS:?packed binaries}" "$c"
 run() {  # run NAME SHAPE M HF INSTANCE
   DS_WG_SWEEP=0 DS_BATCH_SHAPES="$2" DS_BATCH_M="$3" DS_BATCH_HF="$4" timeout 200 \
     ncu --clock-control none --set full --import-source no --kernel-name-base mangled \

@@ -17,8 +17,7 @@ cd "$(dirname "$0")/../../.."
 out="${1:-${OUT:-/tmp/h_moe18_out}}"
 mkdir -p "$out"
 c=/tmp/c18
-rm -rf "$c" && mkdir -p "$c" && xz -dc "${BINS:-build/c18/bins.tar.xz}" | tar -C "$c" -xf -
-export LD_LIBRARY_PATH="$c/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. scripts/gpu/unpack_bins.sh && unpack_bins "${BINS:-build/c18/bins.tar.xz}" "$c"
 export MOE_TEST_BIN="$c/test_moe_cuda" MOE_BENCH_BIN="$c/bench_moe"
 rc=0
 if [ "${SKIP_MOE:-0}" != 1 ]; then

@@ -17,7 +17,7 @@ cd "$(dirname "$0")/../../.."
 out="${1:-${OUT:-/tmp/h_moe25_out}}"
 mkdir -p "$out"
 c=/tmp/c25
-rm -rf "$c" && mkdir -p "$c" && xz -dc "${BINS:?packed binaries}" | tar -C "$c" -xf -
+. scripts/gpu/unpack_bins.sh && unpack_bins "${BINS:?packed binaries}" "$c"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv >"$out/gpu.txt"
 b=build/d-moe
 (cmake -S . -B $b -G Ninja -DDEEPSERVE_CUDA=ON -DDEEPSERVE_KERNELS_ONLY=ON \

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../../.."
 out="${1:-${OUT:-/tmp/h_moe25_short}}"
 mkdir -p "$out"
 c=/tmp/c44
-rm -rf "$c" && mkdir -p "$c" && xz -dc "${BINS:?packed binaries}" | tar -C "$c" -xf -
+. scripts/gpu/unpack_bins.sh && unpack_bins "${BINS:?packed binaries}" "$c"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv >"$out/gpu.txt"
 for i in $(seq "${AB_ROUNDS:-2}"); do
   echo "== bench_moe round $i"

@@ -15,7 +15,7 @@ cd "$(dirname "$0")/../../.."
 out="${1:-${OUT:-/tmp/h_moe26_out}}"
 mkdir -p "$out"
 c=/tmp/c26
-rm -rf "$c" && mkdir -p "$c" && xz -dc "${BINS:?packed binaries}" | tar -C "$c" -xf -
+. scripts/gpu/unpack_bins.sh && unpack_bins "${BINS:?packed binaries}" "$c"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv >"$out/gpu.txt"
 cases="${AB_CASES:-mxfp4:4096:0:0;mxfp4:4096:0:0:s8;mxfp4:4096:0:0:m;mxfp4:8192:0:0;mxfp4:8192:0:0:s8}"
 for i in $(seq "${AB_ROUNDS:-2}"); do

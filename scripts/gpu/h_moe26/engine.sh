@@ -8,8 +8,7 @@ cd "$(dirname "$0")/../../.."
 out="${1:-${OUT:-/tmp/h_moe26_engine}}"
 mkdir -p "$out"
 c=/tmp/c26e
-rm -rf "$c" && mkdir -p "$c" && xz -dc "${BINS:?packed binaries}" | tar -C "$c" -xf -
-export LD_LIBRARY_PATH="$c/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. scripts/gpu/unpack_bins.sh && unpack_bins "${BINS:?packed binaries}" "$c"
 nvidia-smi --query-gpu=name,driver_version --format=csv >>"$out/gpu.txt"
 timeout "${OPS_TIMEOUT:-300}" "$c/test_cuda_ops" ${OPS_FILTER:+--gtest_filter=$OPS_FILTER} \
   >"$out/test_cuda_ops.log" 2>&1
