@@ -137,8 +137,19 @@ constexpr int kIndexerWarps = 8;
 
 __global__ void __launch_bounds__(kIndexerWarps * 32)
     indexer_prepare_query_kernel(IndexerPrepareQueryParams p) {
+  // Block (token, group of kIndexerWarps heads), one warp per head: at decode sizes a token's 64
+  // heads are 8 blocks on 8 SMs instead of 8 heads after one another in each warp of one block.
   __shared__ float cos_table[kIndexerHeadDim / 2], sin_table[kIndexerHeadDim / 2];
   const int64_t token = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t h = int64_t(blockIdx.y) * kIndexerWarps + warp;
+  const bool has_head = h < p.num_heads;  // uniform over the warp
+  float4* slot =
+      reinterpret_cast<float4*>(p.q + token * p.token_stride + h * kIndexerHeadDim) + lane;
+  // The head's values are requested before the table's double sin/cos, so the two latencies
+  // overlap.
+  float4 raw = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (has_head) raw = *slot;
   const int64_t half = p.rope_dim / 2;
   const float pos = float(p.positions[token]);
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
@@ -149,13 +160,10 @@ __global__ void __launch_bounds__(kIndexerWarps * 32)
     sin_table[i] = float(s);
   }
   __syncthreads();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (!has_head) return;
   const int rope_start = int(kIndexerHeadDim - p.rope_dim);                 // even
   const float hadamard_scale = float(1.0 / sqrt(double(kIndexerHeadDim)));  // as the CPU's
-  for (int64_t h = warp; h < p.num_heads; h += kIndexerWarps) {             // uniform over the warp
-    float4* slot =
-        reinterpret_cast<float4*>(p.q + token * p.token_stride + h * kIndexerHeadDim) + lane;
-    const float4 raw = *slot;
+  {
     float v[4] = {raw.x, raw.y, raw.z, raw.w};  // values 4 * lane + j
     // RoPE (forward): pairs (2i, 2i+1) of the tail never straddle a lane's 4 values.
 #pragma unroll
@@ -383,7 +391,9 @@ void launch_simulate_fp8_kv(const SimulateFp8KvParams& p, cudaStream_t stream) {
 
 void launch_indexer_prepare_query(const IndexerPrepareQueryParams& p, cudaStream_t stream) {
   if (p.num_tokens <= 0 || p.num_heads <= 0) return;
-  indexer_prepare_query_kernel<<<unsigned(p.num_tokens), kIndexerWarps * 32, 0, stream>>>(p);
+  const dim3 grid(unsigned(p.num_tokens),
+                  unsigned((p.num_heads + kIndexerWarps - 1) / kIndexerWarps));
+  indexer_prepare_query_kernel<<<grid, kIndexerWarps * 32, 0, stream>>>(p);
 }
 
 void launch_indexer_scale_weights(float* w, int64_t num_tokens, int64_t num_heads, int64_t head_dim,
