@@ -55,8 +55,12 @@ std::string name(const Setup& s) {
 
 class CompressorHarness {
  public:
-  CompressorHarness(const Setup& s, int64_t num_seqs, uint64_t seed)
+  // pad > 0: kv and score reach the kernel side by side in rows of 2 width + pad floats (kv at
+  // column 0, score at column width + pad; CompressorParams::row_stride), as when a layer's
+  // projections run as one GEMM.
+  CompressorHarness(const Setup& s, int64_t num_seqs, uint64_t seed, int64_t pad = 0)
       : s_(s),
+        pad_(pad),
         rng_(seed),
         num_seqs_(num_seqs),
         cpu_states_(static_cast<size_t>(num_seqs)),
@@ -124,6 +128,17 @@ class CompressorHarness {
     }
     total_entries_ += entry_row;
     // GPU.
+    const int64_t stride = pad_ > 0 ? 2 * width_ + pad_ : width_;
+    if (pad_ > 0) {  // both in one buffer, the gaps poisoned with NaN
+      std::vector<float> both(size_t(std::max<int64_t>(rows, 1) * stride),
+                              std::numeric_limits<float>::quiet_NaN());
+      for (int64_t r = 0; r < rows; ++r) {
+        std::copy_n(kv.begin() + r * width_, width_, both.begin() + r * stride);
+        std::copy_n(score.begin() + r * width_, width_, both.begin() + r * stride + width_ + pad_);
+      }
+      kv = std::move(both);
+      score.clear();
+    }
     Dev<float> d_kv(kv.empty() ? std::vector<float>(1) : kv);
     Dev<float> d_score(score.empty() ? std::vector<float>(1) : score);
     Dev<cuda::CompressorSeq> d_seqs(seqs);
@@ -131,7 +146,8 @@ class CompressorHarness {
     ASSERT_EQ(d_entries.buf.poison(), cudaSuccess);
     cuda::CompressorParams p;
     p.kv = d_kv.get();
-    p.score = d_score.get();
+    p.score = pad_ > 0 ? d_kv.get() + width_ + pad_ : d_score.get();
+    p.row_stride = pad_ > 0 ? stride : 0;
     p.ape = d_ape_->get();
     p.seqs = d_seqs.get();
     p.num_seqs = num_seqs_;
@@ -221,6 +237,7 @@ class CompressorHarness {
   }
 
   Setup s_;
+  int64_t pad_ = 0;
   Rng rng_;
   int64_t num_seqs_;
   cpu::CompressorConfig cfg_;
@@ -232,8 +249,8 @@ class CompressorHarness {
 };
 
 // Prefill chunks of mixed sizes and starts for 4 sequences, then decode steps.
-void run_csa(const Setup& s, uint64_t seed, bool flash) {
-  CompressorHarness h(s, 4, seed);
+void run_csa(const Setup& s, uint64_t seed, bool flash, int64_t pad = 0) {
+  CompressorHarness h(s, 4, seed, pad);
   h.call({5, 3, 0, 64});               // partial windows, an empty sequence, whole windows
   h.call({37, 1, 16, 3});              // continue from mid-window starts
   if (flash) h.call({4096, 0, 1, 1});  // a prefill chunk next to decode steps
@@ -242,8 +259,8 @@ void run_csa(const Setup& s, uint64_t seed, bool flash) {
   EXPECT_GT(h.total_entries(), 30);
 }
 
-void run_hca(const Setup& s, uint64_t seed, bool flash) {
-  CompressorHarness h(s, 3, seed);
+void run_hca(const Setup& s, uint64_t seed, bool flash, int64_t pad = 0) {
+  CompressorHarness h(s, 3, seed, pad);
   h.call({127, 300, 1});  // sequence 0 stops one short of the first window
   h.call({1, 1, 126});    // 127 -> 128: sequence 0 emits from the ring alone
   for (int step = 0; step < 3; ++step) h.call({1, 1, 1});
@@ -284,6 +301,16 @@ TEST(CompressorCuda, FlashHca) {
   DS_REQUIRE_GPU();
   for (Mode m : {Mode::kRaw, Mode::kHf, Mode::kReference})
     run_hca({128, 512, Kind::kAttention, m}, 13, true);
+}
+
+// kv and score in shared wider rows (CompressorParams::row_stride), at both ratios and entry
+// kinds: the layout CudaOps::compress_layer hands over.
+TEST(CompressorCuda, StridedRows) {
+  DS_REQUIRE_GPU();
+  run_csa({4, 128, Kind::kAttention, Mode::kReference}, 21, false, 40);
+  run_csa({4, 128, Kind::kIndexer, Mode::kReference}, 22, false, 8);
+  run_hca({128, 128, Kind::kAttention, Mode::kReference}, 23, false, 16);
+  run_hca({128, 512, Kind::kAttention, Mode::kRaw}, 24, false, 8);
 }
 
 }  // namespace

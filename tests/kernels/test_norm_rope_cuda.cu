@@ -192,6 +192,28 @@ void check_rope(const RopeCase& c, uint64_t seed) {
   test::Diff d = c.round ? test::compare_bf16(got, want, 1) : test::compare(got, want, 1e-7, 1e-6);
   EXPECT_EQ(d.beyond, 0) << test::describe(d);
   EXPECT_LE(d.differ, std::max<int64_t>(1, d.count / 10000)) << test::describe(d);
+
+  // launch_rope_bf16 on the same values as bf16 bits (x is bf16-valued), in place: its fp32
+  // output must be launch_rope's bit for bit and its bf16 output those values' bits.
+  std::vector<uint16_t> bits(x.size());
+  for (size_t i = 0; i < x.size(); ++i) bits[i] = float_to_bf16(x[i]);
+  Dev<uint16_t> d_bits(bits);
+  Dev<float> d_y(x.size());
+  ASSERT_EQ(d_y.buf.poison(), cudaSuccess);
+  p.x = d_y.get();
+  ASSERT_TRUE(cuda::rope_bf16_supported(p, d_bits.get(), d_bits.get()));
+  cuda::launch_rope_bf16(p, d_bits.get(), d_bits.get(), nullptr);
+  DS_CUDA_ASSERT(cudaGetLastError());
+  DS_CUDA_ASSERT(cudaDeviceSynchronize());
+  const std::vector<float> got2 = d_y.host();
+  const std::vector<uint16_t> out_bits = d_bits.host();
+  int64_t differ = 0, bad_bits = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    differ += std::memcmp(&got2[i], &got[i], 4) != 0;
+    bad_bits += out_bits[i] != float_to_bf16(got2[i]);
+  }
+  EXPECT_EQ(differ, 0) << "launch_rope_bf16 against launch_rope";
+  EXPECT_EQ(bad_bits, 0) << "launch_rope_bf16's bf16 output against its fp32 output";
 }
 
 TEST(RopeCuda, TinyShapes) {

@@ -228,6 +228,13 @@ class DualOps final : public dsv4::Ops {
     gpu_->compress(slot, w, kind, f, h);
     cpu_.compress(slot, w, kind, f, host(h));
   }
+  void compress_layer(int64_t slot, const dsv4::CompressorWeights* iw,
+                      const cpu::CompressorFinishParams* ifp, const dsv4::CompressorWeights& w,
+                      const cpu::CompressorFinishParams& f, const float* h) override {
+    sync(h, rows() * w.wkv.in_features);
+    gpu_->compress_layer(slot, iw, ifp, w, f, h);  // CudaOps: one GEMM for both (decode sizes)
+    cpu_.compress_layer(slot, iw, ifp, w, f, host(h));
+  }
   void indexer_select(int64_t slot, const float* q, const float* w, int32_t* sel) override {
     // Selected sets are compared through the attention output (attend), not index by index:
     // near-tied scores may pick different entries on the two backends.

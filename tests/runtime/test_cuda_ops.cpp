@@ -413,6 +413,69 @@ TEST_F(CudaOpsTest, FusedWqaWkvMatchesCpu) {
   EXPECT_GE((*fused_ops)->graph_replays(), 30);
 }
 
+// CudaOpsOptions::fused_output_rope: attend de-rotates its output in the kernel that converts it
+// (launch_rope_bf16) and wo_a reads that kernel's bf16 bits, in place of bf16 -> fp32, the rope op
+// and fp32 -> bf16. The three launches compute the same values, so the logits are the separate
+// path's bit for bit (prefill chunks, graph-replayed decode steps); and both agree with the CPU.
+TEST_F(CudaOpsTest, FusedOutputRopeGivesTheSeparateOpsLogits) {
+  CudaOpsOptions o = ops_->options();
+  o.fused_output_rope = true;
+  auto fused_ops = CudaOps::create(tiny_model(), options_, o);
+  o.fused_output_rope = false;
+  auto plain_ops = CudaOps::create(tiny_model(), options_, o);
+  ASSERT_TRUE(fused_ops.ok() && plain_ops.ok());
+  EXPECT_TRUE((*fused_ops)->fuses_attend_inverse_rope());
+  EXPECT_FALSE((*plain_ops)->fuses_attend_inverse_rope());
+  Forward fused(&tiny_model(), options_, fused_ops->get());
+  Forward plain(&tiny_model(), options_, plain_ops->get());
+  const auto tokens = random_tokens(160, 89);
+  const auto schedule = prefill_then_decode(120, 40);
+  const std::vector<float> want = run_chunked(plain, tokens, schedule);
+  EXPECT_EQ(run_chunked(fused, tokens, schedule), want);
+  EXPECT_GE((*fused_ops)->graph_replays(), 30);
+  expect_like_cpu(options_, fused_ops->get(), "fused output rope, prefill 120 + decode 40",
+                  [&](const Forward& f) { return run_chunked(f, tokens, schedule); });
+}
+
+// CudaOpsOptions::fused_compress_max_tokens: every compressing layer's projections (CSA: the
+// indexer compressor's and the attention compressor's wkv / wgate; HCA: the attention
+// compressor's) also held as one bf16 weight, counted in weight_bytes(), and compress_layer's
+// single GEMM (strided rows into the compressor kernels) agreeing with the CPU as the separate
+// projections do: a 40-token prefill chunk and decode steps take it (<= 64 tokens), the 110-token
+// chunk takes the separate GEMMs; a chunked prefill crosses HCA entries on both paths.
+TEST_F(CudaOpsTest, FusedCompressorProjectionsMatchCpu) {
+  CudaOpsOptions o = ops_->options();
+  o.fused_compress_max_tokens = 64;
+  auto fused_ops = CudaOps::create(tiny_model(), options_, o);
+  o.fused_compress_max_tokens = 0;
+  auto plain_ops = CudaOps::create(tiny_model(), options_, o);
+  ASSERT_TRUE(fused_ops.ok() && plain_ops.ok());
+  const dsv4::ModelWeights& m = tiny_model();
+  int64_t compressing = 0, comp_bytes = 0;
+  auto count = [&](const dsv4::LayerWeights& L) {
+    if (L.compress_ratio == 0) return;
+    ++compressing;
+    comp_bytes += 2 * (L.compressor.wkv.out_features + L.compressor.wgate.out_features) *
+                  L.compressor.wkv.in_features;
+    if (L.kind == LayerKind::kCsa)
+      comp_bytes += 2 *
+                    (L.indexer_compressor.wkv.out_features +
+                     L.indexer_compressor.wgate.out_features) *
+                    L.indexer_compressor.wkv.in_features;
+  };
+  for (const dsv4::LayerWeights& L : m.layers) count(L);
+  for (const dsv4::MtpWeights& M : m.mtp) count(M.block);
+  ASSERT_GT(compressing, 0);
+  EXPECT_EQ((*fused_ops)->fused_compressors(), compressing);
+  EXPECT_EQ((*plain_ops)->fused_compressors(), 0);
+  EXPECT_GE((*fused_ops)->weight_bytes(), (*plain_ops)->weight_bytes() + size_t(comp_bytes));
+  const auto tokens = random_tokens(300, 97);
+  const std::vector<int64_t> schedule = {110, 40, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                         1,   1,  1, 1, 1, 1, 1, 1, 1, 1, 90, 1};
+  expect_like_cpu(options_, fused_ops->get(), "fused compressor projections, chunks + decode",
+                  [&](const Forward& f) { return run_chunked(f, tokens, schedule); });
+}
+
 // SequenceChunk::argmax_only and backend_sample on the GPU (CudaOps::argmax_rows / sample_rows:
 // the greedy or sampling kernel after the decode graph, 5 bytes per row to the host), alone and
 // mixed with chunks that take logits, prefill and graph-replayed decode steps, against the argmax

@@ -196,7 +196,7 @@ void Forward::attention(const LayerWeights& L, int64_t slot, int64_t N, const fl
   // §7.6 compressors: entries are emitted before any query of the step attends.
   if (L.compress_ratio != 0) {
     ComponentScope scope(ops_, Component::kCompressor);
-    auto compress = [&](const CompressorWeights& cw, cpu::CompressorKind kind, bool simulate) {
+    auto finish = [&](const CompressorWeights& cw, cpu::CompressorKind kind, bool simulate) {
       cpu::CompressorFinishParams fp;
       fp.kind = kind;
       fp.norm_weight = cw.norm.data();
@@ -204,12 +204,14 @@ void Forward::attention(const LayerWeights& L, int64_t slot, int64_t N, const fl
       fp.norm_eps = eps;
       fp.simulate_quantization = simulate;
       fp.round_bf16 = options_.round_bf16;
-      ops.compress(slot, cw, kind, fp, h);
+      return fp;
     };
-    if (csa) {
-      compress(L.indexer_compressor, cpu::CompressorKind::kIndexer, f.indexer_fp4_simulation);
-    }
-    compress(L.compressor, cpu::CompressorKind::kAttention, f.fp8_kv_simulation);
+    const cpu::CompressorFinishParams index_fp = finish(
+        L.indexer_compressor, cpu::CompressorKind::kIndexer, f.indexer_fp4_simulation);
+    const cpu::CompressorFinishParams attn_fp =
+        finish(L.compressor, cpu::CompressorKind::kAttention, f.fp8_kv_simulation);
+    ops.compress_layer(slot, csa ? &L.indexer_compressor : nullptr, csa ? &index_fp : nullptr,
+                       L.compressor, attn_fp, h);
   }
 
   // §7.7 top-k selection over the keys just updated.
@@ -229,16 +231,20 @@ void Forward::attention(const LayerWeights& L, int64_t slot, int64_t N, const fl
     ap.layer_slot = slot;
     ap.layer = &L;
     ap.softmax_scale = float(1.0 / std::sqrt(double(hd)));
+    ap.inverse_rope_output = ops.fuses_attend_inverse_rope();
     ops.attend(ap, q, kv, selected, o);
     round_elementwise_output(o, N * H * hd);
     ops.store_window(slot, kv, hd);
   }
 
-  // Inverse RoPE of the output, §7.8 grouped output projection; wo_a never quantizes its input.
+  // Inverse RoPE of the output (unless attend did it), §7.8 grouped output projection; wo_a never
+  // quantizes its input.
   {
     ComponentScope scope(ops_, Component::kAttentionProjections);
-    ops.rope(o, H, hd, rd, L.inv_freq.data(), cpu::RopeDirection::kInverse);
-    round_elementwise_output(o, N * H * hd);
+    if (!ops.fuses_attend_inverse_rope()) {
+      ops.rope(o, H, hd, rd, L.inv_freq.data(), cpu::RopeDirection::kInverse);
+      round_elementwise_output(o, N * H * hd);
+    }
     float* z = alloc(N * L.wo_a.out_features);  // [N, o_groups * o_lora_rank]
     ops.grouped_output_projection(o, c.o_groups, L.wo_a, z, options_.round_bf16);
     // Tensor parallel: each rank's wo_b saw only its groups' columns (sharding.h); the rounding

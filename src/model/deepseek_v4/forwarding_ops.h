@@ -109,6 +109,7 @@ class ForwardingOps : public Ops {
                       round);
   }
   bool fuses_norm_rope() const override { return inner_->fuses_norm_rope(); }
+  bool fuses_attend_inverse_rope() const override { return inner_->fuses_attend_inverse_rope(); }
   void indexer_prepare_query(float* q, int64_t heads, int64_t head_dim, int64_t rope_dim,
                              const float* inv_freq, bool fp4_simulation,
                              bool round_bf16) override {
@@ -159,6 +160,16 @@ class ForwardingOps : public Ops {
                 const cpu::CompressorFinishParams& finish, const float* h) override {
     before_op("compress");
     inner_->compress(layer_slot, weights, kind, finish, h);
+  }
+  // Passes through as one call, so that a fusing inner backend projects both compressors at once
+  // (a decorator that changes compress must override this too).
+  void compress_layer(int64_t layer_slot, const CompressorWeights* indexer,
+                      const cpu::CompressorFinishParams* indexer_finish,
+                      const CompressorWeights& attention,
+                      const cpu::CompressorFinishParams& attention_finish,
+                      const float* h) override {
+    before_op("compress");
+    inner_->compress_layer(layer_slot, indexer, indexer_finish, attention, attention_finish, h);
   }
   void indexer_select(int64_t layer_slot, const float* q_index, const float* w_index,
                       int32_t* selected) override {

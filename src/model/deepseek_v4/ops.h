@@ -58,6 +58,11 @@ struct AttendParams {
   int64_t layer_slot = 0;
   const LayerWeights* layer = nullptr;
   float softmax_scale = 0;  // 1 / sqrt(head_dim)
+  // §7.8's de-rotation of the output done by attend itself (o = inverse RoPE of the attention
+  // output at each token's position with the layer's inv_freq, rounded as the separate rope op
+  // rounds): only for a backend that fuses_attend_inverse_rope, and the forward then skips its
+  // rope call.
+  bool inverse_rope_output = false;
 };
 
 // One MoE site (§8): the router, experts and numerics flags of a layer.
@@ -269,6 +274,18 @@ class Ops {
   virtual void compress(int64_t layer_slot, const CompressorWeights& weights,
                         cpu::CompressorKind kind, const cpu::CompressorFinishParams& finish,
                         const float* h) = 0;
+  // A layer's compressors, all from the same h: the indexer's first when the layer has one
+  // (CSA), then the attention compressor, each as compress() does it (the default: two compress
+  // calls). A device backend may project both with one GEMM over their concatenated weights.
+  virtual void compress_layer(int64_t layer_slot, const CompressorWeights* indexer,
+                              const cpu::CompressorFinishParams* indexer_finish,
+                              const CompressorWeights& attention,
+                              const cpu::CompressorFinishParams& attention_finish,
+                              const float* h) {
+    if (indexer != nullptr)
+      compress(layer_slot, *indexer, cpu::CompressorKind::kIndexer, *indexer_finish, h);
+    compress(layer_slot, attention, cpu::CompressorKind::kAttention, attention_finish, h);
+  }
   // §7.7 top-k selection (CSA): each token scores the indexer keys visible to it (entries
   // w < (t + 1) / ratio) and keeps the best index_topk, ascending score order not required;
   // unused slots are -1.
@@ -283,6 +300,9 @@ class Ops {
   //   selected [num_tokens, index_topk] (CSA only, else nullptr), o [num_tokens, heads, head_dim]
   virtual void attend(const AttendParams& params, const float* q, const float* kv,
                       const int32_t* selected, float* o) = 0;
+  // Whether attend honours AttendParams::inverse_rope_output (a device backend de-rotates in the
+  // kernel that converts the attention output, and keeps its bf16 form for wo_a).
+  virtual bool fuses_attend_inverse_rope() const { return false; }
   // The step's kv vectors join each sequence's window ring.  kv [num_tokens, head_dim]
   virtual void store_window(int64_t layer_slot, const float* kv, int64_t head_dim) = 0;
 

@@ -451,6 +451,44 @@ Status CudaOps::register_weights() {
   for (const dsv4::LayerWeights& L : model_.layers) DS_RETURN_IF_ERROR(fuse_pair(L.wq_a, L.wkv));
   for (const dsv4::MtpWeights& M : model_.mtp)
     DS_RETURN_IF_ERROR(fuse_pair(M.block.wq_a, M.block.wkv));
+  // A layer's compressor projections concatenated (rows of the indexer compressor's wkv and
+  // wgate on CSA layers, then the attention compressor's), for compress_layer at decode sizes.
+  const bool fuse_comp =
+      opt_.fused_compress_max_tokens > 0 && !env_switched_off("DEEPSERVE_FUSED_COMPRESS");
+  auto fuse_compressors = [&](const dsv4::LayerWeights& L) -> Status {
+    if (!fuse_comp || L.compress_ratio == 0 || L.compressor.wkv.data == nullptr ||
+        fused_compress_.count(L.compressor.wkv.data) != 0)
+      return ok_status();
+    std::vector<const cpu::LinearWeight*> parts;
+    if (L.kind == LayerKind::kCsa) {
+      parts.push_back(&L.indexer_compressor.wkv);
+      parts.push_back(&L.indexer_compressor.wgate);
+    }
+    parts.push_back(&L.compressor.wkv);
+    parts.push_back(&L.compressor.wgate);
+    const int64_t k = L.compressor.wkv.in_features;
+    int64_t rows = 0;
+    for (const cpu::LinearWeight* w : parts) {
+      if (w->format != cpu::WeightFormat::kBF16 || w->data == nullptr || w->in_features != k ||
+          w->out_features % 8 != 0)
+        return ok_status();
+      rows += w->out_features;
+    }
+    DS_ASSIGN_OR_RETURN(void* dev, weights_.allocate_derived(size_t(rows * k) * 2));
+    auto* dst = static_cast<uint16_t*>(dev);
+    for (const cpu::LinearWeight* w : parts) {
+      const size_t n = size_t(w->out_features * k);
+      DS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, weights_.find(w->data), n * 2,
+                                              cudaMemcpyDeviceToDevice, stream_));
+      dst += n;
+    }
+    fused_compress_[L.compressor.wkv.data] = {
+        L.kind == LayerKind::kCsa ? L.indexer_compressor.wkv.data : nullptr,
+        static_cast<const uint16_t*>(dev), rows};
+    return ok_status();
+  };
+  for (const dsv4::LayerWeights& L : model_.layers) DS_RETURN_IF_ERROR(fuse_compressors(L));
+  for (const dsv4::MtpWeights& M : model_.mtp) DS_RETURN_IF_ERROR(fuse_compressors(M.block));
   DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return ok_status();
 }
@@ -464,6 +502,8 @@ Status CudaOps::init() {
   kernel_pdl_ = opt_.kernel_pdl && !env_switched_off("DEEPSERVE_GEMM_PDL");
   gemm_wgmma_ = opt_.gemm_wgmma && !env_switched_off("DEEPSERVE_GEMM_WGMMA");
   fused_norm_rope_ = opt_.fused_norm_rope && !env_switched_off("DEEPSERVE_FUSED_NORM_ROPE");
+  fused_output_rope_ =
+      opt_.fused_output_rope && !env_switched_off("DEEPSERVE_FUSED_OUTPUT_ROPE");
   moe_pdl_ = env_switch("DEEPSERVE_MOE_PDL", opt_.moe_pdl);
   sparse_mla_wgmma_ =
       opt_.sparse_mla_wgmma && !env_switched_off("DEEPSERVE_SPARSE_MLA_WGMMA") &&
@@ -980,6 +1020,7 @@ Status CudaOps::rollback(dsv4::SequenceState* state, bool mtp, int64_t q) {
 void CudaOps::begin_step(const StepPlan& plan) {
   const DeepSeekV4Config& c = config_;
   plan_ = &plan;
+  attend_out_ = {};
   error_ = ok_status();
   mode_ = Mode::kEager;
   step_ranges_.clear();
@@ -1525,8 +1566,12 @@ void CudaOps::grouped_output_projection(const float* o, int64_t groups,
                                         const cpu::LinearWeight& wo_a, float* z,
                                         bool round_output) {
   if (skip()) return;
+  // attend's bf16 form of this o, when it made one (inverse_rope_output): no conversion launch.
+  const int64_t n = step_->num_tokens * wo_a.in_features * groups;
+  const uint16_t* ob = attend_out_.f32 == o && attend_out_.n == n ? attend_out_.bf16 : nullptr;
+  attend_out_ = {};
   // §2: wo_a never quantizes its input. wo_a is [groups * o_lora_rank, heads * hd / groups].
-  (void)check(linear_impl(o, step_->num_tokens, wo_a, false, int(groups), z, round_output));
+  (void)check(linear_impl(o, step_->num_tokens, wo_a, false, int(groups), z, round_output, ob));
 }
 
 void CudaOps::rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
@@ -1852,11 +1897,7 @@ void CudaOps::all_reduce_sum(float* x, int64_t n) {
 void CudaOps::compress(int64_t slot, const dsv4::CompressorWeights& cw, cpu::CompressorKind kind,
                        const cpu::CompressorFinishParams& finish, const float* h) {
   if (skip() || step_->num_tokens == 0) return;
-  const StepData& st = *step_;
-  const int64_t N = st.num_tokens, ratio = cw.config.ratio, width = cw.config.width();
-  const int64_t d = cw.config.head_dim;
-  const bool indexer = kind == cpu::CompressorKind::kIndexer;
-  const LayerStore& ls = layers_[size_t(layer_index(slot))];
+  const int64_t N = step_->num_tokens, width = cw.config.width();
   const size_t mark = arena_.mark();
   float* ckv = scratch<float>(N * width);
   float* cscore = scratch<float>(N * width);
@@ -1867,6 +1908,64 @@ void CudaOps::compress(int64_t slot, const dsv4::CompressorWeights& cw, cpu::Com
   if (skip()) return;
   if (!check(linear_impl(h, N, cw.wkv, false, 1, ckv, false, hb)).ok()) return;
   if (!check(linear_impl(h, N, cw.wgate, false, 1, cscore, false, hb)).ok()) return;
+  compress_rows(slot, cw, kind, finish, ckv, cscore, width);
+  arena_.release(mark);
+}
+
+void CudaOps::compress_layer(int64_t slot, const dsv4::CompressorWeights* indexer,
+                             const cpu::CompressorFinishParams* indexer_finish,
+                             const dsv4::CompressorWeights& attention,
+                             const cpu::CompressorFinishParams& attention_finish, const float* h) {
+  if (skip() || step_->num_tokens == 0) return;
+  const int64_t N = step_->num_tokens;
+  auto it = fused_compress_.find(attention.wkv.data);
+  const bool fused = it != fused_compress_.end() && N <= opt_.fused_compress_max_tokens &&
+                     it->second.indexer == (indexer != nullptr ? indexer->wkv.data : nullptr);
+  if (!fused) {
+    Ops::compress_layer(slot, indexer, indexer_finish, attention, attention_finish, h);
+    return;
+  }
+  // One GEMM: y [N, rows] holds [indexer kv | indexer score |] kv | score side by side.
+  const FusedCompress& fc = it->second;
+  const size_t mark = arena_.mark();
+  float* y = scratch<float>(N * fc.rows);
+  if (skip()) return;
+  const int64_t hidden = attention.wkv.in_features;
+  const uint16_t* hb = to_bf16(h, N, hidden);
+  if (skip()) return;
+  cuda::Bf16LinearParams p;
+  p.w = fc.w;
+  p.out_features = fc.rows;
+  p.in_features = hidden;
+  p.num_tokens = N;
+  p.x = hb;
+  p.x_row_stride = hidden;
+  p.y = y;
+  p.y_type = cuda::OutType::kF32;
+  p.y_row_stride = fc.rows;
+  if (!check(gemm_->linear_bf16(p, stream_)).ok()) return;
+  int64_t col = 0;
+  if (indexer != nullptr) {
+    const int64_t w = indexer->config.width();
+    compress_rows(slot, *indexer, cpu::CompressorKind::kIndexer, *indexer_finish, y, y + w,
+                  fc.rows);
+    col = 2 * w;
+  }
+  compress_rows(slot, attention, cpu::CompressorKind::kAttention, attention_finish, y + col,
+                y + col + attention.config.width(), fc.rows);
+  arena_.release(mark);
+}
+
+void CudaOps::compress_rows(int64_t slot, const dsv4::CompressorWeights& cw,
+                            cpu::CompressorKind kind, const cpu::CompressorFinishParams& finish,
+                            const float* ckv, const float* cscore, int64_t row_stride) {
+  if (skip()) return;
+  const StepData& st = *step_;
+  const int64_t ratio = cw.config.ratio, width = cw.config.width();
+  const int64_t d = cw.config.head_dim;
+  const bool indexer = kind == cpu::CompressorKind::kIndexer;
+  const LayerStore& ls = layers_[size_t(layer_index(slot))];
+  const size_t mark = arena_.mark();
   if (st.any_log) {
     // Speculative checkpoint: keep this step's projected rows of the logging sequences.
     float* log = indexer ? ls.index_log : ls.log;
@@ -1878,8 +1977,16 @@ void CudaOps::compress(int64_t slot, const dsv4::CompressorWeights& cw, cpu::Com
       if (row < 0) continue;
       const StepPlan::Seq& s = plan_->seqs[size_t(i)];
       float* dst = log + int64_t(st.slots[size_t(i)]) * log_floats;
-      segs.push_back({ckv + s.begin * width, dst + row * width, s.count * width});
-      segs.push_back({cscore + s.begin * width, dst + (T + row) * width, s.count * width});
+      if (row_stride == width) {
+        segs.push_back({ckv + s.begin * width, dst + row * width, s.count * width});
+        segs.push_back({cscore + s.begin * width, dst + (T + row) * width, s.count * width});
+        continue;
+      }
+      for (int64_t r = 0; r < s.count; ++r) {  // rows of the fused projection: one per segment
+        segs.push_back({ckv + (s.begin + r) * row_stride, dst + (row + r) * width, width});
+        segs.push_back(
+            {cscore + (s.begin + r) * row_stride, dst + (T + row + r) * width, width});
+      }
     }
     if (!check(copy_segments(segs)).ok()) return;
   }
@@ -1889,6 +1996,7 @@ void CudaOps::compress(int64_t slot, const dsv4::CompressorWeights& cw, cpu::Com
   cuda::CompressorParams p;
   p.kv = ckv;
   p.score = cscore;
+  p.row_stride = row_stride;
   p.ape = weights_.get(cw.ape);
   p.seqs = indexer ? st.index_seqs[size_t(slot)] : st.comp_seqs[size_t(slot)];
   p.num_seqs = st.num_seqs;
@@ -1988,6 +2096,10 @@ void CudaOps::attend(const dsv4::AttendParams& params, const float* q, const flo
   const dsv4::LayerWeights& L = *params.layer;
   const LayerStore& ls = layers_[size_t(layer_index(params.layer_slot))];
   const int64_t N = st.num_tokens, H = c.num_attention_heads, hd = c.head_dim;
+  attend_out_ = {};
+  // With inverse_rope_output the bf16 output outlives this call (grouped_output_projection reads
+  // it): taken before the mark, it goes when the forward's attention scope releases.
+  uint16_t* ob = params.inverse_rope_output ? scratch<uint16_t>(N * H * hd) : nullptr;
   const size_t mark = arena_.mark();
 
   // The step's kv vectors join the window rings first: the ring has room for a whole chunk on
@@ -1999,7 +2111,7 @@ void CudaOps::attend(const dsv4::AttendParams& params, const float* q, const flo
   }
 
   uint16_t* qb = to_bf16(q, N * H, hd);
-  uint16_t* ob = scratch<uint16_t>(N * H * hd);
+  if (ob == nullptr) ob = scratch<uint16_t>(N * H * hd);
   if (skip()) return;
   cuda::SparseMlaParams p;
   p.q = qb;
@@ -2043,6 +2155,31 @@ void CudaOps::attend(const dsv4::AttendParams& params, const float* q, const flo
   p.pdl = kernel_pdl_;
   if (skip()) return;
   if (!check(cuda::launch_sparse_mla_decode(p, stream_)).ok()) return;
+  if (params.inverse_rope_output) {
+    cuda::RopeParams rp;
+    rp.x = o;
+    rp.inv_freq = weights_.get(L.inv_freq.data());
+    rp.positions = st.positions;
+    rp.num_tokens = N;
+    rp.num_heads = H;
+    rp.head_dim = hd;
+    rp.rope_dim = c.qk_rope_head_dim;
+    rp.token_stride = H * hd;
+    rp.inverse = true;
+    rp.round_bf16 = true;
+    if (cuda::rope_bf16_supported(rp, ob, ob)) {
+      // One kernel: o = inverse RoPE of the bf16 output, and its bf16 bits in place for wo_a.
+      cuda::launch_rope_bf16(rp, ob, ob, stream_);
+      if (!check(cuda_check(cudaGetLastError(), "launch_rope_bf16")).ok()) return;
+      attend_out_ = {o, ob, N * H * hd};
+    } else {
+      cuda::launch_bf16_to_f32(ob, N * H * hd, o, stream_);
+      cuda::launch_rope(rp, stream_);
+      if (!check(cuda_check(cudaGetLastError(), "launch_rope(attention output)")).ok()) return;
+    }
+    arena_.release(mark);
+    return;
+  }
   cuda::launch_bf16_to_f32(ob, N * H * hd, o, stream_);
   (void)check(cuda_check(cudaGetLastError(), "launch_bf16_to_f32"));
   arena_.release(mark);

@@ -104,6 +104,12 @@ struct CudaOpsOptions {
   // a split output for up to this many tokens (kernels/cuda/gemm/NOTES.md, session 14). 0: no
   // copy; DEEPSERVE_FUSED_QKV=0 in the environment also turns it off (an A/B switch).
   int64_t fused_pair_max_tokens = 16;
+  // A layer's compressor projections (CSA: the indexer compressor's wkv and wgate, then the
+  // attention compressor's; HCA: the attention compressor's) also held as one concatenated bf16
+  // weight ([2560, hidden] / [1024, hidden] at Flash: +21 / +8.4 MB per layer), which
+  // compress_layer runs as one GEMM for up to this many tokens. 0: no copy;
+  // DEEPSERVE_FUSED_COMPRESS=0 in the environment also turns it off (an A/B switch).
+  int64_t fused_compress_max_tokens = 64;
   // The small-M FP8 GEMMs and the sparse MLA kernel launch as programmatic dependents of the
   // previous kernel (their weights / addresses are read while it finishes; they wait before
   // reading its outputs). DEEPSERVE_GEMM_PDL=0 in the environment turns it off (A/B switch).
@@ -116,6 +122,11 @@ struct CudaOpsOptions {
   // The q and kv paths' RMSNorm, RoPE and FP8 simulation of kv as one launch each
   // (Ops::norm_rope). DEEPSERVE_FUSED_NORM_ROPE=0 turns it off (A/B switch).
   bool fused_norm_rope = true;
+  // attend de-rotates its own output (Ops::fuses_attend_inverse_rope): one kernel converts the
+  // attention kernel's bf16 output, applies the inverse RoPE and writes o plus its bf16 form,
+  // which the grouped wo_a reads (instead of bf16 -> fp32, rope, fp32 -> bf16: three launches).
+  // DEEPSERVE_FUSED_OUTPUT_ROPE=0 turns it off (A/B switch).
+  bool fused_output_rope = true;
   // Sparse MLA decode on the sm_90a wgmma kernel (64-key tiles) where the device is compute
   // capability 9.0, the shape allows it (head_dim 512, a multiple of 64 heads) and the step has
   // enough query tokens (cuda::sparse_mla_wgmma_preferred: >= 8 at 64 heads); the mma.sync kernel
@@ -145,6 +156,9 @@ class CudaOps final : public dsv4::Ops {
   int64_t tiled_fp8_weights() const { return int64_t(fp8_tiled_.size()); }
   // Layers (main and MTP) whose wq_a and wkv are also held concatenated (fused_pair_max_tokens).
   int64_t fused_pairs() const { return int64_t(fused_pairs_.size()); }
+  // Layers (main and MTP) whose compressor projections are also held concatenated
+  // (fused_compress_max_tokens).
+  int64_t fused_compressors() const { return int64_t(fused_compress_.size()); }
   const CudaOpsOptions& options() const { return opt_; }
   cudaStream_t stream() const { return stream_; }
   // KV pages: 256 token positions each (kPageTokens); total, free, held by `state` (0 when it has
@@ -221,6 +235,7 @@ class CudaOps final : public dsv4::Ops {
                  float eps, int64_t rope_dim, const float* inv_freq, bool simulate_fp8,
                  bool round) override;
   bool fuses_norm_rope() const override { return fused_norm_rope_; }
+  bool fuses_attend_inverse_rope() const override { return fused_output_rope_; }
   void indexer_prepare_query(float* q, int64_t heads, int64_t head_dim, int64_t rope_dim,
                              const float* inv_freq, bool fp4_simulation, bool round_bf16) override;
   void indexer_scale_weights(float* w, int64_t heads, int64_t head_dim) override;
@@ -245,6 +260,13 @@ class CudaOps final : public dsv4::Ops {
   void compress(int64_t layer_slot, const dsv4::CompressorWeights& weights,
                 cpu::CompressorKind kind, const cpu::CompressorFinishParams& finish,
                 const float* h) override;
+  // One bf16 GEMM for the layer's compressor projections at <= fused_compress_max_tokens tokens
+  // where the concatenated weight is held; two compress calls otherwise.
+  void compress_layer(int64_t layer_slot, const dsv4::CompressorWeights* indexer,
+                      const cpu::CompressorFinishParams* indexer_finish,
+                      const dsv4::CompressorWeights& attention,
+                      const cpu::CompressorFinishParams& attention_finish,
+                      const float* h) override;
   void indexer_select(int64_t layer_slot, const float* q_index, const float* w_index,
                       int32_t* selected) override;
   void attend(const dsv4::AttendParams& params, const float* q, const float* kv,
@@ -301,6 +323,11 @@ class CudaOps final : public dsv4::Ops {
   // FP8 KV entries of rows [num_rows, head_dim] into `pool` through `page_table` (a row per
   // slot, `stride` entries): row r to entry row_index[r] of the sequence in slot row_slot[r]
   // (a row_index of -1 skips it).
+  // compress's part after the projections: the speculative log, the pooling / finishing kernels
+  // and the packing of emitted entries. ckv / cscore: [num_tokens, row_stride] (>= width).
+  void compress_rows(int64_t slot, const dsv4::CompressorWeights& cw, cpu::CompressorKind kind,
+                     const cpu::CompressorFinishParams& finish, const float* ckv,
+                     const float* cscore, int64_t row_stride);
   Status pack_kv(const float* rows, int64_t num_rows, const int32_t* row_slot,
                  const int32_t* row_index, uint8_t* pool, const int32_t* page_table,
                  int64_t stride, int64_t page_size, int64_t page_bytes, const char* what);
@@ -329,10 +356,28 @@ class CudaOps final : public dsv4::Ops {
     const float* scale_f32 = nullptr;
   };
   std::unordered_map<const void*, FusedPair> fused_pairs_;
+  // A layer's compressor projections concatenated (fused_compress_max_tokens), keyed by the
+  // attention compressor's wkv host data: rows [indexer wkv, indexer wgate,] wkv, wgate.
+  struct FusedCompress {
+    const void* indexer = nullptr;  // the indexer compressor's wkv host data (CSA), else null
+    const uint16_t* w = nullptr;    // [rows, hidden] bf16
+    int64_t rows = 0;
+  };
+  std::unordered_map<const void*, FusedCompress> fused_compress_;
   bool kernel_pdl_ = true;  // CudaOpsOptions::kernel_pdl, unless DEEPSERVE_GEMM_PDL=0
   bool gemm_wgmma_ = true;  // CudaOpsOptions::gemm_wgmma, unless DEEPSERVE_GEMM_WGMMA=0
   // Ops::fuses_norm_rope: CudaOpsOptions::fused_norm_rope, unless DEEPSERVE_FUSED_NORM_ROPE=0
   bool fused_norm_rope_ = true;
+  bool fused_output_rope_ = true;  // CudaOpsOptions::fused_output_rope, unless the env switch
+  // The last attend's de-rotated output in bf16 (inverse_rope_output), in the forward's arena
+  // until its attention scope ends: grouped_output_projection reads it for that o (and forgets
+  // it); begin_step and every attend reset it.
+  struct AttendOut {
+    const float* f32 = nullptr;
+    const uint16_t* bf16 = nullptr;
+    int64_t n = 0;
+  };
+  AttendOut attend_out_;
   // CudaOpsOptions::sparse_mla_wgmma on a device and shape that run it, unless
   // DEEPSERVE_SPARSE_MLA_WGMMA=0.
   bool sparse_mla_wgmma_ = false;

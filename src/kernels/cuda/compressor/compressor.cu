@@ -23,15 +23,15 @@ struct SlotReader {
   const float* ape;
   const float* ring_kv;
   const float* ring_score;
-  int64_t row, start, open_start, ratio, width;
+  int64_t row, start, open_start, ratio, width, stride;
   bool overlap;
 
   __device__ void load(int64_t pos, int64_t col, float& kv_out, float& score_out) const {
     const int64_t phase = pos & (ratio - 1);  // ratio is a power of two; right for pos < 0 too
     if (pos >= start) {
       const int64_t r = row + pos - start;
-      kv_out = kv[r * width + col];
-      score_out = score[r * width + col] + ape[phase * width + col];
+      kv_out = kv[r * stride + col];
+      score_out = score[r * stride + col] + ape[phase * width + col];
     } else {
       const int64_t rr = (overlap && pos >= open_start) ? ratio + phase : phase;
       kv_out = ring_kv[rr * width + col];
@@ -53,9 +53,10 @@ __global__ void __launch_bounds__(kMaxHeadDim) compressor_entry_kernel(Compresso
   const int64_t w = first_w + blockIdx.x;
   if (w >= end_w) return;  // uniform over the block
   const int c = threadIdx.x;
+  const int64_t stride = p.row_stride > 0 ? p.row_stride : width;
   SlotReader rd{p.kv,   p.score, p.ape,           s.state, s.state + state_rows * width,
                 s.row,  s.start, first_w * ratio, ratio,   width,
-                overlap};
+                stride, overlap};
 
   float v;
   if (overlap) {
@@ -175,10 +176,11 @@ __global__ void compressor_ring_kernel(CompressorParams p) {
   float* ring_score = s.state + state_rows * width;
   const int64_t end = s.start + s.count;
   const int64_t open_end = end / ratio * ratio;  // first position of the window open at the end
+  const int64_t stride = p.row_stride > 0 ? p.row_stride : width;
   auto chunk = [&](int64_t pos, float& kv_out, float& score_out) {
     const int64_t r = s.row + pos - s.start;
-    kv_out = p.kv[r * width + col];
-    score_out = p.score[r * width + col] + p.ape[(pos & (ratio - 1)) * width + col];
+    kv_out = p.kv[r * stride + col];
+    score_out = p.score[r * stride + col] + p.ape[(pos & (ratio - 1)) * width + col];
   };
   // CSA: a window completed in this call becomes the previous window (rows 0..3). Read it (from
   // the call or the ring's current rows) before the current rows are overwritten below.

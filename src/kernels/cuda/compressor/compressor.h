@@ -39,6 +39,9 @@ enum class CompressorEntryKind : uint8_t {
 struct CompressorParams {
   const float* kv = nullptr;            // [rows, width] projected kv of every token of the call
   const float* score = nullptr;         // [rows, width] projected score (without ape)
+  // Floats between consecutive rows of kv and of score (>= width; 0: width). A layer's
+  // compressor projections done as one GEMM leave them side by side in wider rows.
+  int64_t row_stride = 0;
   const float* ape = nullptr;           // [ratio, width]
   const CompressorSeq* seqs = nullptr;  // [num_seqs] device memory
   int64_t num_seqs = 0;

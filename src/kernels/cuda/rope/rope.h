@@ -31,4 +31,16 @@ struct RopeParams {
 // is rotated. No allocation, no host sync, graph-capturable.
 void launch_rope(const RopeParams& params, cudaStream_t stream);
 
+// The same rotation for an input held as bf16 bits (the attention kernel's output): reads
+// src [num_tokens, token_stride] bf16, writes every dim of x (fp32; the unrotated dims as they
+// are, the rotated slice as launch_rope computes it) and, when dst is not null, the same values
+// as bf16 bits (dst may be src: in place). With round_bf16 the two outputs hold the same values,
+// the bits launch_rope + a f32 -> bf16 conversion would give. Needs head_dim, rope_dim and
+// token_stride multiples of 8 and 16-byte aligned x, src and dst. Blocks of 256 threads take 256
+// 8-dim vectors of one token, so one token spreads over num_heads * head_dim / 2048 blocks.
+// (rope_bf16_supported says whether a shape qualifies.)
+bool rope_bf16_supported(const RopeParams& params, const void* src, const void* dst);
+void launch_rope_bf16(const RopeParams& params, const uint16_t* src, uint16_t* dst,
+                      cudaStream_t stream);
+
 }  // namespace ds::cuda
