@@ -4,7 +4,8 @@
 #   2. deepserve profile --graphs of a Flash 4-layer checkpoint at context 512, B in AB_B (default
 #      "1 64"), alternating the new paths on (default) / off (AB_OFF, default
 #      "DEEPSERVE_FUSED_COMPRESS=0 DEEPSERVE_FUSED_OUTPUT_ROPE=0"), AB_ROUNDS rounds (default 2);
-#   3. KB batches: ncu per-kernel breakdown of a step (kernels_summary.py), default "1".
+#   3. EV_B batches: event-timed component profiles (everything on); OPS=1: bench_ops;
+#   4. KB batches: ncu per-kernel breakdown of a step (kernels_summary.py), default "1".
 # Binaries: build/carry/backend.tar.xz (deepserve, bench_ops and the three test binaries).
 #   scripts/gpu/h_step28/call.sh OUT
 set -uo pipefail
@@ -39,6 +40,17 @@ for b in ${AB_B-1 64}; do
     done
   done
 done
+for b in ${EV_B-}; do  # event-timed components, everything on
+  name="profile_flash4_b${b}_c512_graphs_events"
+  timeout 120 "$c/deepserve" profile --device cuda --model "$model" --batch "$b" --context 512 \
+    --steps 40 --warmup 5 --graphs --event-timing --output "$out/ab/$name.json" \
+    >"$out/logs/$name.log" 2>&1
+  summary+=("events B=$b rc=$? $(grep -E '^step' "$out/logs/$name.log" | head -1)")
+done
+if [ "${OPS:-0}" = 1 ]; then
+  timeout 200 "$c/bench_ops" "$out/ops.json" >"$out/logs/bench_ops.log" 2>&1
+  summary+=("bench_ops rc=$? $(grep -E '^compressor_hca' "$out/logs/bench_ops.log" | head -3 | tr -s ' ' | tr '\n' ';')")
+fi
 for b in ${KB-1}; do
   timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
     "$c/deepserve" profile --device cuda --model "$model" --batch "$b" --context 512 \

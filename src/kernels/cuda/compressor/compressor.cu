@@ -9,6 +9,10 @@
 // sequence reads what the new previous-window rows need before writing any row.
 #include <algorithm>
 
+#include <cooperative_groups.h>
+
+#include "kernels/cuda/common/device_caps.h"
+#include "kernels/cuda/common/func_attributes.h"
 #include "kernels/cuda/compressor/compressor.h"
 #include "kernels/cuda/norm/device_util.cuh"
 
@@ -164,6 +168,138 @@ __global__ void __launch_bounds__(kMaxHeadDim) compressor_entry_kernel(Compresso
   p.entries[(s.entry_row + w - first_w) * d + c] = v;
 }
 
+// HCA entries (ratio 128, attention kind or raw): a cluster of d / 64 CTAs per entry, rank r
+// owning channels [64 r, 64 r + 64). The CTA's 256 threads load the window's 128 slots x 64
+// channels of kv and score into shared memory at once (one latency instead of 24 dependent
+// batches), evaluate every exp and weight in parallel, and one thread per channel runs the three
+// reductions over the slots in the reference's order from shared memory (max, sum of exp,
+// weighted sum: compressor_entry_kernel's arithmetic, so the pooled values are its bits). The
+// finish is compressor_entry_kernel's too: its RMSNorm sum is block_sum's over d / 32 warps,
+// reproduced with the warps' sums exchanged through distributed shared memory (rank order =
+// warp order), RoPE through the lane shuffle, FP8 blocks of 64 = one rank.
+constexpr int kHcaSlots = 128;
+constexpr int kHcaChannels = 64;  // per rank
+constexpr int kHcaThreads = 256;
+constexpr int kHcaMaxRanks = kMaxHeadDim / kHcaChannels / 2;  // 8: d <= 512 (portable clusters)
+constexpr int kHcaSmemBytes = 2 * kHcaSlots * kHcaChannels * int(sizeof(float));
+
+__global__ void __launch_bounds__(kHcaThreads) compressor_hca_entry_kernel(CompressorParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  extern __shared__ float hca_smem[];
+  float* kv_s = hca_smem;                              // [slot][channel]
+  float* w_s = hca_smem + kHcaSlots * kHcaChannels;    // score, then exp, then weight
+  __shared__ float col_max[kHcaChannels], col_sum[kHcaChannels];
+  __shared__ float warp_ss[2 * kHcaMaxRanks];         // every rank's two warp sums of v^2
+  __shared__ float warp_amax[2];
+  cg::cluster_group cluster = cg::this_cluster();
+  const int ranks = int(cluster.num_blocks());
+  const int rank = int(cluster.block_rank());
+  const CompressorSeq s = p.seqs[blockIdx.y];
+  const int64_t ratio = p.ratio, d = p.head_dim, width = d;
+  const int64_t first_w = s.start / ratio, end_w = (s.start + s.count) / ratio;
+  const int64_t w = first_w + blockIdx.x / ranks;
+  if (w >= end_w) return;  // uniform over the cluster
+  const int64_t stride = p.row_stride > 0 ? p.row_stride : width;
+  SlotReader rd{p.kv,   p.score, p.ape,           s.state, s.state + ratio * width,
+                s.row,  s.start, first_w * ratio, ratio,   width,
+                stride, false};
+  const int tid = int(threadIdx.x);
+  const int64_t c0 = int64_t(rank) * kHcaChannels, p0 = w * ratio;
+  // Loads: thread t takes channel t % 64 of slots t / 64, t / 64 + 4, ... (a warp reads 32
+  // consecutive channels of one slot: 128-byte pieces).
+  {
+    constexpr int kPer = kHcaSlots * kHcaChannels / kHcaThreads;  // 32
+    const int ch = tid % kHcaChannels, s0 = tid / kHcaChannels;
+    float kvv[kPer], scv[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) rd.load(p0 + s0 + 4 * i, c0 + ch, kvv[i], scv[i]);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      kv_s[(s0 + 4 * i) * kHcaChannels + ch] = kvv[i];
+      w_s[(s0 + 4 * i) * kHcaChannels + ch] = scv[i];
+    }
+  }
+  __syncthreads();
+  if (tid < kHcaChannels) {
+    float m = -INFINITY;
+#pragma unroll 32  // the loads of 32 slots in flight, then the dependent chain
+    for (int i = 0; i < kHcaSlots; ++i) {
+      const float v = w_s[i * kHcaChannels + tid];
+      m = m < v ? v : m;
+    }
+    col_max[tid] = m;
+  }
+  __syncthreads();
+  for (int i = tid; i < kHcaSlots * kHcaChannels; i += kHcaThreads)
+    w_s[i] = ops::exp_f32(w_s[i] - col_max[i % kHcaChannels]);
+  __syncthreads();
+  if (tid < kHcaChannels) {
+    float sum = 0.0f;
+#pragma unroll 32
+    for (int i = 0; i < kHcaSlots; ++i) sum += w_s[i * kHcaChannels + tid];
+    col_sum[tid] = sum;
+  }
+  __syncthreads();
+  for (int i = tid; i < kHcaSlots * kHcaChannels; i += kHcaThreads)
+    w_s[i] = w_s[i] / col_sum[i % kHcaChannels];
+  __syncthreads();
+  const bool chan = tid < kHcaChannels;  // warps 0 and 1: one channel per thread from here
+  const int lane = tid & 31, warp = tid >> 5;
+  const int64_t c = c0 + tid;
+  float v = 0.0f;
+  if (chan) {
+    float acc = 0.0f;
+#pragma unroll 32
+    for (int i = 0; i < kHcaSlots; ++i)
+      acc = __fadd_rn(acc, __fmul_rn(kv_s[i * kHcaChannels + tid], w_s[i * kHcaChannels + tid]));
+    v = acc;
+  }
+  if (p.finish) {
+    if (chan && p.round_bf16) v = ops::round_bf16(v);
+    // block_sum(v * v) of the d-thread kernel: warp sums (the same 32 channels per warp), then
+    // the d / 32 warp sums in warp order by one warp.
+    if (chan) {
+      const float ws = ops::warp_sum(v * v);
+      if (lane == 0) {
+        for (int q = 0; q < ranks; ++q)
+          cluster.map_shared_rank(warp_ss, q)[2 * rank + warp] = ws;
+      }
+    }
+    cluster.sync();
+    if (!chan) return;
+    const int num_warps = 2 * ranks;
+    const float ss = ops::warp_sum(lane < num_warps ? warp_ss[lane] : 0.0f);
+    const int64_t rope_dim = p.rope_dim, nope = d - rope_dim;
+    const float r = 1.0f / sqrtf(ss / float(d) + p.norm_eps);
+    v = __fmul_rn(__fmul_rn(v, r), p.norm_weight[c]);
+    if (p.round_bf16) v = ops::round_bf16(v);
+    const float partner = __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+    if (c >= nope) {
+      const int64_t i = (c - nope) / 2;
+      const float angle = float(ratio * w) * p.inv_freq[i];
+      double sd, cd;
+      sincos(double(angle), &sd, &cd);
+      const float cs = float(cd), sn = float(sd);
+      if (((c - nope) & 1) == 0)
+        v = __fsub_rn(__fmul_rn(v, cs), __fmul_rn(partner, sn));
+      else
+        v = __fadd_rn(__fmul_rn(partner, sn), __fmul_rn(v, cs));
+      if (p.round_bf16) v = ops::round_bf16(v);
+    }
+    if (p.simulate_quantization) {  // attention kind: this rank's 64 channels are one block
+      const float a = ops::warp_max(fabsf(v));
+      if (lane == 0) warp_amax[warp] = a;
+      asm volatile("bar.sync 1, 64;" ::: "memory");
+      if (c < nope) v = ops::fp8_simulate(v, fmaxf(warp_amax[0], warp_amax[1]));
+    }
+  } else if (!chan) {
+    return;
+  }
+  p.entries[(s.entry_row + w - first_w) * d + c] = v;
+#endif
+}
+
 __global__ void compressor_ring_kernel(CompressorParams p) {
   const CompressorSeq s = p.seqs[blockIdx.y];
   const int64_t ratio = p.ratio, d = p.head_dim;
@@ -230,7 +366,28 @@ void launch_compressor(const CompressorParams& p, cudaStream_t stream) {
   if (p.num_seqs <= 0) return;
   const int64_t width = (p.ratio == 4 ? 2 : 1) * p.head_dim;
   const int64_t max_entries = p.max_count / p.ratio + 1;
-  if (p.max_count > 0) {
+  const int ranks = int(p.head_dim / kHcaChannels);
+  const bool hca_cluster =
+      p.ratio == kHcaSlots && (!p.finish || p.kind == CompressorEntryKind::kAttention) &&
+      p.head_dim % kHcaChannels == 0 && ranks >= 1 && ranks <= kHcaMaxRanks &&
+      (p.rope_dim <= 0 || (p.head_dim - p.rope_dim) % kHcaChannels == 0) &&
+      device_has_clusters() &&
+      ensure_max_dynamic_smem(compressor_hca_entry_kernel, kHcaSmemBytes) == cudaSuccess;
+  if (p.max_count > 0 && hca_cluster) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(max_entries * ranks), unsigned(p.num_seqs));
+    cfg.blockDim = dim3(kHcaThreads);
+    cfg.dynamicSmemBytes = kHcaSmemBytes;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(ranks);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    (void)cudaLaunchKernelEx(&cfg, compressor_hca_entry_kernel, p);
+  } else if (p.max_count > 0) {
     compressor_entry_kernel<<<dim3(unsigned(max_entries), unsigned(p.num_seqs)),
                               unsigned(p.head_dim), 0, stream>>>(p);
   }

@@ -17,13 +17,13 @@
 // fused in, the ranks exchange their sums of u^2 (one mbarrier arrival per rank) and normalize
 // the values they wrote.
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 
 #include <cooperative_groups.h>
 
 #include "kernels/cuda/mhc/mhc.h"
 #include "core/env.h"
+#include "kernels/cuda/common/device_caps.h"
 #include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/norm/device_util.cuh"
 #include "kernels/cuda/norm/norm.h"
@@ -518,23 +518,6 @@ __global__ void __launch_bounds__(fused_warps(kT) * 32 + 32) mhc_fused_kernel(Fu
   }
   asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
 #endif
-}
-
-// Whether the current device launches thread-block clusters (compute capability 9.0+); one
-// cached attribute query per device.
-bool device_has_clusters() {
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> known[kMaxDevices] = {};  // 0: not queried, 1: no, 2: yes
-  int v = device < kMaxDevices ? known[device].load(std::memory_order_relaxed) : 0;
-  if (v == 0) {
-    int attr = 0;
-    if (cudaDeviceGetAttribute(&attr, cudaDevAttrClusterLaunch, device) != cudaSuccess) attr = 0;
-    v = attr ? 2 : 1;
-    if (device < kMaxDevices) known[device].store(v, std::memory_order_relaxed);
-  }
-  return v == 2;
 }
 
 bool fused_shape_ok(int64_t dim) {
