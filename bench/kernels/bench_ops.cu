@@ -332,13 +332,11 @@ void bench_mhc(Ctx& c, int64_t n) {
   std::vector<float> base = randn(rng, size_t(mixes), 0.5f), scale = {0.8f, 1.1f, 0.9f};
   std::vector<float> o = randn(rng, size_t(n * kD));
   Frees f;
-  // mhc_pre: the default path (the wide launch at <= 4 tokens, the cluster launch up to 64) and,
-  // at decode sizes, the split-K kernels and the cluster launch (A/B).
-  unsigned int* counter = f(dev_alloc<unsigned int>(1));
-  DS_BENCH_CHECK(cudaMemset(counter, 0, sizeof(unsigned int)));
-  // Variant 3 (diagnostic): path 0 with one Sinkhorn round instead of 20 (what the rest costs).
-  for (int variant : {0, 1, 2, 3}) {
-    const int path = variant == 3 ? 0 : variant;
+  // mhc_pre: the default path and, at decode sizes, the split-K kernels it replaces (A/B), and
+  // (variant 2, diagnostic) the default path with one Sinkhorn round instead of 20: what the
+  // rest of the launch costs.
+  for (int variant : {0, 1, 2}) {
+    const int path = variant == 2 ? 0 : variant;
     if (variant != 0 && n > 64) break;
     const double bytes =
         double(n * hcd) * 4 + double(mixes * hcd) * 4 + double(n * kD) * 4 + n * 80.0;
@@ -366,8 +364,7 @@ void bench_mhc(Ctx& c, int64_t n) {
       p.dim = kD;
       p.round_bf16 = true;
       p.path = path;
-      p.counter = counter;
-      if (variant == 3) p.sinkhorn_iters = 1;
+      if (variant == 2) p.sinkhorn_iters = 1;
       cuda::launch_mhc_pre(p, s);
     };
     auto check = [&] {
@@ -376,7 +373,7 @@ void bench_mhc(Ctx& c, int64_t n) {
       const int64_t tokens = std::min<int64_t>(n, 2);
       cpu::MhcConfig cfg;
       cfg.dim = kD;
-      if (variant == 3) cfg.sinkhorn_iters = 1;
+      if (variant == 2) cfg.sinkhorn_iters = 1;
       std::vector<float> u(static_cast<size_t>(tokens * kD)), post(static_cast<size_t>(tokens * 4)),
           comb(static_cast<size_t>(tokens * 16));
       cpu::mhc_pre(cfg, {fn.data(), base.data(), scale.data()}, x.data(), tokens, u.data(),
@@ -386,7 +383,6 @@ void bench_mhc(Ctx& c, int64_t n) {
     run_case(c,
              variant == 0   ? "mhc_pre"
              : variant == 1 ? "mhc_pre split-K"
-             : variant == 2 ? "mhc_pre cluster"
                             : "mhc_pre 1 Sinkhorn round",
              std::to_string(n) + "x4x4096 (24 mixes)", graph, copies, bytes,
              2.0 * double(n) * double(mixes + 1) * hcd + 2.0 * double(n * hcd), launch, check,

@@ -1,9 +1,8 @@
 // mHC on the GPU against the CPU reference (ds::cpu::mhc_pre / mhc_post / mhc_head) on fresh
 // random inputs at tiny (dim 256) and DeepSeek-V4-Flash (dim 4096) shapes, 1..4096 tokens,
 // outputs poisoned (NaN) before each run. mhc_pre / mhc_head have two paths (split-K kernels and,
-// at decode sizes, one cluster launch), mhc_pre a third at <= 4 tokens (one wide launch whose
-// last CTA finishes); all are checked against the CPU at both kinds of sizes, and a second
-// launch must give the same bits (each path is deterministic).
+// at decode sizes, one cluster launch); both are checked against the CPU at both kinds of sizes,
+// and a second launch must give the same bits (each path is deterministic).
 //
 // Tolerances:
 //  - post / comb / pre-derived values: 2e-5 absolute. The mixes are fp32 dots over hc*dim = 16384
@@ -133,7 +132,6 @@ void check_pre(int64_t tokens, int64_t dim, bool round, uint64_t seed, int path 
   Dev<float> d_x(s.x), d_fn(s.fn), d_base(s.base), d_scale(s.scale), d_norm(norm_w);
   Dev<float> d_u(u.size()), d_post(post.size()), d_comb(comb.size());
   Dev<float> d_ws(static_cast<size_t>(cuda::mhc_workspace_floats(tokens, dim)));
-  Dev<unsigned int> d_counter(std::vector<unsigned int>{0u});  // the wide path's (<= 4 tokens)
   for (auto* b : {&d_u.buf, &d_post.buf, &d_comb.buf, &d_ws.buf})
     ASSERT_EQ(b->poison(), cudaSuccess);
   cuda::MhcPreParams p;
@@ -149,7 +147,6 @@ void check_pre(int64_t tokens, int64_t dim, bool round, uint64_t seed, int path 
   p.dim = dim;
   p.round_bf16 = round;
   p.path = path;
-  p.counter = d_counter.get();
   if (with_norm) p.rms_weight = d_norm.get();
   cuda::launch_mhc_pre(p, nullptr);
   DS_CUDA_ASSERT(cudaGetLastError());
@@ -171,7 +168,6 @@ void check_pre(int64_t tokens, int64_t dim, bool round, uint64_t seed, int path 
   EXPECT_EQ(test::compare(d_u.host(), got_u, 0, 0).differ, 0) << "u differs between launches";
   EXPECT_EQ(test::compare(d_post.host(), got_post, 0, 0).differ, 0) << "post differs";
   EXPECT_EQ(test::compare(d_comb.host(), got_comb, 0, 0).differ, 0) << "comb differs";
-  EXPECT_EQ(d_counter.host()[0], 0u) << "the wide path's counter must be left at zero";
 }
 
 TEST(MhcCuda, PreTiny) {
@@ -201,26 +197,11 @@ TEST(MhcCuda, PreBothPaths) {
   check_pre(3, 128, false, 80, 2);
 }
 
-// The wide launch (path 3; path 0's choice at <= 4 tokens): 1-4 tokens at both dims, rounded or
-// not, with the norm or without, each launched twice on one counter (check_pre: the same bits,
-// and the counter back at zero). Above 4 tokens path 3 falls back to path 0's rule.
-TEST(MhcCuda, PreWide) {
-  DS_REQUIRE_GPU();
-  for (int64_t dim : {256, 4096}) {
-    for (int64_t n : {1, 2, 3, 4}) {
-      check_pre(n, dim, n % 2 == 0, 130 + uint64_t(n), 3);
-      check_pre(n, dim, n != 3, 140 + uint64_t(n), 3, true);
-    }
-  }
-  check_pre(5, 4096, true, 150, 3, true);
-  check_pre(64, 4096, true, 151, 3);
-}
-
 // The block input's RMSNorm fused in, on every path (the split-K path runs launch_rms_norm after
 // its kernels; the cluster launch normalizes in place with one more exchange between its ranks).
 TEST(MhcCuda, PreWithNorm) {
   DS_REQUIRE_GPU();
-  for (int path : {0, 1, 2, 3}) {
+  for (int path : {0, 1, 2}) {
     for (int64_t n : {1, 5, 16, 64}) check_pre(n, 4096, n != 5, 100 + uint64_t(n), path, true);
     check_pre(3, 256, true, 110, path, true);
     check_pre(2, 256, false, 111, path, true);

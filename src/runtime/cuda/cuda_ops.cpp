@@ -738,8 +738,6 @@ Status CudaOps::init() {
   DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(page_table_.data(), page_table_host_.data(),
                                      size_t(S * P1) * 4, cudaMemcpyHostToDevice));
   pages_held_.assign(size_t(S), 0);
-  DS_ASSIGN_OR_RETURN(mhc_counter_, DeviceBuffer::allocate(sizeof(unsigned int), "mHC counter"));
-  DS_CUDA_RETURN_IF_ERROR(cudaMemset(mhc_counter_.data(), 0, sizeof(unsigned int)));
   free_pages_.clear();
   for (int64_t p = pages - 1; p >= 0; --p) free_pages_.push_back(int32_t(p));
   DS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
@@ -1740,7 +1738,6 @@ void CudaOps::launch_mhc_pre_site(const cpu::MhcConfig& config, const cpu::MhcSi
   p.post = post;
   p.comb = comb;
   p.workspace = scratch<float>(cuda::mhc_workspace_floats(rows, config.dim));
-  p.counter = mhc_counter_.as<unsigned int>();
   p.num_tokens = rows;
   p.dim = config.dim;
   p.sinkhorn_iters = int(config.sinkhorn_iters);

@@ -402,9 +402,6 @@ class CudaOps final : public dsv4::Ops {
   // KV pages: the device page table [max_sequences, pages_per_seq_] and its host copy, the pages
   // each slot holds (a prefix of its row) and the free page ids.
   DeviceBuffer page_table_;
-  // mhc_pre's wide launch's arrival counter (MhcPreParams::counter): zeroed once, left zero by
-  // every launch; all of this backend's launches are ordered on its stream.
-  DeviceBuffer mhc_counter_;
   std::vector<int32_t> page_table_host_;
   std::vector<int64_t> pages_held_;  // [max_sequences]
   std::vector<int32_t> free_pages_;

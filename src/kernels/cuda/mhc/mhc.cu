@@ -188,7 +188,8 @@ __device__ __forceinline__ float pre_weight(float mix, float scale, float base, 
 // Newton step and one remainder correction, i.e. `/`'s fast path without its range check and
 // slow-path call. It returns the IEEE quotient for all but rare operands and is always within
 // one ulp of it (normal operands). The 40 divisions of a token's Sinkhorn are one dependent chain
-// at the end of mhc_pre at decode sizes (kernels/cuda/OPS_NOTES.md, session 28).
+// (session 28, H100: the cluster launch at 1 / 16 / 64 tokens 11.20 / 11.02 / 20.65 us with `/`,
+// 10.60 / 10.41 / 20.22 with this).
 __device__ __forceinline__ float sinkhorn_div(float x, float d) {
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
@@ -532,183 +533,6 @@ __global__ void __launch_bounds__(fused_warps(kT) * 32 + 32) mhc_fused_kernel(Fu
 #endif
 }
 
-// ---- one or a few tokens: a wide grid, the last CTA finishes ----
-
-// mhc_pre for at most kWideMaxTokens tokens without clusters (mhc_wide_kernel): every CTA takes
-// kWideCols columns of hc * dim (two per thread, all loads in flight at once, so that fn's
-// 1.5 MB at Flash stream through hc * dim / 512 = 32 SMs instead of a cluster's 8), reduces its
-// partial mixes (warps by reduce-scatter, then in warp order) into the workspace and counts
-// itself done on a device counter. The last CTA sums the partials in CTA order (deterministic),
-// resets the counter, and finishes: warps 4.. run the split and Sinkhorn of one token each while
-// warps 0-3 collapse u and, with the block input's RMSNorm, normalize it.
-constexpr int kWideThreads = 256;
-constexpr int kWideCols = 2 * kWideThreads;  // columns of hc * dim per CTA (a float2 per thread)
-constexpr int kWideMaxTokens = 4;
-constexpr int kWideCollapseThreads = 128;  // warps 0-3
-
-template <int kT>
-__global__ void __launch_bounds__(kWideThreads)
-    mhc_wide_kernel(FusedArgs a, float* __restrict__ ws, unsigned int* counter) {
-  constexpr int hc = kMhcHc;
-  constexpr int kMixes = kPreMixes;
-  constexpr int kWarps = kWideThreads / 32;
-  constexpr int kVals = kT * (kMixes + 1);  // per token: kMixes dots, then the sum of squares
-  constexpr int kPad = pow2_at_least(kVals);
-  constexpr int kPerLane = kPad / 32;
-  static_assert(4 + kT <= kWarps, "one Sinkhorn warp per token next to the collapse warps");
-  __shared__ float part[kWarps][kPad];
-  __shared__ float mixes[kVals];
-  __shared__ float pre[kT][hc];
-  __shared__ float ss_part[kWideCollapseThreads / 32][kT];
-  __shared__ bool last;
-  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  const int64_t hc_dim = hc * a.dim;
-  const int64_t col0 = int64_t(blockIdx.x) * kWideCols;
-  // fn is no kernel's output: this CTA's 2 KB of each row go to L2 before the wait.
-  for (int i = tid; i < kMixes * (kWideCols / 32); i += kWideThreads) {
-    const float* line = a.fn + (i / (kWideCols / 32)) * hc_dim + col0 + (i % (kWideCols / 32)) * 32;
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
-  }
-  pdl_begin();
-  {
-    const int64_t k = col0 + 2 * tid;
-    float2 xv[kT];
-    float v[kPad];
-#pragma unroll
-    for (int t = 0; t < kT; ++t) {
-      xv[t] = t < a.num_tokens ? __ldg(reinterpret_cast<const float2*>(a.x + t * hc_dim + k))
-                               : make_float2(0.f, 0.f);
-      v[t * (kMixes + 1) + kMixes] = xv[t].x * xv[t].x + xv[t].y * xv[t].y;
-    }
-#pragma unroll
-    for (int m = 0; m < kMixes; ++m) {
-      const float2 f = __ldg(reinterpret_cast<const float2*>(a.fn + m * hc_dim + k));
-#pragma unroll
-      for (int t = 0; t < kT; ++t) v[t * (kMixes + 1) + m] = f.x * xv[t].x + f.y * xv[t].y;
-    }
-#pragma unroll
-    for (int i = kVals; i < kPad; ++i) v[i] = 0.0f;
-    warp_reduce_scatter<kPad>(v, lane);
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) part[warp][lane * kPerLane + i] = v[i];
-  }
-  __syncthreads();
-  for (int i = tid; i < kVals; i += kWideThreads) {
-    float sum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += part[w][i];
-    ws[blockIdx.x * kVals + i] = sum;
-  }
-  // Publish the partials, then count this CTA (the classic last-block pattern).
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int i = tid; i < kVals; i += kWideThreads) {
-    float sum = 0.0f;
-    for (unsigned b = 0; b < gridDim.x; ++b) sum += __ldcg(ws + b * kVals + i);
-    mixes[i] = sum;
-  }
-  if (tid == 0) *counter = 0u;  // every CTA has counted: ready for the next launch
-  __syncthreads();
-  if (tid < kT * kMixes) {  // x rsqrt(mean(x^2) + eps), as gather_mixes
-    const int t = tid / kMixes, m = tid % kMixes;
-    const float r = 1.0f / sqrtf(mixes[t * (kMixes + 1) + kMixes] / float(hc_dim) + a.norm_eps);
-    mixes[t * (kMixes + 1) + m] = __fmul_rn(mixes[t * (kMixes + 1) + m], r);
-  }
-  __syncthreads();
-  if (tid < kT * hc) {
-    const int t = tid / hc, i = tid % hc;
-    pre[t][i] = pre_weight(mixes[t * (kMixes + 1) + i], a.scale[0], a.base[i], a.hc_eps);
-  }
-  __syncthreads();
-  if (warp >= kWideCollapseThreads / 32) {
-    const int t = warp - kWideCollapseThreads / 32;
-    if (t < kT && t < a.num_tokens)
-      split_sinkhorn_warp(&mixes[t * (kMixes + 1)], a.base, a.scale, a.sinkhorn_iters, a.hc_eps,
-                          nullptr, a.post + t * hc, a.comb + t * hc * hc);
-    return;
-  }
-  const bool norm = a.rms_weight != nullptr;
-  float ss[kT];
-#pragma unroll
-  for (int t = 0; t < kT; ++t) {
-    ss[t] = 0.0f;
-    if (t >= a.num_tokens) continue;
-    for (int64_t d = int64_t(tid) * 4; d < a.dim; d += kWideCollapseThreads * 4) {
-      const float4 u = collapse4(a.x + t * hc_dim, pre[t], a.dim, d, a.round_bf16);
-      *reinterpret_cast<float4*>(a.out + t * a.dim + d) = u;
-      ss[t] += u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w;
-    }
-  }
-  if (!norm) return;
-#pragma unroll
-  for (int t = 0; t < kT; ++t) {
-    const float v = ops::warp_sum(ss[t]);
-    if (lane == 0) ss_part[warp][t] = v;
-  }
-  asm volatile("bar.sync 1, %0;" ::"r"(kWideCollapseThreads) : "memory");
-#pragma unroll
-  for (int t = 0; t < kT; ++t) {
-    if (t >= a.num_tokens) continue;
-    float sum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWideCollapseThreads / 32; ++w) sum += ss_part[w][t];
-    const float r = 1.0f / sqrtf(sum / float(a.dim) + a.rms_eps);
-    // Each thread re-reads the u values it wrote above (its own writes: visible to it).
-    for (int64_t d = int64_t(tid) * 4; d < a.dim; d += kWideCollapseThreads * 4) {
-      float* row = a.out + t * a.dim + d;
-      const float4 u = *reinterpret_cast<const float4*>(row);
-      const float4 w = __ldg(reinterpret_cast<const float4*>(a.rms_weight + d));
-      float y[4] = {__fmul_rn(__fmul_rn(u.x, r), w.x), __fmul_rn(__fmul_rn(u.y, r), w.y),
-                    __fmul_rn(__fmul_rn(u.z, r), w.z), __fmul_rn(__fmul_rn(u.w, r), w.w)};
-      if (a.round_bf16) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) y[k] = ops::round_bf16(y[k]);
-      }
-      *reinterpret_cast<float4*>(row) = make_float4(y[0], y[1], y[2], y[3]);
-    }
-  }
-}
-
-bool wide_shape_ok(int64_t dim) {
-  return dim > 0 && dim % 4 == 0 && (kMhcHc * dim) % kWideCols == 0;
-}
-
-// DEEPSERVE_MHC_WIDE=0 turns the wide path off in the size rule (path 0): an A/B switch.
-bool wide_rule_enabled() {
-  static const bool enabled = !env_switched_off("DEEPSERVE_MHC_WIDE");
-  return enabled;
-}
-
-bool take_wide(const MhcPreParams& p) {
-  if (p.counter == nullptr || p.num_tokens > kWideMaxTokens || !wide_shape_ok(p.dim)) return false;
-  return p.path == 3 || (p.path == 0 && wide_rule_enabled());
-}
-
-void launch_wide(const MhcPreParams& p, cudaStream_t stream) {
-  const FusedArgs a{p.x,          p.fn,        p.base,       p.scale,    p.u,
-                    p.post,       p.comb,      p.num_tokens, p.dim,      p.sinkhorn_iters,
-                    p.hc_eps,     p.norm_eps,  p.round_bf16, p.rms_weight, p.rms_eps};
-  const dim3 grid(unsigned(kMhcHc * p.dim / kWideCols));
-  switch (p.num_tokens) {
-    case 1:
-      (void)launch_pdl(mhc_wide_kernel<1>, grid, dim3(kWideThreads), 0, stream, a, p.workspace,
-                       p.counter);
-      break;
-    case 2:
-      (void)launch_pdl(mhc_wide_kernel<2>, grid, dim3(kWideThreads), 0, stream, a, p.workspace,
-                       p.counter);
-      break;
-    default:
-      (void)launch_pdl(mhc_wide_kernel<kWideMaxTokens>, grid, dim3(kWideThreads), 0, stream, a,
-                       p.workspace, p.counter);
-      break;
-  }
-}
-
 bool fused_shape_ok(int64_t dim) {
   return dim > 0 && (kMhcHc * dim) % (kRanks * 128) == 0;
 }
@@ -793,9 +617,7 @@ __global__ void mhc_post_kernel(MhcPostParams p) {
 
 int64_t mhc_workspace_floats(int64_t max_tokens, int64_t dim) {
   const int64_t hc_dim = kMhcHc * dim;
-  // The wide path's partials: one row of kWideMaxTokens * 25 per CTA (<= the split-K kernels'
-  // at the same sizes at Flash; kept explicit for small dims).
-  int64_t best = hc_dim / kWideCols * kWideMaxTokens * (kPreMixes + 1);
+  int64_t best = 0;
   for (int64_t n :
        {std::min<int64_t>(max_tokens, 16), std::min<int64_t>(max_tokens, 256), max_tokens}) {
     if (n <= 0) continue;
@@ -810,10 +632,6 @@ bool mhc_fused_supported(int64_t dim) {
 
 void launch_mhc_pre(const MhcPreParams& p, cudaStream_t stream) {
   if (p.num_tokens <= 0) return;
-  if (take_wide(p)) {
-    launch_wide(p, stream);
-    return;
-  }
   if (take_fused(p.path, p.num_tokens, p.dim)) {
     launch_fused<kPreMixes, true>(FusedArgs{p.x, p.fn, p.base, p.scale, p.u, p.post, p.comb,
                                             p.num_tokens, p.dim, p.sinkhorn_iters, p.hc_eps,

@@ -11,9 +11,7 @@
 // Decode sizes (<= 64 tokens) run in one launch instead, a cluster of 8 CTAs per 4 tokens (1 at
 // one token) that sums the partials through distributed shared memory; it needs thread-block
 // clusters (compute capability 9.0+) and hc * dim a multiple of 1024, else the two kernels run.
-// mhc_pre at <= 4 tokens with a counter (MhcPreParams::counter) runs one wide launch instead:
-// hc * dim / 512 CTAs of partial mixes, the last one to finish sums them and finishes.
-// All are deterministic; they sum the mixes in different orders (within the tests' tolerance).
+// Both are deterministic; they sum the mixes in different orders (within the tests' tolerance).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -50,14 +48,9 @@ struct MhcPreParams {
   // mhc_pre followed by launch_rms_norm in place would give. [dim]
   const float* rms_weight = nullptr;
   float rms_eps = 1e-6f;
-  // 0: by size (the wide launch at <= 4 tokens where `counter` is given and hc * dim is a
-  // multiple of 512, else the one cluster launch at <= 64 tokens where supported); 1: the two
-  // kernels; 2: the one cluster launch where mhc_fused_supported (any token count), else the two
-  // kernels; 3: the wide launch where it applies, else as 0.
+  // 0: by size (the one launch at <= 64 tokens where supported); 1: the two kernels; 2: the one
+  // launch where mhc_fused_supported (any token count), else the two kernels.
   int path = 0;
-  // The wide launch's arrival counter (device memory, one unsigned int): zero before the first
-  // launch, and every launch leaves it zero. Launches sharing a counter must be stream-ordered.
-  unsigned int* counter = nullptr;
 };
 
 void launch_mhc_pre(const MhcPreParams& params, cudaStream_t stream);
