@@ -44,6 +44,31 @@ struct SlotReader {
   }
 };
 
+// An entry's channel c after pooling (and rounding): the RMSNorm with the entry's sum of squares
+// ss, rounded, then RoPE at the window's start position ratio * w; pair (2i, 2i+1) of the tail
+// sits in adjacent lanes, so every lane of the warp calls this.
+__device__ __forceinline__ float norm_rope_channel(float v, float ss, int64_t c, int64_t w,
+                                                   const CompressorParams& p) {
+  const int64_t nope = p.head_dim - p.rope_dim;
+  const float r = 1.0f / sqrtf(ss / float(p.head_dim) + p.norm_eps);
+  v = __fmul_rn(__fmul_rn(v, r), p.norm_weight[c]);
+  if (p.round_bf16) v = ops::round_bf16(v);
+  const float partner = __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+  if (c >= nope) {
+    const int64_t i = (c - nope) / 2;
+    const float angle = float(p.ratio * w) * p.inv_freq[i];
+    double sd, cd;
+    sincos(double(angle), &sd, &cd);
+    const float cs = float(cd), sn = float(sd);
+    if (((c - nope) & 1) == 0)
+      v = __fsub_rn(__fmul_rn(v, cs), __fmul_rn(partner, sn));
+    else
+      v = __fadd_rn(__fmul_rn(partner, sn), __fmul_rn(v, cs));
+    if (p.round_bf16) v = ops::round_bf16(v);
+  }
+  return v;
+}
+
 __global__ void __launch_bounds__(kMaxHeadDim) compressor_entry_kernel(CompressorParams p) {
   __shared__ float buf[kMaxHeadDim];
   __shared__ float scratch[33];
@@ -121,24 +146,7 @@ __global__ void __launch_bounds__(kMaxHeadDim) compressor_entry_kernel(Compresso
   if (p.finish) {
     const int64_t rope_dim = p.rope_dim, nope = d - rope_dim;
     if (p.round_bf16) v = ops::round_bf16(v);
-    const float ss = ops::block_sum(v * v, scratch);
-    const float r = 1.0f / sqrtf(ss / float(d) + p.norm_eps);
-    v = __fmul_rn(__fmul_rn(v, r), p.norm_weight[c]);
-    if (p.round_bf16) v = ops::round_bf16(v);
-    // RoPE at the window's start position; pair (2i, 2i+1) of the tail sits in adjacent lanes.
-    const float partner = __shfl_xor_sync(0xFFFFFFFFu, v, 1);
-    if (c >= nope) {
-      const int64_t i = (c - nope) / 2;
-      const float angle = float(ratio * w) * p.inv_freq[i];
-      double sd, cd;
-      sincos(double(angle), &sd, &cd);
-      const float cs = float(cd), sn = float(sd);
-      if (((c - nope) & 1) == 0)
-        v = __fsub_rn(__fmul_rn(v, cs), __fmul_rn(partner, sn));
-      else
-        v = __fadd_rn(__fmul_rn(partner, sn), __fmul_rn(v, cs));
-      if (p.round_bf16) v = ops::round_bf16(v);
-    }
+    v = norm_rope_channel(v, ops::block_sum(v * v, scratch), c, w, p);
     if (p.simulate_quantization) {
       const int lane = c & 31, warp = c >> 5;
       if (p.kind == CompressorEntryKind::kAttention) {
@@ -271,22 +279,7 @@ __global__ void __launch_bounds__(kHcaThreads) compressor_hca_entry_kernel(Compr
     const int num_warps = 2 * ranks;
     const float ss = ops::warp_sum(lane < num_warps ? warp_ss[lane] : 0.0f);
     const int64_t rope_dim = p.rope_dim, nope = d - rope_dim;
-    const float r = 1.0f / sqrtf(ss / float(d) + p.norm_eps);
-    v = __fmul_rn(__fmul_rn(v, r), p.norm_weight[c]);
-    if (p.round_bf16) v = ops::round_bf16(v);
-    const float partner = __shfl_xor_sync(0xFFFFFFFFu, v, 1);
-    if (c >= nope) {
-      const int64_t i = (c - nope) / 2;
-      const float angle = float(ratio * w) * p.inv_freq[i];
-      double sd, cd;
-      sincos(double(angle), &sd, &cd);
-      const float cs = float(cd), sn = float(sd);
-      if (((c - nope) & 1) == 0)
-        v = __fsub_rn(__fmul_rn(v, cs), __fmul_rn(partner, sn));
-      else
-        v = __fadd_rn(__fmul_rn(partner, sn), __fmul_rn(v, cs));
-      if (p.round_bf16) v = ops::round_bf16(v);
-    }
+    v = norm_rope_channel(v, ss, c, w, p);
     if (p.simulate_quantization) {  // attention kind: this rank's 64 channels are one block
       const float a = ops::warp_max(fabsf(v));
       if (lane == 0) warp_amax[warp] = a;

@@ -12,20 +12,26 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxHalf = 512;  // rope_dim <= 1024
 
-__global__ void __launch_bounds__(kThreads) rope_kernel(RopeParams p) {
-  __shared__ float cos_table[kMaxHalf], sin_table[kMaxHalf];
-  pdl_begin();
-  const int64_t token = blockIdx.x;
-  const int64_t half = p.rope_dim / 2;
+// The token's cos / sin table (the sine negated for the inverse rotation), kThreads threads.
+__device__ __forceinline__ void fill_table(const RopeParams& p, int64_t token, float* cos_table,
+                                           float* sin_table) {
   const float sign = p.inverse ? -1.0f : 1.0f;
   const float pos = float(p.positions[token]);
-  for (int64_t i = threadIdx.x; i < half; i += kThreads) {
+  for (int64_t i = threadIdx.x; i < p.rope_dim / 2; i += kThreads) {
     const float angle = pos * p.inv_freq[i];
     double s, c;
     sincos(double(angle), &s, &c);
     cos_table[i] = float(c);
     sin_table[i] = sign * float(s);
   }
+}
+
+__global__ void __launch_bounds__(kThreads) rope_kernel(RopeParams p) {
+  __shared__ float cos_table[kMaxHalf], sin_table[kMaxHalf];
+  pdl_begin();
+  const int64_t token = blockIdx.x;
+  const int64_t half = p.rope_dim / 2;
+  fill_table(p, token, cos_table, sin_table);
   __syncthreads();
   float* base = p.x + token * p.token_stride + (p.head_dim - p.rope_dim);
   const int64_t items = p.num_heads * half;
@@ -63,16 +69,7 @@ __global__ void __launch_bounds__(kThreads)
   // The vector is requested before the table's double sin/cos, so the two latencies overlap.
   uint4 raw = make_uint4(0u, 0u, 0u, 0u);
   if (has) raw = *reinterpret_cast<const uint4*>(src + off);
-  const int64_t half = p.rope_dim / 2;
-  const float sign = p.inverse ? -1.0f : 1.0f;
-  const float pos = float(p.positions[token]);
-  for (int64_t i = threadIdx.x; i < half; i += kThreads) {
-    const float angle = pos * p.inv_freq[i];
-    double s, c;
-    sincos(double(angle), &s, &c);
-    cos_table[i] = float(c);
-    sin_table[i] = sign * float(s);
-  }
+  fill_table(p, token, cos_table, sin_table);
   __syncthreads();
   if (!has) return;
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
