@@ -5,7 +5,7 @@
 #      "1 64"), alternating the new paths on (default) / off (AB_OFF, default
 #      "DEEPSERVE_FUSED_COMPRESS=0 DEEPSERVE_FUSED_OUTPUT_ROPE=0"), AB_ROUNDS rounds (default 2);
 #   3. EV_B batches: event-timed component profiles (everything on); OPS=1: bench_ops;
-#   4. KB batches: ncu per-kernel breakdown of a step (kernels_summary.py), default "1".
+#   4. KB batches: ncu per-kernel breakdown of a step (step_kernels_summary.py), default "1".
 # Binaries: build/carry/backend.tar.xz (deepserve, bench_ops and the three test binaries).
 #   scripts/gpu/h_step28/call.sh OUT
 set -uo pipefail
@@ -56,7 +56,7 @@ for b in ${KB-1}; do
     "$c/deepserve" profile --device cuda --model "$model" --batch "$b" --context 512 \
     --steps 2 --warmup 1 --graphs --output "$out/logs/ncu_step_b$b.json" \
     >"$out/logs/ncu_b$b.csv" 2>"$out/logs/ncu_b$b.err"
-  python3 scripts/gpu/h_step28/kernels_summary.py "$out/logs/ncu_b$b.csv" >"$out/logs/summary_b$b.txt" 2>&1
+  python3 scripts/gpu/step_kernels_summary.py "$out/logs/ncu_b$b.csv" >"$out/logs/summary_b$b.txt" 2>&1
   summary+=("ncu B=$b: $(head -1 "$out/logs/summary_b$b.txt")")
 done
 tar -C "$out" -czf "$out/results.tgz" logs ab && rm -rf "$out/logs" "$out/ab"

@@ -2,7 +2,7 @@
 complete decode step (from one embedding kernel to the next), its kernels in order with their
 durations, then the same kernels grouped by name.
 
-  kernels_summary.py NCU.csv
+  step_kernels_summary.py NCU.csv   (scripts/gpu/step_kernels.sh runs it)
 """
 import csv
 import re
@@ -38,16 +38,11 @@ def main():
         d = dict(zip(header, r))
         if d.get("Metric Name") != "gpu__time_duration.sum":
             continue
-        nvtx = ""
-        for k, v in d.items():
-            if "nvtx" in k.lower() or "NVTX" in k:
-                nvtx = v
         try:
             us = float(d["Metric Value"].replace(",", "")) / 1e3
         except ValueError:
             continue
-        rows.append((short(d["Kernel Name"]), d.get("Grid Size", ""), d.get("Block Size", ""),
-                     us, nvtx))
+        rows.append((short(d["Kernel Name"]), d.get("Grid Size", ""), d.get("Block Size", ""), us))
     if not rows:
         print("no kernel rows")
         return
@@ -60,10 +55,10 @@ def main():
         seg = rows[-200:]
     print(f"{len(rows)} kernels in the run; last step: {len(seg)} kernels, "
           f"{sum(r[3] for r in seg):.1f} us of kernel time")
-    for i, (n, g, b, us, nv) in enumerate(seg):
-        print(f"{i:4d} {us:8.2f} {n:48s} {g:>14s} {b:>12s} {nv[-40:]}")
+    for i, (n, g, b, us) in enumerate(seg):
+        print(f"{i:4d} {us:8.2f} {n:48s} {g:>14s} {b:>12s}")
     agg = {}
-    for n, g, b, us, nv in seg:
+    for n, g, b, us in seg:
         a = agg.setdefault(n, [0, 0.0])
         a[0] += 1
         a[1] += us
