@@ -1,0 +1,47 @@
+"""The SASS instructions with the most warp-stall samples in an ncu report's source page, with
+their stall reasons: `ncu --import R.ncu-rep --page source --csv --print-source sass` piped in.
+
+  ncu --import R.ncu-rep --page source --csv --print-source sass | ncu_top_sass.py [N]
+"""
+import csv
+import sys
+
+
+def main():
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 25
+    rows = list(csv.reader(line for line in sys.stdin if line.startswith('"')))
+    header, kernel = None, ""
+    tables = []
+    for r in rows:
+        if "Source" in r and any("Stall" in c for c in r):
+            header = r
+            tables.append((kernel, []))
+            continue
+        if header is None or len(r) != len(header):
+            if len(r) == 1:
+                kernel = r[0]
+            continue
+        tables[-1][1].append(dict(zip(header, r)))
+    for kernel, table in tables:
+        key = next((c for c in header if c.startswith("Warp Stall Sampling (All")), None)
+        if key is None:
+            print("no stall sampling column")
+            return
+        def num(v):
+            try:
+                return float(v.replace(",", ""))
+            except ValueError:
+                return 0.0
+        total = sum(num(t[key]) for t in table) or 1.0
+        print(f"== {kernel[:100]} ({len(table)} instructions, {total:.0f} samples)")
+        for t in sorted(table, key=lambda t: -num(t[key]))[:n]:
+            reasons = sorted(((num(v), c) for c, v in t.items()
+                              if c.startswith("stall_") or "Stall" in c and c != key),
+                             reverse=True)[:2]
+            why = ", ".join(f"{c.replace('Warp Stall Sampling ', '')}={v:.0f}"
+                            for v, c in reasons if v > 0)
+            print(f"{100 * num(t[key]) / total:5.1f}%  {t.get('Address', '')[:8]:8s} "
+                  f"{t.get('Source', '')[:60]:60s} {why[:60]}")
+
+
+main()
