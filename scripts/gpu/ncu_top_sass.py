@@ -13,13 +13,14 @@ def main():
     header, kernel = None, ""
     tables = []
     for r in rows:
+        if r and r[0] == "Kernel Name":
+            kernel = r[1] if len(r) > 1 else ""
+            continue
         if "Source" in r and any("Stall" in c for c in r):
             header = r
             tables.append((kernel, []))
             continue
         if header is None or len(r) != len(header):
-            if len(r) == 1:
-                kernel = r[0]
             continue
         tables[-1][1].append(dict(zip(header, r)))
     for kernel, table in tables:
