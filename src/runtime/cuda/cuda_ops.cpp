@@ -1608,6 +1608,13 @@ void CudaOps::rms_norm_heads(float* x, int64_t rows, int64_t heads, int64_t head
 void CudaOps::rope(float* x, int64_t heads, int64_t head_dim, int64_t rope_dim,
                    const float* inv_freq, cpu::RopeDirection direction) {
   if (skip() || step_->num_tokens == 0) return;
+  cuda::launch_rope(rope_params(x, heads, head_dim, rope_dim, inv_freq, direction), stream_);
+  (void)check(cuda_check(cudaGetLastError(), "launch_rope"));
+}
+
+cuda::RopeParams CudaOps::rope_params(float* x, int64_t heads, int64_t head_dim,
+                                      int64_t rope_dim, const float* inv_freq,
+                                      cpu::RopeDirection direction) const {
   cuda::RopeParams p;
   p.x = x;
   p.inv_freq = weights_.get(inv_freq);
@@ -1618,9 +1625,8 @@ void CudaOps::rope(float* x, int64_t heads, int64_t head_dim, int64_t rope_dim,
   p.rope_dim = rope_dim;
   p.token_stride = heads * head_dim;
   p.inverse = direction == cpu::RopeDirection::kInverse;
-  p.round_bf16 = true;
-  cuda::launch_rope(p, stream_);
-  (void)check(cuda_check(cudaGetLastError(), "launch_rope"));
+  p.round_bf16 = true;  // rounds_elementwise_outputs()
+  return p;
 }
 
 void CudaOps::round_bf16(float* x, int64_t n) {
@@ -2155,33 +2161,18 @@ void CudaOps::attend(const dsv4::AttendParams& params, const float* q, const flo
   p.pdl = kernel_pdl_;
   if (skip()) return;
   if (!check(cuda::launch_sparse_mla_decode(p, stream_)).ok()) return;
-  if (params.inverse_rope_output) {
-    cuda::RopeParams rp;
-    rp.x = o;
-    rp.inv_freq = weights_.get(L.inv_freq.data());
-    rp.positions = st.positions;
-    rp.num_tokens = N;
-    rp.num_heads = H;
-    rp.head_dim = hd;
-    rp.rope_dim = c.qk_rope_head_dim;
-    rp.token_stride = H * hd;
-    rp.inverse = true;
-    rp.round_bf16 = true;
-    if (cuda::rope_bf16_supported(rp, ob, ob)) {
-      // One kernel: o = inverse RoPE of the bf16 output, and its bf16 bits in place for wo_a.
-      cuda::launch_rope_bf16(rp, ob, ob, stream_);
-      if (!check(cuda_check(cudaGetLastError(), "launch_rope_bf16")).ok()) return;
+  const cuda::RopeParams rp = rope_params(o, H, hd, c.qk_rope_head_dim, L.inv_freq.data(),
+                                          cpu::RopeDirection::kInverse);
+  if (params.inverse_rope_output && cuda::rope_bf16_supported(rp, ob, ob)) {
+    // One kernel: o = inverse RoPE of the bf16 output, and its bf16 bits in place for wo_a.
+    cuda::launch_rope_bf16(rp, ob, ob, stream_);
+    if (check(cuda_check(cudaGetLastError(), "launch_rope_bf16")).ok())
       attend_out_ = {o, ob, N * H * hd};
-    } else {
-      cuda::launch_bf16_to_f32(ob, N * H * hd, o, stream_);
-      cuda::launch_rope(rp, stream_);
-      if (!check(cuda_check(cudaGetLastError(), "launch_rope(attention output)")).ok()) return;
-    }
-    arena_.release(mark);
-    return;
+  } else {
+    cuda::launch_bf16_to_f32(ob, N * H * hd, o, stream_);
+    if (params.inverse_rope_output) cuda::launch_rope(rp, stream_);
+    (void)check(cuda_check(cudaGetLastError(), "launch_bf16_to_f32 / launch_rope"));
   }
-  cuda::launch_bf16_to_f32(ob, N * H * hd, o, stream_);
-  (void)check(cuda_check(cudaGetLastError(), "launch_bf16_to_f32"));
   arena_.release(mark);
 }
 

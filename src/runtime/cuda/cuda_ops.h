@@ -39,6 +39,7 @@
 
 #include "core/status.h"
 #include "kernels/cuda/elementwise/elementwise.h"
+#include "kernels/cuda/rope/rope.h"
 #include "model/deepseek_v4/forward.h"
 #include "model/deepseek_v4/ops.h"
 #include "runtime/cuda/device_memory.h"
@@ -323,6 +324,9 @@ class CudaOps final : public dsv4::Ops {
   // FP8 KV entries of rows [num_rows, head_dim] into `pool` through `page_table` (a row per
   // slot, `stride` entries): row r to entry row_index[r] of the sequence in slot row_slot[r]
   // (a row_index of -1 skips it).
+  // launch_rope's parameters for x [num_tokens, heads, head_dim] at the step's positions.
+  cuda::RopeParams rope_params(float* x, int64_t heads, int64_t head_dim, int64_t rope_dim,
+                               const float* inv_freq, cpu::RopeDirection direction) const;
   // compress's part after the projections: the speculative log, the pooling / finishing kernels
   // and the packing of emitted entries. ckv / cscore: [num_tokens, row_stride] (>= width).
   void compress_rows(int64_t slot, const dsv4::CompressorWeights& cw, cpu::CompressorKind kind,

@@ -44,6 +44,11 @@ struct SlotReader {
   }
 };
 
+// Floats between rows of the call's kv and score (CompressorParams::row_stride, 0: width).
+__device__ __forceinline__ int64_t row_stride_of(const CompressorParams& p, int64_t width) {
+  return p.row_stride > 0 ? p.row_stride : width;
+}
+
 // An entry's channel c after pooling (and rounding): the RMSNorm with the entry's sum of squares
 // ss, rounded, then RoPE at the window's start position ratio * w; pair (2i, 2i+1) of the tail
 // sits in adjacent lanes, so every lane of the warp calls this.
@@ -82,7 +87,7 @@ __global__ void __launch_bounds__(kMaxHeadDim) compressor_entry_kernel(Compresso
   const int64_t w = first_w + blockIdx.x;
   if (w >= end_w) return;  // uniform over the block
   const int c = threadIdx.x;
-  const int64_t stride = p.row_stride > 0 ? p.row_stride : width;
+  const int64_t stride = row_stride_of(p, width);
   SlotReader rd{p.kv,   p.score, p.ape,           s.state, s.state + state_rows * width,
                 s.row,  s.start, first_w * ratio, ratio,   width,
                 stride, overlap};
@@ -208,7 +213,7 @@ __global__ void __launch_bounds__(kHcaThreads) compressor_hca_entry_kernel(Compr
   const int64_t first_w = s.start / ratio, end_w = (s.start + s.count) / ratio;
   const int64_t w = first_w + blockIdx.x / ranks;
   if (w >= end_w) return;  // uniform over the cluster
-  const int64_t stride = p.row_stride > 0 ? p.row_stride : width;
+  const int64_t stride = row_stride_of(p, width);
   SlotReader rd{p.kv,   p.score, p.ape,           s.state, s.state + ratio * width,
                 s.row,  s.start, first_w * ratio, ratio,   width,
                 stride, false};
@@ -278,7 +283,7 @@ __global__ void __launch_bounds__(kHcaThreads) compressor_hca_entry_kernel(Compr
     if (!chan) return;
     const int num_warps = 2 * ranks;
     const float ss = ops::warp_sum(lane < num_warps ? warp_ss[lane] : 0.0f);
-    const int64_t rope_dim = p.rope_dim, nope = d - rope_dim;
+    const int64_t nope = d - p.rope_dim;
     v = norm_rope_channel(v, ss, c, w, p);
     if (p.simulate_quantization) {  // attention kind: this rank's 64 channels are one block
       const float a = ops::warp_max(fabsf(v));
@@ -305,7 +310,7 @@ __global__ void compressor_ring_kernel(CompressorParams p) {
   float* ring_score = s.state + state_rows * width;
   const int64_t end = s.start + s.count;
   const int64_t open_end = end / ratio * ratio;  // first position of the window open at the end
-  const int64_t stride = p.row_stride > 0 ? p.row_stride : width;
+  const int64_t stride = row_stride_of(p, width);
   auto chunk = [&](int64_t pos, float& kv_out, float& score_out) {
     const int64_t r = s.row + pos - s.start;
     kv_out = p.kv[r * stride + col];
