@@ -539,6 +539,16 @@ int main(int argc, char** argv) {
       for (int64_t T : {1024, 4096, 8192}) cases.push_back({T, cuda::MoeTuning{0, 0, 3, 0}});
       if (layer->pf_wgmma)
         for (int64_t T : {128, 256, 512, 1024}) cases.push_back({T, cuda::MoeTuning{0, 0, 4, 0}});
+      // Session 29: the wgmma prefill kernel at decode sizes (tiles of <= 128 rows, wgmma widths
+      // of 8 / 16), in its default CTAs (256 rows, four warpgroups) and in 128-row CTAs.
+      if (layer->pf_wgmma) {
+        for (int64_t T : {1, 2, 4, 8, 16, 32, 64}) {
+          cases.push_back({T, cuda::MoeTuning{0, 0, 4, 0}});
+          cuda::MoeTuning t{0, 0, 4, 0};
+          t.pf_rows = 128;
+          cases.push_back({T, t});
+        }
+      }
     } else {
       cases.push_back({4096, cuda::MoeTuning{0, 0, 3, 0}});
     }
