@@ -56,13 +56,23 @@ size_t align256(size_t v) { return (v + 255) & ~size_t(255); }
 
 struct Layout {
   size_t logits, experts, weights, group_offset, num_tiles, tiles, row_token, row_slot, row_weight,
-      xq, h, hq, ybuf, xq8, xs, hq8, hs, total;
+      xq, h, hq, ybuf, xq8, xs, hq8, hs, counters, total;
 };
 
 int64_t max_tiles(int64_t T, const MoeDeviceLayer& l, int bt) {
   const int64_t slots = T * l.topk;
   const int64_t range = l.expert_end - l.expert_begin;
   return ceil_div(slots, bt) + std::min(range, slots) + ceil_div(T, bt);
+}
+
+// The FP8 path's arrival counters: per (tile of the smallest size, 128-column block of h) for the
+// gate/up epilogue's quantization of h, then per (token, 32-output block) for the down
+// epilogue's combine (the finest column blocks of either launch).
+int64_t f8_h_counter_count(int64_t T, const MoeDeviceLayer& l) {
+  return max_tiles(T, l, 8) * (l.inter / kChunk);
+}
+int64_t f8_counter_count(int64_t T, const MoeDeviceLayer& l) {
+  return f8_h_counter_count(T, l) + T * (l.dim / 32);
 }
 
 Layout make_layout(int64_t T, const MoeDeviceLayer& l) {
@@ -92,6 +102,9 @@ Layout make_layout(int64_t T, const MoeDeviceLayer& l) {
   o.xs = take(size_t(T * (l.dim / kChunk)) * 4);
   o.hq8 = take(size_t(rows * l.inter));
   o.hs = take(size_t(rows * (l.inter / kChunk)) * 4);
+  // The FP8 path's fused epilogues (session 29): arrival counters per (tile, 128 h columns) and
+  // per (token, 32 outputs), zeroed by the plan every forward.
+  o.counters = take(size_t(f8_counter_count(T, l)) * 4);
   o.total = off;
   return o;
 }
@@ -442,6 +455,9 @@ struct PlanArgs {
   int32_t* row_token;
   int32_t* row_slot;
   float* row_weight;
+  // Zeroed by the plan (the FP8 path's epilogue arrival counters; nullable).
+  int32_t* zero = nullptr;
+  int64_t zero_count = 0;
 };
 
 constexpr int kPlanThreads = 1024;
@@ -483,6 +499,7 @@ __device__ __forceinline__ void plan_block(const PlanArgs& a) {
   const int tid = threadIdx.x;
   const int groups = int(a.E) + 1;
   const int64_t slots = a.T * a.k;
+  for (int64_t i = tid; i < a.zero_count; i += kPlanThreads) a.zero[i] = 0;
   count[tid] = 0;
   __syncthreads();
   for (int64_t s = tid; s < slots; s += kPlanThreads) {
@@ -616,6 +633,50 @@ __global__ void __launch_bounds__(kPlanThreads)
 
 // ---- 4/6. activation quantization --------------------------------------------------------------
 
+// The quantization of one 128-block per half warp (the whole warp calls; lane `sub` of the half
+// holds the block's 8 values at positions 8 sub .. 8 sub + 7): bf16 of the FP8 simulation (exact
+// in bf16) or of the value to out (8 positions; nullable with out8), with out8 also the e4m3
+// codes (8 positions) and, by lane sub 0, the block's scale to *scale8.
+__device__ __forceinline__ void quant_block_store(float (&v)[8], bool active, bool fp8,
+                                                  uint16_t* __restrict__ out,
+                                                  uint8_t* __restrict__ out8,
+                                                  float* __restrict__ scale8, int sub) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+  if (!active) return;
+  if (fp8) {
+    // cpu::quantize_fp8_blocks: s = 2^ceil(log2(max(amax, 1e-4) / 448)), e4m3(clamp(x / s)) * s.
+    const float q = fmaxf(amax, 1e-4f) / 448.0f;
+    const uint32_t u = __float_as_uint(q);
+    const uint32_t code = ((u >> 23) & 0xFFu) + ((u & 0x7FFFFFu) ? 1u : 0u);
+    const float inv_scale = __uint_as_float((254u - code) << 23);
+    const float scale = __uint_as_float(code << 23);
+    uint32_t codes[2] = {0u, 0u};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      float x = v[i] * inv_scale;
+      if (!isnan(x)) x = fminf(fmaxf(x, -448.0f), 448.0f);
+      const __nv_fp8_storage_t c = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+      codes[i >> 2] |= uint32_t(c) << ((i & 3) * 8);
+      v[i] = e4m3_to_float_dev(c) * scale;
+    }
+    if (out8) {
+      *reinterpret_cast<uint2*>(out8) = make_uint2(codes[0], codes[1]);
+      if (sub == 0) *scale8 = scale;
+      if (!out) return;
+    }
+  }
+  uint4 o;
+  o.x = pack_bf16x2(v[0], v[1]);
+  o.y = pack_bf16x2(v[2], v[3]);
+  o.z = pack_bf16x2(v[4], v[5]);
+  o.w = pack_bf16x2(v[6], v[7]);
+  *reinterpret_cast<uint4*>(out) = o;
+}
+
 // Half a warp per 128-element block: bf16 of the FP8 simulation (exact in bf16) or of the value.
 // With out8 (FP8 path) the e4m3 codes go to out8 [rows, len] and the scales to scale8
 // [rows, len / 128]; out (bf16) is then nullable. With permute (the sm_90a prefill path) every
@@ -645,41 +706,11 @@ __device__ __forceinline__ void quant_rows_warp(int64_t warp, const float* __res
     v[0] = p0.x; v[1] = p0.y; v[2] = p0.z; v[3] = p0.w;
     v[4] = p1.x; v[5] = p1.y; v[6] = p1.z; v[7] = p1.w;
   }
-  float amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-  if (!active) return;
-  if (fp8) {
-    // cpu::quantize_fp8_blocks: s = 2^ceil(log2(max(amax, 1e-4) / 448)), e4m3(clamp(x / s)) * s.
-    const float q = fmaxf(amax, 1e-4f) / 448.0f;
-    const uint32_t u = __float_as_uint(q);
-    const uint32_t code = ((u >> 23) & 0xFFu) + ((u & 0x7FFFFFu) ? 1u : 0u);
-    const float inv_scale = __uint_as_float((254u - code) << 23);
-    const float scale = __uint_as_float(code << 23);
-    uint32_t codes[2] = {0u, 0u};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      float x = v[i] * inv_scale;
-      if (!isnan(x)) x = fminf(fmaxf(x, -448.0f), 448.0f);
-      const __nv_fp8_storage_t c = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
-      codes[i >> 2] |= uint32_t(c) << ((i & 3) * 8);
-      v[i] = e4m3_to_float_dev(c) * scale;
-    }
-    if (out8) {
-      *reinterpret_cast<uint2*>(out8 + row * len + col) = make_uint2(codes[0], codes[1]);
-      if (sub == 0) scale8[row * bpr + col / kChunk] = scale;
-      if (!out) return;
-    }
-  }
-  uint4 o;
-  o.x = pack_bf16x2(v[0], v[1]);
-  o.y = pack_bf16x2(v[2], v[3]);
-  o.z = pack_bf16x2(v[4], v[5]);
-  o.w = pack_bf16x2(v[6], v[7]);
-  *reinterpret_cast<uint4*>(out + row * len + col) = o;
+  quant_block_store(v, active, fp8, active && out ? out + row * len + col : nullptr,
+                    active && out8 ? out8 + row * len + col : nullptr,
+                    active && out8 ? scale8 + row * bpr + col / kChunk : nullptr, sub);
 }
+
 
 __global__ void quant_rows_kernel(const float* __restrict__ in, int64_t len, int64_t rows_bound,
                                   const int32_t* rows_dev, uint16_t* __restrict__ out, bool fp8,
@@ -724,6 +755,20 @@ struct GemmArgs {
   const float* act_scale = nullptr;
   bool tiles_fastest = false;  // prefill grids (tiles, N blocks) instead of (N blocks, tiles)
   int wg_step = 0;  // wgmma prefill tiles' width step: 0 = the kernel's (16 / 32), 8, 32 (pf_step)
+  // FP8 path (session 29; f8_place, f8_fused_tail):
+  // - shared_first > 0: the shared expert's tiles (the last shared_first of the tile list) take
+  //   the grid's first CTAs, the other tiles follow tile by tile (MoeTuning::f8_order);
+  // - gate/up with hq8: the last CTA to finish a tile's 128 h columns quantizes them into hq8 /
+  //   hs (rows as h), counted in counters (per tile and 128-column block);
+  // - down with y: the last CTA to finish a token's block of outputs sums its slots into y, as
+  //   combine_kernel, counted in counters (per token and column block). needs add_shared.
+  int shared_first = 0;
+  uint8_t* hq8 = nullptr;
+  float* hs = nullptr;
+  float* y = nullptr;
+  int32_t* counters = nullptr;
+  const int32_t* route_experts = nullptr;  // [T, k]
+  int64_t T = 0, k = 0, begin = 0, end = 0;
 };
 
 // The prefill kernels' (128-row tiles) place in their grid. By default the grid is (N blocks,
@@ -1026,6 +1071,66 @@ __global__ void __launch_bounds__(kGemmThreads, NT == 1 ? 4 : 1)
 }
 
 
+// ---- 8 (also the FP8 path's fused combine). the combine's order and sums ------------------------
+
+// Token t's slots summed here (experts in [begin, end)) in ascending expert order, stable: the
+// order of cpu::moe_forward's expert loop. *order holds the slot summed at each position as 4-bit
+// fields; returns their count.
+template <int kK>
+__device__ __forceinline__ int combine_order(const int32_t* __restrict__ experts, int64_t t,
+                                             int64_t k, int64_t begin, int64_t end,
+                                             uint64_t* order) {
+  static_assert(kK <= 16, "the order holds 16 slots of 4 bits");
+  int e[kK];
+#pragma unroll
+  for (int i = 0; i < kK; ++i) {
+    e[i] = i < k ? experts[t * k + i] : 0;
+    if (i >= k || e[i] < begin || e[i] >= end) e[i] = -1;  // not summed here
+  }
+  uint64_t o = 0;
+  int n = 0;
+#pragma unroll
+  for (int i = 0; i < kK; ++i) {
+    if (e[i] < 0) continue;
+    int rank = 0;
+#pragma unroll
+    for (int j = 0; j < kK; ++j)
+      rank += e[j] >= 0 && (e[j] < e[i] || (e[j] == e[i] && j < i)) ? 1 : 0;
+    o |= uint64_t(i) << (4 * rank);
+    ++n;
+  }
+  *order = o;
+  return n;
+}
+
+// y[t, d .. d + 3] = the token's n ordered slots of ybuf, then its shared row. kL2: the loads
+// bypass L1 (the fused combine reads rows that other CTAs wrote during the same launch).
+template <bool kL2>
+__device__ __forceinline__ float4 combine_sum(const float* __restrict__ ybuf, uint64_t order, int n,
+                                              int64_t T, int64_t t, int64_t D, int64_t k,
+                                              bool add_shared, int64_t d) {
+  const auto load = [&](int64_t row) {
+    const float4* p = reinterpret_cast<const float4*>(ybuf + row * D + d);
+    return kL2 ? __ldcg(p) : *p;
+  };
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int r = 0; r < n; ++r) {
+    const float4 v = load(t * k + int64_t((order >> (4 * r)) & 15u));
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
+  }
+  if (add_shared) {
+    const float4 v = load(T * k + t);
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
+  }
+  return acc;
+}
+
 // ---- 5/7 (FP8 path). grouped expert GEMMs on the FP8 tensor cores ------------------------------
 //
 // mma.sync m16n8k32 e4m3 x e4m3 -> fp32 (sm_89+). Numerics are the reference's: the activations
@@ -1156,9 +1261,104 @@ __device__ __forceinline__ void f8_epilogue(const GemmArgs& a, float (&acc)[2][N
   }
 }
 
+// The FP8-path CTA's tile (index into the tile list) and column block, false past the tiles.
+// With shared_first = S the grid's first S x (column blocks) CTAs run the shared expert's S tiles
+// (the tile list's last S; their FP8 weights are twice the bytes of an FP4 tile's, so they go
+// first instead of ending the launch), then the routed tiles follow tile by tile; otherwise
+// blockIdx.x is the tile and blockIdx.y the column block.
+__device__ __forceinline__ bool f8_place(const GemmArgs& a, int* tile_index, int64_t* col) {
+  const int tiles = *a.num_tiles;
+  if (a.shared_first <= 0) {
+    *tile_index = int(blockIdx.x);
+    *col = int64_t(blockIdx.y);
+    return int(blockIdx.x) < tiles;
+  }
+  const int64_t nb = gridDim.y, head = int64_t(a.shared_first) * nb;
+  int64_t lin = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+  if (lin < head) {
+    *tile_index = tiles - a.shared_first + int(lin / nb);
+    *col = lin % nb;
+    return true;
+  }
+  lin -= head;
+  *tile_index = int(lin / nb);
+  *col = lin % nb;
+  return *tile_index < tiles - a.shared_first;
+}
+
+// Gate/up epilogue of the FP8 path with hq8: the CTA that completes the 128 h columns holding
+// its columns [c0, c0 + ncols) (the last of 128 / ncols CTAs of the tile to arrive) quantizes
+// them for the tile's rows, as quant_rows_kernel does (the same quant_block_store), into hq8 / hs.
+// Every thread calls.
+template <int kWarps>
+__device__ __forceinline__ void f8_quant_h_tail(const GemmArgs& a, int tile_index, int64_t c0,
+                                                int ncols, int base, int row0, int rows) {
+  __shared__ int last;
+  const int64_t blocks = a.N / kChunk, blk = c0 / kChunk;
+  __threadfence();  // this thread's h stores, before the arrival
+  __syncthreads();
+  if (threadIdx.x == 0)
+    last = atomicAdd(a.counters + int64_t(tile_index) * blocks + blk, 1) == kChunk / ncols - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane & 15;
+  for (int r0 = 2 * warp; r0 < rows; r0 += 2 * kWarps) {  // a row per half warp
+    const int r = r0 + (lane >> 4);
+    const bool active = r < rows;
+    const int64_t gr = base + row0 + (active ? r : 0);
+    const int64_t at = gr * a.N + blk * kChunk + sub * 8;
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (active) {
+      const float4 p0 = __ldcg(reinterpret_cast<const float4*>(a.out + at));
+      const float4 p1 = __ldcg(reinterpret_cast<const float4*>(a.out + at + 4));
+      v[0] = p0.x; v[1] = p0.y; v[2] = p0.z; v[3] = p0.w;
+      v[4] = p1.x; v[5] = p1.y; v[6] = p1.z; v[7] = p1.w;
+    }
+    quant_block_store(v, active, true, nullptr, active ? a.hq8 + at : nullptr,
+                      active ? a.hs + gr * blocks + blk : nullptr, sub);
+  }
+}
+
+// Down epilogue of the FP8 path with y (add_shared): per tile row, the CTA arrives on the row's
+// token and column block [col * ncols, + ncols); the CTA whose arrival completes the token's
+// slots (its routed slots in range plus the shared row) sums them into y as combine_kernel does
+// (combine_order / combine_sum: the same order, so the same bits). Every thread calls.
+template <int kK>
+__device__ __forceinline__ void f8_combine_tail(const GemmArgs& a, int64_t col, int ncols,
+                                                int base, int row0, int rows) {
+  __shared__ int done[64];  // tokens completed here (a tile has at most 64 rows)
+  __shared__ int ndone;
+  const int64_t nb = a.N / ncols;
+  __threadfence();  // this thread's ybuf stores, before the arrival
+  if (threadIdx.x == 0) ndone = 0;
+  __syncthreads();
+  if (int(threadIdx.x) < rows) {
+    const int64_t slot = a.row_slot[base + row0 + int(threadIdx.x)];
+    const int64_t t = slot < a.T * a.k ? slot / a.k : slot - a.T * a.k;
+    uint64_t order;
+    const int need = combine_order<kK>(a.route_experts, t, a.k, a.begin, a.end, &order) + 1;
+    if (atomicAdd(a.counters + t * nb + col, 1) == need - 1) done[atomicAdd(&ndone, 1)] = int(t);
+  }
+  __syncthreads();
+  const int n_done = ndone;
+  if (n_done == 0) return;
+  __threadfence();
+  const int per = ncols / 4;  // float4 per token
+  for (int i = int(threadIdx.x); i < n_done * per; i += int(blockDim.x)) {
+    const int64_t t = done[i / per];
+    const int64_t d = col * ncols + (i % per) * 4;
+    uint64_t order;
+    const int n = combine_order<kK>(a.route_experts, t, a.k, a.begin, a.end, &order);
+    *reinterpret_cast<float4*>(a.y + t * a.N + d) =
+        combine_sum<true>(a.out, order, n, a.T, t, a.N, a.k, true, d);
+  }
+}
+
 template <int NT, bool kFused, int KS, bool kFp4, int kRing, bool kH16, int kWarps>
 __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert& ex, int g,
-                                        int base, int row0, int rows, uint8_t* smem) {
+                                        int base, int row0, int rows, int64_t col,
+                                        uint8_t* smem) {
   constexpr int BT = 8 * NT;
   constexpr int WN = kWarps / KS;
   constexpr int kThreads = 32 * kWarps;
@@ -1180,14 +1380,14 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
   const uint8_t* scale[2];
   int64_t base_row[2];
   if constexpr (kFused) {
-    const int64_t n0 = int64_t(blockIdx.y) * (16 * WN) + 16 * warp_n;
+    const int64_t n0 = col * (16 * WN) + 16 * warp_n;
     data[0] = ex.data[0];
     data[1] = ex.data[1];
     scale[0] = ex.scale[0];
     scale[1] = ex.scale[1];
     base_row[0] = base_row[1] = n0;
   } else {
-    const int64_t n0 = int64_t(blockIdx.y) * (32 * WN) + 32 * warp_n;
+    const int64_t n0 = col * (32 * WN) + 32 * warp_n;
     data[0] = data[1] = ex.data[2];
     scale[0] = scale[1] = ex.scale[2];
     base_row[0] = n0;
@@ -1434,19 +1634,21 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
           for (int c = 0; c < 4; ++c) dst[((j * NT + n) * 4 + c) * 32] = acc[j][n][c];
     }
     __syncthreads();
-    if (warp_k > 0) return;
+    // (Warps warp_k > 0 are done but stay for the fused epilogues' CTA barriers.)
+    if (warp_k == 0) {
 #pragma unroll
-    for (int q = 1; q < KS; ++q) {
-      const float* src = red + (((q - 1) * WN + warp_n) * kAccPerLane) * 32 + lane;
+      for (int q = 1; q < KS; ++q) {
+        const float* src = red + (((q - 1) * WN + warp_n) * kAccPerLane) * 32 + lane;
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
+        for (int j = 0; j < 2; ++j)
 #pragma unroll
-        for (int n = 0; n < NT; ++n)
+          for (int n = 0; n < NT; ++n)
 #pragma unroll
-          for (int c = 0; c < 4; ++c) acc[j][n][c] += src[((j * NT + n) * 4 + c) * 32];
+            for (int c = 0; c < 4; ++c) acc[j][n][c] += src[((j * NT + n) * 4 + c) * 32];
+      }
     }
   }
-  f8_epilogue<NT, kFused>(a, acc, row_g, g, base, row0, rows, t4);
+  if (warp_k == 0) f8_epilogue<NT, kFused>(a, acc, row_g, g, base, row0, rows, t4);
 }
 
 template <int NT, bool kFused, int KS, int kRing, bool kH16, int kWarps>
@@ -1454,17 +1656,28 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : kRing > 8192 ? 
     expert_gemm_f8_kernel(GemmArgs a) {
   pdl_begin();
   extern __shared__ __align__(16) uint8_t f8_smem[];
-  if (int(blockIdx.x) >= *a.num_tiles) return;
-  const int2 tile = a.tiles[blockIdx.x];
+  int tile_index;
+  int64_t col;
+  if (!f8_place(a, &tile_index, &col)) return;
+  const int2 tile = a.tiles[tile_index];
   const int g = tile.x, row0 = tile.y;
   const int base = a.group_offset[g];
   const int rows = min(8 * NT, a.group_offset[g + 1] - base - row0);
   const MoeDeviceExpert ex = a.experts[g];
   const int fmt = kFused ? ex.format[0] : ex.format[2];
   if (fmt == int(WeightFormat::kMxfp4)) {
-    f8_tile<NT, kFused, KS, true, kRing, kH16, kWarps>(a, ex, g, base, row0, rows, f8_smem);
+    f8_tile<NT, kFused, KS, true, kRing, kH16, kWarps>(a, ex, g, base, row0, rows, col, f8_smem);
   } else {
-    f8_tile<NT, kFused, KS, false, kRing, kH16, kWarps>(a, ex, g, base, row0, rows, f8_smem);
+    f8_tile<NT, kFused, KS, false, kRing, kH16, kWarps>(a, ex, g, base, row0, rows, col, f8_smem);
+  }
+  constexpr int WN = kWarps / KS;
+  if constexpr (kFused) {
+    if (a.hq8) f8_quant_h_tail<kWarps>(a, tile_index, col * (16 * WN), 16 * WN, base, row0, rows);
+  } else if (a.y) {
+    if (a.k <= 8)
+      f8_combine_tail<8>(a, col, 32 * WN, base, row0, rows);
+    else
+      f8_combine_tail<16>(a, col, 32 * WN, base, row0, rows);
   }
 }
 
@@ -2293,46 +2506,14 @@ template <int kK>
 __global__ void combine_kernel(const float* __restrict__ ybuf, const int32_t* __restrict__ experts,
                                int64_t T, int64_t D, int64_t k, int64_t begin, int64_t end,
                                bool add_shared, float* __restrict__ y) {
-  static_assert(kK <= 16, "the order holds 16 slots of 4 bits");
   pdl_begin();
   const int64_t t = blockIdx.x;
   const int64_t d = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * 4;
   if (d >= D) return;
-  int e[kK];
-#pragma unroll
-  for (int i = 0; i < kK; ++i) {
-    e[i] = i < k ? experts[t * k + i] : 0;
-    if (i >= k || e[i] < begin || e[i] >= end) e[i] = -1;  // not summed here
-  }
-  uint64_t order = 0;  // 4 bits per position: the slot summed at that position
-  int n = 0;
-#pragma unroll
-  for (int i = 0; i < kK; ++i) {
-    if (e[i] < 0) continue;
-    int rank = 0;
-#pragma unroll
-    for (int j = 0; j < kK; ++j)
-      rank += e[j] >= 0 && (e[j] < e[i] || (e[j] == e[i] && j < i)) ? 1 : 0;
-    order |= uint64_t(i) << (4 * rank);
-    ++n;
-  }
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int r = 0; r < n; ++r) {
-    const int64_t slot = int64_t((order >> (4 * r)) & 15u);
-    const float4 v = *reinterpret_cast<const float4*>(ybuf + (t * k + slot) * D + d);
-    acc.x += v.x;
-    acc.y += v.y;
-    acc.z += v.z;
-    acc.w += v.w;
-  }
-  if (add_shared) {
-    const float4 v = *reinterpret_cast<const float4*>(ybuf + (T * k + t) * D + d);
-    acc.x += v.x;
-    acc.y += v.y;
-    acc.z += v.z;
-    acc.w += v.w;
-  }
-  *reinterpret_cast<float4*>(y + t * D + d) = acc;
+  uint64_t order;
+  const int n = combine_order<kK>(experts, t, k, begin, end, &order);
+  *reinterpret_cast<float4*>(y + t * D + d) =
+      combine_sum<false>(ybuf, order, n, T, t, D, k, add_shared, d);
 }
 
 template <int NT, int KS>
@@ -2366,10 +2547,12 @@ Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, in
                                         dim3(unsigned(tiles), unsigned(inter / (16 * WN))),
                                         32 * kWarps, f8_smem_bytes(NT, dim, kRing, kWarps), stream,
                                         g1));
+  // (With g1.hq8 the gate/up epilogue quantizes h itself.)
   const int64_t qblocks = rows_bound * (inter / kChunk);
-  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, quant_rows_kernel, unsigned(ceil_div(qblocks, 16)),
-                                        256, 0, stream, h, inter, rows_bound, total_rows, nullptr,
-                                        true, hq8, hs, false));
+  if (!g1.hq8)
+    DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, quant_rows_kernel, unsigned(ceil_div(qblocks, 16)),
+                                          256, 0, stream, h, inter, rows_bound, total_rows,
+                                          nullptr, true, hq8, hs, false));
   DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, expert_gemm_f8_kernel<NT, false, KS, kRing, kH16, kWarps>,
                                         dim3(unsigned(tiles), unsigned(dim / (32 * WN))),
                                         32 * kWarps, f8_smem_bytes(NT, inter, kRing, kWarps), stream,
@@ -2853,13 +3036,22 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   auto* hq8 = reinterpret_cast<uint8_t*>(ws + L.hq8);
   auto* hs = reinterpret_cast<float*>(ws + L.hs);
   const bool want_f8 = tuning.path == 2 || (tuning.path == 0 && l.fp8_mma && bt <= 16);
+  if (tuning.f8_order != 0 && tuning.f8_order != 1)
+    return invalid_argument("moe: tuning.f8_order must be 0 or 1");
+  if (tuning.f8_fuse != 0 && tuning.f8_fuse != 1)
+    return invalid_argument("moe: tuning.f8_fuse must be 0 or 1");
+  // The FP8 path's fused epilogues (h quantization, combine; MoeTuning::f8_fuse) need every token
+  // to own a shared row (the combine's last arrival), so not on expert-parallel ranks without it.
+  const bool f8_fuse = want_f8 && tuning.f8_fuse == 0 && l.add_shared;
+  auto* counters = reinterpret_cast<int32_t*>(ws + L.counters);
   // x's activation quantization (xq bf16 in the GEMMs' K order; with the FP8 path also e4m3 codes
   // xq8 and scales xs): inside the small-T logits kernel where it can, else its own launch below.
   const XQuant xquant{true, xq, l.quantize_activations, want_f8 ? xq8 : nullptr, xs, use_wg};
   // The plan: with the routing in one launch at decode sizes, else its own launch.
   const PlanArgs pa{experts,      weights,   T,         l.topk,    l.num_experts, l.expert_begin,
                     l.expert_end, l.add_shared, bt,     group_offset, tiles,      num_tiles,
-                    row_token,    row_slot,  row_weight};
+                    row_token,    row_slot,  row_weight, f8_fuse ? counters : nullptr,
+                    f8_fuse ? f8_counter_count(T, l) : 0};
   bool x_quantized = false, planned = false;
   DS_RETURN_IF_ERROR(route_impl(l, x, token_ids, T, experts, weights, workspace, stream, pdl,
                                 xquant, &x_quantized, &pa, &planned, tuning.route_by_warp == 1));
@@ -2880,6 +3072,8 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   g1.act_scale = xs;
   g1.tiles_fastest = tuning.pf_raster == 1;
   g1.wg_step = tuning.pf_step;
+  // The FP8 path's grid order: the shared expert's tiles first (MoeTuning::f8_order).
+  if (want_f8 && tuning.f8_order == 0 && l.add_shared) g1.shared_first = int(ceil_div(T, bt));
   GemmArgs g2 = g1;
   g2.act = hq;
   g2.act8 = hq8;
@@ -2887,6 +3081,18 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   g2.K = l.inter;
   g2.N = l.dim;
   g2.out = ybuf;
+  if (f8_fuse) {
+    g1.hq8 = reinterpret_cast<uint8_t*>(ws + L.hq8);
+    g1.hs = reinterpret_cast<float*>(ws + L.hs);
+    g1.counters = counters;
+    g2.y = y;
+    g2.counters = counters + f8_h_counter_count(T, l);
+    g2.route_experts = experts;
+    g2.T = T;
+    g2.k = l.topk;
+    g2.begin = l.expert_begin;
+    g2.end = l.expert_end;
+  }
   const int64_t tiles_bound = max_tiles(T, l, bt);
   const int64_t rows_bound = T * l.topk + T;
   const int32_t* total_rows = group_offset + (l.num_experts + 1);
@@ -2970,6 +3176,7 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   } else {
     DS_RETURN_IF_ERROR(run(I8{}, I1{}));
   }
+  if (g2.y) return ok_status();  // the FP8 path's down epilogue combined
   DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, l.topk <= 8 ? combine_kernel<8> : combine_kernel<16>,
                                         dim3(unsigned(T), unsigned(ceil_div(l.dim, 1024))), 256, 0,
                                         stream, ybuf, experts, T, l.dim, l.topk, l.expert_begin,

@@ -156,6 +156,14 @@ struct MoeTuning {
   // layer does not hash-route (session 26); 1 = a warp per token everywhere (the form before).
   // The same experts and weights either way.
   int route_by_warp = 0;
+  // FP8 path (decode tiles), session 29. f8_order 0: the shared expert's tiles (FP8 weights, twice
+  // an FP4 tile's bytes) take the grouped GEMMs' first CTAs, so they do not end the launch; 1: the
+  // grid order before (tile fastest). f8_fuse 0: the gate/up epilogue quantizes h (the last CTA of
+  // each 128 columns) and the down epilogue combines (the last CTA of each token's column block),
+  // two launches fewer, where the layer adds the shared expert; 1: quant_rows_kernel and
+  // combine_kernel launches as before. The same outputs either way (bit for bit).
+  int f8_order = 0;
+  int f8_fuse = 0;
 };
 
 // Runs the MoE forward. Stateless apart from the configuration: all scratch lives in the
