@@ -2534,7 +2534,9 @@ Status launch_gemms(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64
   return ok_status();
 }
 
-constexpr size_t kF8MaxSmem = 227 * 1024;  // sm_90 opt-in maximum per block
+// The sm_90 opt-in maximum per block (227 KB, dynamic plus static) less 1 KB for the static shared
+// variables of the FP8 kernel's fused epilogues (f8_quant_h_tail, f8_combine_tail).
+constexpr size_t kF8MaxSmem = 226 * 1024;
 
 template <int NT, int KS, int kRing, bool kH16, int kWarps>
 Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64_t inter,
