@@ -1286,22 +1286,31 @@ __device__ __forceinline__ bool f8_place(const GemmArgs& a, int* tile_index, int
   return *tile_index < tiles - a.shared_first;
 }
 
+// The fused epilogues below keep their flags in the CTA's dynamic shared memory (`flags`, the
+// start of the weight rings, free once every thread has passed the epilogue's first barrier): a
+// static __shared__ variable would move the dynamic rings off the alignment that the ldmatrix
+// swizzle assumes (session 29's first build did that; its GEMMs ran ~20% slower). One thread per
+// arrival fences the CTA's stores (after the barrier) before its atomic, and fences again after it
+// before the data are read (the pattern of CUTLASS's semaphore).
+
 // Gate/up epilogue of the FP8 path with hq8: the CTA that completes the 128 h columns holding
 // its columns [c0, c0 + ncols) (the last of 128 / ncols CTAs of the tile to arrive) quantizes
 // them for the tile's rows, as quant_rows_kernel does (the same quant_block_store), into hq8 / hs.
 // Every thread calls.
 template <int kWarps>
 __device__ __forceinline__ void f8_quant_h_tail(const GemmArgs& a, int tile_index, int64_t c0,
-                                                int ncols, int base, int row0, int rows) {
-  __shared__ int last;
+                                                int ncols, int base, int row0, int rows,
+                                                int* flags) {
   const int64_t blocks = a.N / kChunk, blk = c0 / kChunk;
-  __threadfence();  // this thread's h stores, before the arrival
+  __syncthreads();  // every h store of the CTA issued; the rings are free
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const int prior = atomicAdd(a.counters + int64_t(tile_index) * blocks + blk, 1);
+    __threadfence();
+    flags[0] = prior == kChunk / ncols - 1;
+  }
   __syncthreads();
-  if (threadIdx.x == 0)
-    last = atomicAdd(a.counters + int64_t(tile_index) * blocks + blk, 1) == kChunk / ncols - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!flags[0]) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane & 15;
   for (int r0 = 2 * warp; r0 < rows; r0 += 2 * kWarps) {  // a row per half warp
     const int r = r0 + (lane >> 4);
@@ -1323,34 +1332,32 @@ __device__ __forceinline__ void f8_quant_h_tail(const GemmArgs& a, int tile_inde
 // Down epilogue of the FP8 path with y (add_shared): per tile row, the CTA arrives on the row's
 // token and column block [col * ncols, + ncols); the CTA whose arrival completes the token's
 // slots (its routed slots in range plus the shared row) sums them into y as combine_kernel does
-// (combine_order / combine_sum: the same order, so the same bits). Every thread calls.
+// (combine_order / combine_sum: the same order, so the same bits). Every thread calls; flags
+// holds a tile's rows (at most 64).
 template <int kK>
 __device__ __forceinline__ void f8_combine_tail(const GemmArgs& a, int64_t col, int ncols,
-                                                int base, int row0, int rows) {
-  __shared__ int done[64];  // tokens completed here (a tile has at most 64 rows)
-  __shared__ int ndone;
+                                                int base, int row0, int rows, int* flags) {
   const int64_t nb = a.N / ncols;
-  __threadfence();  // this thread's ybuf stores, before the arrival
-  if (threadIdx.x == 0) ndone = 0;
-  __syncthreads();
+  __syncthreads();  // every ybuf store of the CTA issued; the rings are free
   if (int(threadIdx.x) < rows) {
     const int64_t slot = a.row_slot[base + row0 + int(threadIdx.x)];
     const int64_t t = slot < a.T * a.k ? slot / a.k : slot - a.T * a.k;
     uint64_t order;
     const int need = combine_order<kK>(a.route_experts, t, a.k, a.begin, a.end, &order) + 1;
-    if (atomicAdd(a.counters + t * nb + col, 1) == need - 1) done[atomicAdd(&ndone, 1)] = int(t);
+    __threadfence();
+    const int prior = atomicAdd(a.counters + t * nb + col, 1);
+    __threadfence();
+    flags[threadIdx.x] = prior == need - 1 ? int(t) : -1;  // the token, where completed here
   }
   __syncthreads();
-  const int n_done = ndone;
-  if (n_done == 0) return;
-  __threadfence();
   const int per = ncols / 4;  // float4 per token
-  for (int i = int(threadIdx.x); i < n_done * per; i += int(blockDim.x)) {
-    const int64_t t = done[i / per];
+  for (int i = int(threadIdx.x); i < rows * per; i += int(blockDim.x)) {
+    const int t = flags[i / per];
+    if (t < 0) continue;
     const int64_t d = col * ncols + (i % per) * 4;
     uint64_t order;
     const int n = combine_order<kK>(a.route_experts, t, a.k, a.begin, a.end, &order);
-    *reinterpret_cast<float4*>(a.y + t * a.N + d) =
+    *reinterpret_cast<float4*>(a.y + int64_t(t) * a.N + d) =
         combine_sum<true>(a.out, order, n, a.T, t, a.N, a.k, true, d);
   }
 }
@@ -1671,13 +1678,15 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : kRing > 8192 ? 
     f8_tile<NT, kFused, KS, false, kRing, kH16, kWarps>(a, ex, g, base, row0, rows, col, f8_smem);
   }
   constexpr int WN = kWarps / KS;
+  int* flags = reinterpret_cast<int*>(f8_smem);
   if constexpr (kFused) {
-    if (a.hq8) f8_quant_h_tail<kWarps>(a, tile_index, col * (16 * WN), 16 * WN, base, row0, rows);
+    if (a.hq8)
+      f8_quant_h_tail<kWarps>(a, tile_index, col * (16 * WN), 16 * WN, base, row0, rows, flags);
   } else if (a.y) {
     if (a.k <= 8)
-      f8_combine_tail<8>(a, col, 32 * WN, base, row0, rows);
+      f8_combine_tail<8>(a, col, 32 * WN, base, row0, rows, flags);
     else
-      f8_combine_tail<16>(a, col, 32 * WN, base, row0, rows);
+      f8_combine_tail<16>(a, col, 32 * WN, base, row0, rows, flags);
   }
 }
 
@@ -2534,9 +2543,7 @@ Status launch_gemms(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64
   return ok_status();
 }
 
-// The sm_90 opt-in maximum per block (227 KB, dynamic plus static) less 1 KB for the static shared
-// variables of the FP8 kernel's fused epilogues (f8_quant_h_tail, f8_combine_tail).
-constexpr size_t kF8MaxSmem = 226 * 1024;
+constexpr size_t kF8MaxSmem = 227 * 1024;  // sm_90 opt-in maximum per block
 
 template <int NT, int KS, int kRing, bool kH16, int kWarps>
 Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64_t inter,
