@@ -360,8 +360,8 @@ void run_case(const Case& c) {
   for (const cuda::MoeTuning& o : c.bit_equal) {
     same.emplace_back(o, "the tuning and bit_equal #" + std::to_string(same.size()) +
                              " (pf_rows " + std::to_string(o.pf_rows) + ", f8_order " +
-                             std::to_string(o.f8_order) + ", f8_fuse " +
-                             std::to_string(o.f8_fuse) + ")");
+                             std::to_string(o.f8_order) + ", f8_hquant " +
+                             std::to_string(o.f8_hquant) + ")");
   }
   for (const auto& [other, what] : same) {
     DeviceBuffer<float> d_y2(size_t(T * D));
@@ -655,79 +655,67 @@ TEST_F(MoeCuda, Fp8PathVariants) {
   run_case(hash8);
 }
 
-// The FP8 path's defaults since session 29, the shared expert's tiles first in the grid
-// (MoeTuning::f8_order 0) and the fused epilogues (f8_fuse 0: the last CTA of each tile's 128 h
-// columns quantizes them, the last CTA of each token's output block combines), against the
-// separate quant_rows / combine launches and the grid order before, each alone and both: y bit
-// for bit, and the oracle. Tiles of 8 and 16 rows, every K split (32- and 64-output blocks of the
-// combine), 1-64 tokens, skewed routing (one expert's full tiles, the shared tiles last in the
-// list), hash routing, 8-warp CTAs, graph replays (the counters zeroed by every forward's plan),
-// programmatic launches, and an expert range without the shared expert (no fused epilogues: the
-// combine launch stays).
-TEST_F(MoeCuda, Fp8FusedEpiloguesGiveTheSeparateLaunches) {
-  cuda::MoeTuning old_order, separate, before;
-  old_order.f8_order = 1;
-  separate.f8_fuse = 1;
-  before.f8_order = 1;
-  before.f8_fuse = 1;
-  auto with = [](cuda::MoeTuning base, cuda::MoeTuning t) {
-    t.tile_tokens = base.tile_tokens;
-    t.k_split = base.k_split;
-    t.path = base.path;
-    t.warps = base.warps;
-    t.pdl = base.pdl;
-    return t;
-  };
-  auto fused_case = [&](Case c) {
-    c.bit_equal = {with(c.tuning, old_order), with(c.tuning, separate), with(c.tuning, before)};
+// The FP8 path's decode forms of session 29 against the forms before, each alone and both: the
+// grid order (MoeTuning::f8_order 0: the shared expert's tiles first, then tile by tile; 1: the
+// order before) and h's quantization (f8_hquant 2: inside the down kernel; 1: its own launch):
+// y bit for bit, and the oracle. Tiles of 8 and 16 rows, every K split, 1-64 tokens, skewed
+// routing (one expert's full tiles), hash routing, 8-warp CTAs, a graph replay with programmatic
+// launches, and an expert range without the shared expert (the order before, whatever f8_order
+// says). Bad values are refused.
+TEST_F(MoeCuda, Fp8DecodeFormsGiveTheSameBits) {
+  auto both_orders = [&](Case c) {
+    cuda::MoeTuning old_order = c.tuning, own_launch = c.tuning, in_down = c.tuning;
+    old_order.f8_order = 1;
+    own_launch.f8_hquant = 1;
+    in_down.f8_hquant = 2;
+    cuda::MoeTuning before = own_launch;
+    before.f8_order = 1;
+    c.bit_equal = {old_order, own_launch, in_down, before};
     run_case(c);
   };
   for (int64_t T : {1, 2, 3, 4, 16, 64}) {
-    fused_case({"tiny mxfp4 fp8 fused", kTiny, WeightFormat::kMxfp4, T});
-    Case flash{"flash mxfp4 fp8 fused", kFlash, WeightFormat::kMxfp4, T};
+    both_orders({"tiny mxfp4 fp8 order", kTiny, WeightFormat::kMxfp4, T});
+    Case flash{"flash mxfp4 fp8 order", kFlash, WeightFormat::kMxfp4, T};
     flash.oracle_tokens = 4;
-    fused_case(flash);
+    both_orders(flash);
   }
   const int variants[][2] = {{8, 1}, {8, 2}, {8, 4}, {16, 1}, {16, 2}, {16, 4}};
   for (const auto& v : variants) {
-    Case c{"flash mxfp4 fp8 fused variant", kFlash, WeightFormat::kMxfp4, 16};
+    Case c{"flash mxfp4 fp8 order variant", kFlash, WeightFormat::kMxfp4, 16};
     c.tuning = {v[0], v[1], 2};
     c.oracle_tokens = 4;
-    fused_case(c);
-    Case t{"tiny mxfp4 fp8 fused variant", kTiny, WeightFormat::kMxfp4, 37};
+    both_orders(c);
+    Case t{"tiny mxfp4 fp8 order variant", kTiny, WeightFormat::kMxfp4, 37};
     t.tuning = {v[0], v[1], 2};
-    fused_case(t);
+    both_orders(t);
   }
-  Case w8{"flash mxfp4 fp8 fused w8", kFlash, WeightFormat::kMxfp4, 4};
+  Case w8{"flash mxfp4 fp8 order w8", kFlash, WeightFormat::kMxfp4, 4};
   w8.tuning = {8, 2, 2, 0, 0, 8};
   w8.oracle_tokens = 4;
-  fused_case(w8);
-  fused_case({"tiny skew fp8 fused", kTiny, WeightFormat::kMxfp4, 64, true});
-  Case skew{"flash skew fp8 fused", kFlash, WeightFormat::kMxfp4, 16, true};
+  both_orders(w8);
+  both_orders({"tiny skew fp8 order", kTiny, WeightFormat::kMxfp4, 64, true});
+  Case skew{"flash skew fp8 order", kFlash, WeightFormat::kMxfp4, 16, true};
   skew.oracle_tokens = 4;
-  fused_case(skew);
-  fused_case({"tiny hash fp8 fused", kTiny, WeightFormat::kMxfp4, 16, false, true});
-  for (bool pdl : {false, true}) {
-    Case g{pdl ? "flash fp8 fused graph pdl" : "flash fp8 fused graph", kFlash,
-           WeightFormat::kMxfp4, 2};
-    g.graph = true;
-    g.tuning.pdl = pdl ? 1 : 0;
-    g.oracle_tokens = 2;
-    fused_case(g);
-  }
+  both_orders(skew);
+  both_orders({"tiny hash fp8 order", kTiny, WeightFormat::kMxfp4, 16, false, true});
+  Case g{"flash fp8 order graph pdl", kFlash, WeightFormat::kMxfp4, 2};
+  g.graph = true;
+  g.tuning.pdl = 1;
+  g.oracle_tokens = 2;
+  both_orders(g);
   Case range{"tiny range fp8 no shared", kTiny, WeightFormat::kMxfp4, 16};
   range.begin = 2;
   range.end = 6;
   range.add_shared = false;
-  fused_case(range);
-  Case bad{"tiny bad f8_fuse", kTiny, WeightFormat::kMxfp4, 4};
-  bad.tuning.f8_fuse = 2;
-  bad.expect_error = "f8_fuse must be 0 or 1";
+  both_orders(range);
+  Case bad{"tiny bad f8_order", kTiny, WeightFormat::kMxfp4, 4};
+  bad.tuning.f8_order = 2;
+  bad.expect_error = "f8_order must be 0 or 1";
   run_case(bad);
-  Case bad_order{"tiny bad f8_order", kTiny, WeightFormat::kMxfp4, 4};
-  bad_order.tuning.f8_order = -1;
-  bad_order.expect_error = "f8_order must be 0 or 1";
-  run_case(bad_order);
+  Case bad_q{"tiny bad f8_hquant", kTiny, WeightFormat::kMxfp4, 4};
+  bad_q.tuning.f8_hquant = 3;
+  bad_q.expect_error = "f8_hquant must be 0, 1 or 2";
+  run_case(bad_q);
 }
 
 // Router logits: T <= 64 take a CTA per expert and 8 tokens, larger T the 64 x 64 tiled SIMT GEMM

@@ -505,7 +505,7 @@ Status CudaOps::init() {
   fused_output_rope_ =
       opt_.fused_output_rope && !env_switched_off("DEEPSERVE_FUSED_OUTPUT_ROPE");
   moe_pdl_ = env_switch("DEEPSERVE_MOE_PDL", opt_.moe_pdl);
-  moe_f8_fused_ = opt_.moe_f8_fused && !env_switched_off("DEEPSERVE_MOE_F8_FUSED");
+  moe_f8_order_ = opt_.moe_f8_order && !env_switched_off("DEEPSERVE_MOE_F8_ORDER");
   sparse_mla_wgmma_ =
       opt_.sparse_mla_wgmma && !env_switched_off("DEEPSERVE_SPARSE_MLA_WGMMA") &&
       cuda::sparse_mla_wgmma_supported(int32_t(c.num_attention_heads), int32_t(c.head_dim));
@@ -1813,7 +1813,7 @@ void CudaOps::moe(const dsv4::MoeSite& site, const float* x, float* y) {
   if (!failed()) {
     cuda::MoeTuning tuning;
     tuning.pdl = moe_pdl_ ? 1 : 0;
-    tuning.f8_order = tuning.f8_fuse = moe_f8_fused_ ? 0 : 1;
+    tuning.f8_order = moe_f8_order_ ? 0 : 1;
     (void)check(cuda::MoeRunner::forward(*it->second, x, step_->ids, step_->num_tokens, y, ws,
                                          stream_, tuning));
   }

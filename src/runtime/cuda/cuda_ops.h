@@ -138,10 +138,9 @@ struct CudaOpsOptions {
   // decode-step gain measured (bench/results/ab_moe_pdl.json); DEEPSERVE_MOE_PDL=1 / =0 in the
   // environment turns it on / off (A/B switch).
   bool moe_pdl = false;
-  // The MoE FP8 path's decode forms of session 29 (cuda::MoeTuning::f8_order / f8_fuse 0: the
-  // shared expert's tiles first in the grid, h quantized and the slots combined in the GEMMs'
-  // epilogues). DEEPSERVE_MOE_F8_FUSED=0 turns both off (A/B switch).
-  bool moe_f8_fused = true;
+  // The MoE FP8 path's grid order of session 29 (cuda::MoeTuning::f8_order 0: the shared
+  // expert's tiles first, then tile by tile). DEEPSERVE_MOE_F8_ORDER=0 turns it off (A/B switch).
+  bool moe_f8_order = true;
 };
 
 class CudaOps final : public dsv4::Ops {
@@ -390,7 +389,7 @@ class CudaOps final : public dsv4::Ops {
   // DEEPSERVE_SPARSE_MLA_WGMMA=0.
   bool sparse_mla_wgmma_ = false;
   bool moe_pdl_ = false;  // CudaOpsOptions::moe_pdl, unless DEEPSERVE_MOE_PDL says otherwise
-  bool moe_f8_fused_ = true;  // CudaOpsOptions::moe_f8_fused unless DEEPSERVE_MOE_F8_FUSED=0
+  bool moe_f8_order_ = true;  // CudaOpsOptions::moe_f8_order unless DEEPSERVE_MOE_F8_ORDER=0
   // bf16 weights padded to a multiple of 8 rows: host data -> (device copy, padded rows).
   std::unordered_map<const void*, std::pair<const uint16_t*, int64_t>> padded_bf16_;
   // Per-layer MoE state, keyed by the layer's host expert array (MoeSite::experts).

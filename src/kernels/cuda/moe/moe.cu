@@ -56,23 +56,13 @@ size_t align256(size_t v) { return (v + 255) & ~size_t(255); }
 
 struct Layout {
   size_t logits, experts, weights, group_offset, num_tiles, tiles, row_token, row_slot, row_weight,
-      xq, h, hq, ybuf, xq8, xs, hq8, hs, counters, total;
+      xq, h, hq, ybuf, xq8, xs, hq8, hs, total;
 };
 
 int64_t max_tiles(int64_t T, const MoeDeviceLayer& l, int bt) {
   const int64_t slots = T * l.topk;
   const int64_t range = l.expert_end - l.expert_begin;
   return ceil_div(slots, bt) + std::min(range, slots) + ceil_div(T, bt);
-}
-
-// The FP8 path's arrival counters: per (tile of the smallest size, 128-column block of h) for the
-// gate/up epilogue's quantization of h, then per (token, 32-output block) for the down
-// epilogue's combine (the finest column blocks of either launch).
-int64_t f8_h_counter_count(int64_t T, const MoeDeviceLayer& l) {
-  return max_tiles(T, l, 8) * (l.inter / kChunk);
-}
-int64_t f8_counter_count(int64_t T, const MoeDeviceLayer& l) {
-  return f8_h_counter_count(T, l) + T * (l.dim / 32);
 }
 
 Layout make_layout(int64_t T, const MoeDeviceLayer& l) {
@@ -102,9 +92,6 @@ Layout make_layout(int64_t T, const MoeDeviceLayer& l) {
   o.xs = take(size_t(T * (l.dim / kChunk)) * 4);
   o.hq8 = take(size_t(rows * l.inter));
   o.hs = take(size_t(rows * (l.inter / kChunk)) * 4);
-  // The FP8 path's fused epilogues (session 29): arrival counters per (tile, 128 h columns) and
-  // per (token, 32 outputs), zeroed by the plan every forward.
-  o.counters = take(size_t(f8_counter_count(T, l)) * 4);
   o.total = off;
   return o;
 }
@@ -455,9 +442,6 @@ struct PlanArgs {
   int32_t* row_token;
   int32_t* row_slot;
   float* row_weight;
-  // Zeroed by the plan (the FP8 path's epilogue arrival counters; nullable).
-  int32_t* zero = nullptr;
-  int64_t zero_count = 0;
 };
 
 constexpr int kPlanThreads = 1024;
@@ -499,7 +483,6 @@ __device__ __forceinline__ void plan_block(const PlanArgs& a) {
   const int tid = threadIdx.x;
   const int groups = int(a.E) + 1;
   const int64_t slots = a.T * a.k;
-  for (int64_t i = tid; i < a.zero_count; i += kPlanThreads) a.zero[i] = 0;
   count[tid] = 0;
   __syncthreads();
   for (int64_t s = tid; s < slots; s += kPlanThreads) {
@@ -755,20 +738,13 @@ struct GemmArgs {
   const float* act_scale = nullptr;
   bool tiles_fastest = false;  // prefill grids (tiles, N blocks) instead of (N blocks, tiles)
   int wg_step = 0;  // wgmma prefill tiles' width step: 0 = the kernel's (16 / 32), 8, 32 (pf_step)
-  // FP8 path (session 29; f8_place, f8_fused_tail):
-  // - shared_first > 0: the shared expert's tiles (the last shared_first of the tile list) take
-  //   the grid's first CTAs, the other tiles follow tile by tile (MoeTuning::f8_order);
-  // - gate/up with hq8: the last CTA to finish a tile's 128 h columns quantizes them into hq8 /
-  //   hs (rows as h), counted in counters (per tile and 128-column block);
-  // - down with y: the last CTA to finish a token's block of outputs sums its slots into y, as
-  //   combine_kernel, counted in counters (per token and column block). needs add_shared.
+  // FP8 path (f8_place): > 0, the shared expert's tiles (the last shared_first of the tile list)
+  // take the grid's first CTAs and the routed tiles follow tile by tile (MoeTuning::f8_order 0).
   int shared_first = 0;
-  uint8_t* hq8 = nullptr;
-  float* hs = nullptr;
-  float* y = nullptr;
-  int32_t* counters = nullptr;
-  const int32_t* route_experts = nullptr;  // [T, k]
-  int64_t T = 0, k = 0, begin = 0, end = 0;
+  // FP8 path, down: the tile's rows of h (fp32 [rows, K]) quantized into the activation tile by
+  // the kernel itself (f8_quant_rows_to_smem) instead of read from act8 / act_scale
+  // (MoeTuning::f8_hquant).
+  const float* act_f32 = nullptr;
 };
 
 // The prefill kernels' (128-row tiles) place in their grid. By default the grid is (N blocks,
@@ -1071,66 +1047,6 @@ __global__ void __launch_bounds__(kGemmThreads, NT == 1 ? 4 : 1)
 }
 
 
-// ---- 8 (also the FP8 path's fused combine). the combine's order and sums ------------------------
-
-// Token t's slots summed here (experts in [begin, end)) in ascending expert order, stable: the
-// order of cpu::moe_forward's expert loop. *order holds the slot summed at each position as 4-bit
-// fields; returns their count.
-template <int kK>
-__device__ __forceinline__ int combine_order(const int32_t* __restrict__ experts, int64_t t,
-                                             int64_t k, int64_t begin, int64_t end,
-                                             uint64_t* order) {
-  static_assert(kK <= 16, "the order holds 16 slots of 4 bits");
-  int e[kK];
-#pragma unroll
-  for (int i = 0; i < kK; ++i) {
-    e[i] = i < k ? experts[t * k + i] : 0;
-    if (i >= k || e[i] < begin || e[i] >= end) e[i] = -1;  // not summed here
-  }
-  uint64_t o = 0;
-  int n = 0;
-#pragma unroll
-  for (int i = 0; i < kK; ++i) {
-    if (e[i] < 0) continue;
-    int rank = 0;
-#pragma unroll
-    for (int j = 0; j < kK; ++j)
-      rank += e[j] >= 0 && (e[j] < e[i] || (e[j] == e[i] && j < i)) ? 1 : 0;
-    o |= uint64_t(i) << (4 * rank);
-    ++n;
-  }
-  *order = o;
-  return n;
-}
-
-// y[t, d .. d + 3] = the token's n ordered slots of ybuf, then its shared row. kL2: the loads
-// bypass L1 (the fused combine reads rows that other CTAs wrote during the same launch).
-template <bool kL2>
-__device__ __forceinline__ float4 combine_sum(const float* __restrict__ ybuf, uint64_t order, int n,
-                                              int64_t T, int64_t t, int64_t D, int64_t k,
-                                              bool add_shared, int64_t d) {
-  const auto load = [&](int64_t row) {
-    const float4* p = reinterpret_cast<const float4*>(ybuf + row * D + d);
-    return kL2 ? __ldcg(p) : *p;
-  };
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int r = 0; r < n; ++r) {
-    const float4 v = load(t * k + int64_t((order >> (4 * r)) & 15u));
-    acc.x += v.x;
-    acc.y += v.y;
-    acc.z += v.z;
-    acc.w += v.w;
-  }
-  if (add_shared) {
-    const float4 v = load(T * k + t);
-    acc.x += v.x;
-    acc.y += v.y;
-    acc.z += v.z;
-    acc.w += v.w;
-  }
-  return acc;
-}
-
 // ---- 5/7 (FP8 path). grouped expert GEMMs on the FP8 tensor cores ------------------------------
 //
 // mma.sync m16n8k32 e4m3 x e4m3 -> fp32 (sm_89+). Numerics are the reference's: the activations
@@ -1261,11 +1177,53 @@ __device__ __forceinline__ void f8_epilogue(const GemmArgs& a, float (&acc)[2][N
   }
 }
 
-// The FP8-path CTA's tile (index into the tile list) and column block, false past the tiles.
-// With shared_first = S the grid's first S x (column blocks) CTAs run the shared expert's S tiles
-// (the tile list's last S; their FP8 weights are twice the bytes of an FP4 tile's, so they go
-// first instead of ending the launch), then the routed tiles follow tile by tile; otherwise
-// blockIdx.x is the tile and blockIdx.y the column block.
+// Down GEMM with act_f32 (MoeTuning::f8_hquant): rows [gr0, gr0 + rows) of h quantized per
+// 128 K into the activation tile act (row stride act_stride) and its scales act_sc [rows][K / 128]
+// with quant_rows_kernel's arithmetic (quant_block_store: the same codes and scales). A half warp
+// per (row, block), four of them in flight per half warp. Every thread calls.
+template <int kWarps>
+__device__ __forceinline__ void f8_quant_rows_to_smem(const float* __restrict__ h, int64_t K,
+                                                      int gr0, int rows, uint8_t* act,
+                                                      int64_t act_stride, float* act_sc) {
+  constexpr int kHalves = 2 * kWarps, kBatch = 4;
+  const int lane = threadIdx.x & 31, sub = lane & 15;
+  const int half = int(threadIdx.x >> 4);
+  const int64_t nsc = K / kChunk, pairs = int64_t(rows) * nsc;
+  for (int64_t p0 = 0; p0 < pairs; p0 += kHalves * kBatch) {
+    float v[kBatch][8];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t p = p0 + b * kHalves + half;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[b][i] = 0.0f;
+      if (p < pairs) {
+        const float* src = h + (gr0 + p / nsc) * K + (p % nsc) * kChunk + sub * 8;
+        const float4 p0v = *reinterpret_cast<const float4*>(src);
+        const float4 p1v = *reinterpret_cast<const float4*>(src + 4);
+        v[b][0] = p0v.x; v[b][1] = p0v.y; v[b][2] = p0v.z; v[b][3] = p0v.w;
+        v[b][4] = p1v.x; v[b][5] = p1v.y; v[b][6] = p1v.z; v[b][7] = p1v.w;
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t p = p0 + b * kHalves + half;
+      const bool active = p < pairs;
+      const int64_t r = active ? p / nsc : 0, blk = active ? p % nsc : 0;
+      quant_block_store(v[b], active, true, nullptr,
+                        active ? act + r * act_stride + blk * kChunk + sub * 8 : nullptr,
+                        active ? act_sc + r * nsc + blk : nullptr, sub);
+    }
+  }
+}
+
+// The FP8-path CTA's tile (index into the tile list) and column block; false past the tiles.
+// With shared_first = S (MoeTuning::f8_order 0) the grid's first S x (column blocks) CTAs run the
+// shared expert's S tiles (the tile list's last S: FP8 weights, twice an FP4 tile's bytes, so
+// they start first instead of ending the launch), then the routed tiles follow tile by tile, each
+// tile's column blocks side by side (consecutive CTAs stream consecutive rows of one expert's
+// matrix). Otherwise blockIdx.x is the tile and blockIdx.y the column block (the order before
+// session 29: the tiles of every expert side by side). Measured on H100 (session 29, bench_moe):
+// the forward 2-9% faster at T = 2-64 in this order, the same at T = 1.
 __device__ __forceinline__ bool f8_place(const GemmArgs& a, int* tile_index, int64_t* col) {
   const int tiles = *a.num_tiles;
   if (a.shared_first <= 0) {
@@ -1284,82 +1242,6 @@ __device__ __forceinline__ bool f8_place(const GemmArgs& a, int* tile_index, int
   *tile_index = int(lin / nb);
   *col = lin % nb;
   return *tile_index < tiles - a.shared_first;
-}
-
-// The fused epilogues below keep their flags in the CTA's dynamic shared memory (`flags`, the
-// start of the weight rings, free once every thread has passed the epilogue's first barrier): a
-// static __shared__ variable would move the dynamic rings off the alignment that the ldmatrix
-// swizzle assumes (session 29's first build did that; its GEMMs ran ~20% slower). One thread per
-// arrival fences the CTA's stores (after the barrier) before its atomic, and fences again after it
-// before the data are read (the pattern of CUTLASS's semaphore).
-
-// Gate/up epilogue of the FP8 path with hq8: the CTA that completes the 128 h columns holding
-// its columns [c0, c0 + ncols) (the last of 128 / ncols CTAs of the tile to arrive) quantizes
-// them for the tile's rows, as quant_rows_kernel does (the same quant_block_store), into hq8 / hs.
-// Every thread calls.
-template <int kWarps>
-__device__ __forceinline__ void f8_quant_h_tail(const GemmArgs& a, int tile_index, int64_t c0,
-                                                int ncols, int base, int row0, int rows,
-                                                int* flags) {
-  const int64_t blocks = a.N / kChunk, blk = c0 / kChunk;
-  __syncthreads();  // every h store of the CTA issued; the rings are free
-  if (threadIdx.x == 0) {
-    __threadfence();
-    const int prior = atomicAdd(a.counters + int64_t(tile_index) * blocks + blk, 1);
-    __threadfence();
-    flags[0] = prior == kChunk / ncols - 1;
-  }
-  __syncthreads();
-  if (!flags[0]) return;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane & 15;
-  for (int r0 = 2 * warp; r0 < rows; r0 += 2 * kWarps) {  // a row per half warp
-    const int r = r0 + (lane >> 4);
-    const bool active = r < rows;
-    const int64_t gr = base + row0 + (active ? r : 0);
-    const int64_t at = gr * a.N + blk * kChunk + sub * 8;
-    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (active) {
-      const float4 p0 = __ldcg(reinterpret_cast<const float4*>(a.out + at));
-      const float4 p1 = __ldcg(reinterpret_cast<const float4*>(a.out + at + 4));
-      v[0] = p0.x; v[1] = p0.y; v[2] = p0.z; v[3] = p0.w;
-      v[4] = p1.x; v[5] = p1.y; v[6] = p1.z; v[7] = p1.w;
-    }
-    quant_block_store(v, active, true, nullptr, active ? a.hq8 + at : nullptr,
-                      active ? a.hs + gr * blocks + blk : nullptr, sub);
-  }
-}
-
-// Down epilogue of the FP8 path with y (add_shared): per tile row, the CTA arrives on the row's
-// token and column block [col * ncols, + ncols); the CTA whose arrival completes the token's
-// slots (its routed slots in range plus the shared row) sums them into y as combine_kernel does
-// (combine_order / combine_sum: the same order, so the same bits). Every thread calls; flags
-// holds a tile's rows (at most 64).
-template <int kK>
-__device__ __forceinline__ void f8_combine_tail(const GemmArgs& a, int64_t col, int ncols,
-                                                int base, int row0, int rows, int* flags) {
-  const int64_t nb = a.N / ncols;
-  __syncthreads();  // every ybuf store of the CTA issued; the rings are free
-  if (int(threadIdx.x) < rows) {
-    const int64_t slot = a.row_slot[base + row0 + int(threadIdx.x)];
-    const int64_t t = slot < a.T * a.k ? slot / a.k : slot - a.T * a.k;
-    uint64_t order;
-    const int need = combine_order<kK>(a.route_experts, t, a.k, a.begin, a.end, &order) + 1;
-    __threadfence();
-    const int prior = atomicAdd(a.counters + t * nb + col, 1);
-    __threadfence();
-    flags[threadIdx.x] = prior == need - 1 ? int(t) : -1;  // the token, where completed here
-  }
-  __syncthreads();
-  const int per = ncols / 4;  // float4 per token
-  for (int i = int(threadIdx.x); i < rows * per; i += int(blockDim.x)) {
-    const int t = flags[i / per];
-    if (t < 0) continue;
-    const int64_t d = col * ncols + (i % per) * 4;
-    uint64_t order;
-    const int n = combine_order<kK>(a.route_experts, t, a.k, a.begin, a.end, &order);
-    *reinterpret_cast<float4*>(a.y + int64_t(t) * a.N + d) =
-        combine_sum<true>(a.out, order, n, a.T, t, a.N, a.k, true, d);
-  }
 }
 
 template <int NT, bool kFused, int KS, bool kFp4, int kRing, bool kH16, int kWarps>
@@ -1402,8 +1284,10 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
   }
   const int64_t row_g[2] = {base_row[0] + gid, base_row[1] + gid};
 
-  // Activation tile (valid rows) and its scales, one cp.async group of the whole CTA.
-  {
+  // Activation tile (valid rows) and its scales, one cp.async group of the whole CTA (or, with
+  // act_f32, quantized here after the first weight stages are requested).
+  const bool quant_here = !kFused && a.act_f32 != nullptr;
+  if (!quant_here) {
     const int64_t units = K / 16, nsc = K / kChunk;
     for (int64_t i = tid; i < int64_t(rows) * units; i += kThreads) {
       const int r = int(i / units);
@@ -1461,7 +1345,9 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
 
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i);
-  cp_async_wait<kStages - 1>();  // the activation group
+  if (quant_here)
+    f8_quant_rows_to_smem<kWarps>(a.act_f32, K, base + row0, rows, act, act_stride, act_sc);
+  cp_async_wait<kStages - 1>();  // the activation group (none with quant_here: no wait)
   __syncthreads();
 
   const int m = lane >> 3, mr = lane & 7;  // ldmatrix: this lane addresses matrix m, row mr
@@ -1641,21 +1527,19 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
           for (int c = 0; c < 4; ++c) dst[((j * NT + n) * 4 + c) * 32] = acc[j][n][c];
     }
     __syncthreads();
-    // (Warps warp_k > 0 are done but stay for the fused epilogues' CTA barriers.)
-    if (warp_k == 0) {
+    if (warp_k > 0) return;
 #pragma unroll
-      for (int q = 1; q < KS; ++q) {
-        const float* src = red + (((q - 1) * WN + warp_n) * kAccPerLane) * 32 + lane;
+    for (int q = 1; q < KS; ++q) {
+      const float* src = red + (((q - 1) * WN + warp_n) * kAccPerLane) * 32 + lane;
 #pragma unroll
-        for (int j = 0; j < 2; ++j)
+      for (int j = 0; j < 2; ++j)
 #pragma unroll
-          for (int n = 0; n < NT; ++n)
+        for (int n = 0; n < NT; ++n)
 #pragma unroll
-            for (int c = 0; c < 4; ++c) acc[j][n][c] += src[((j * NT + n) * 4 + c) * 32];
-      }
+          for (int c = 0; c < 4; ++c) acc[j][n][c] += src[((j * NT + n) * 4 + c) * 32];
     }
   }
-  if (warp_k == 0) f8_epilogue<NT, kFused>(a, acc, row_g, g, base, row0, rows, t4);
+  f8_epilogue<NT, kFused>(a, acc, row_g, g, base, row0, rows, t4);
 }
 
 template <int NT, bool kFused, int KS, int kRing, bool kH16, int kWarps>
@@ -1676,17 +1560,6 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : kRing > 8192 ? 
     f8_tile<NT, kFused, KS, true, kRing, kH16, kWarps>(a, ex, g, base, row0, rows, col, f8_smem);
   } else {
     f8_tile<NT, kFused, KS, false, kRing, kH16, kWarps>(a, ex, g, base, row0, rows, col, f8_smem);
-  }
-  constexpr int WN = kWarps / KS;
-  int* flags = reinterpret_cast<int*>(f8_smem);
-  if constexpr (kFused) {
-    if (a.hq8)
-      f8_quant_h_tail<kWarps>(a, tile_index, col * (16 * WN), 16 * WN, base, row0, rows, flags);
-  } else if (a.y) {
-    if (a.k <= 8)
-      f8_combine_tail<8>(a, col, 32 * WN, base, row0, rows, flags);
-    else
-      f8_combine_tail<16>(a, col, 32 * WN, base, row0, rows, flags);
   }
 }
 
@@ -2515,14 +2388,46 @@ template <int kK>
 __global__ void combine_kernel(const float* __restrict__ ybuf, const int32_t* __restrict__ experts,
                                int64_t T, int64_t D, int64_t k, int64_t begin, int64_t end,
                                bool add_shared, float* __restrict__ y) {
+  static_assert(kK <= 16, "the order holds 16 slots of 4 bits");
   pdl_begin();
   const int64_t t = blockIdx.x;
   const int64_t d = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * 4;
   if (d >= D) return;
-  uint64_t order;
-  const int n = combine_order<kK>(experts, t, k, begin, end, &order);
-  *reinterpret_cast<float4*>(y + t * D + d) =
-      combine_sum<false>(ybuf, order, n, T, t, D, k, add_shared, d);
+  int e[kK];
+#pragma unroll
+  for (int i = 0; i < kK; ++i) {
+    e[i] = i < k ? experts[t * k + i] : 0;
+    if (i >= k || e[i] < begin || e[i] >= end) e[i] = -1;  // not summed here
+  }
+  uint64_t order = 0;  // 4 bits per position: the slot summed at that position
+  int n = 0;
+#pragma unroll
+  for (int i = 0; i < kK; ++i) {
+    if (e[i] < 0) continue;
+    int rank = 0;
+#pragma unroll
+    for (int j = 0; j < kK; ++j)
+      rank += e[j] >= 0 && (e[j] < e[i] || (e[j] == e[i] && j < i)) ? 1 : 0;
+    order |= uint64_t(i) << (4 * rank);
+    ++n;
+  }
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int r = 0; r < n; ++r) {
+    const int64_t slot = int64_t((order >> (4 * r)) & 15u);
+    const float4 v = *reinterpret_cast<const float4*>(ybuf + (t * k + slot) * D + d);
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
+  }
+  if (add_shared) {
+    const float4 v = *reinterpret_cast<const float4*>(ybuf + (T * k + t) * D + d);
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
+  }
+  *reinterpret_cast<float4*>(y + t * D + d) = acc;
 }
 
 template <int NT, int KS>
@@ -2556,9 +2461,9 @@ Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, in
                                         dim3(unsigned(tiles), unsigned(inter / (16 * WN))),
                                         32 * kWarps, f8_smem_bytes(NT, dim, kRing, kWarps), stream,
                                         g1));
-  // (With g1.hq8 the gate/up epilogue quantizes h itself.)
+  // (With g2.act_f32 the down kernel quantizes its rows of h itself.)
   const int64_t qblocks = rows_bound * (inter / kChunk);
-  if (!g1.hq8)
+  if (!g2.act_f32)
     DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, quant_rows_kernel, unsigned(ceil_div(qblocks, 16)),
                                           256, 0, stream, h, inter, rows_bound, total_rows,
                                           nullptr, true, hq8, hs, false));
@@ -2890,6 +2795,12 @@ size_t MoeRunner::workspace_bytes(int64_t max_tokens, const MoeDeviceLayer& laye
   return make_layout(std::max<int64_t>(max_tokens, 1), layer).total;
 }
 
+namespace {
+// Whether the FP8 path's down kernel quantizes its rows of h itself at T tokens (MoeTuning::
+// f8_hquant 0).
+constexpr bool f8_quant_in_down(int64_t T) { return T <= 64; }
+}  // namespace
+
 int MoeRunner::tile_tokens(int64_t T, const MoeDeviceLayer& layer) {
   // Expected rows per routed expert; a tile as large as that (decode: 8 tokens).
   const int64_t per_expert = ceil_div(T * layer.topk, std::max<int64_t>(layer.num_experts, 1));
@@ -3002,6 +2913,10 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   if (tuning.pdl != 0 && tuning.pdl != 1) return invalid_argument("moe: tuning.pdl must be 0 or 1");
   if (tuning.route_by_warp != 0 && tuning.route_by_warp != 1)
     return invalid_argument("moe: tuning.route_by_warp must be 0 or 1");
+  if (tuning.f8_order != 0 && tuning.f8_order != 1)
+    return invalid_argument("moe: tuning.f8_order must be 0 or 1");
+  if (tuning.f8_hquant < 0 || tuning.f8_hquant > 2)
+    return invalid_argument("moe: tuning.f8_hquant must be 0, 1 or 2");
   const bool pdl = tuning.pdl == 1;
   const bool pf_forced = tuning.path == 3 || tuning.path == 4;
   const int bt = tuning.tile_tokens > 0 ? tuning.tile_tokens
@@ -3045,22 +2960,13 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   auto* hq8 = reinterpret_cast<uint8_t*>(ws + L.hq8);
   auto* hs = reinterpret_cast<float*>(ws + L.hs);
   const bool want_f8 = tuning.path == 2 || (tuning.path == 0 && l.fp8_mma && bt <= 16);
-  if (tuning.f8_order != 0 && tuning.f8_order != 1)
-    return invalid_argument("moe: tuning.f8_order must be 0 or 1");
-  if (tuning.f8_fuse != 0 && tuning.f8_fuse != 1)
-    return invalid_argument("moe: tuning.f8_fuse must be 0 or 1");
-  // The FP8 path's fused epilogues (h quantization, combine; MoeTuning::f8_fuse) need every token
-  // to own a shared row (the combine's last arrival), so not on expert-parallel ranks without it.
-  const bool f8_fuse = want_f8 && tuning.f8_fuse == 0 && l.add_shared;
-  auto* counters = reinterpret_cast<int32_t*>(ws + L.counters);
   // x's activation quantization (xq bf16 in the GEMMs' K order; with the FP8 path also e4m3 codes
   // xq8 and scales xs): inside the small-T logits kernel where it can, else its own launch below.
   const XQuant xquant{true, xq, l.quantize_activations, want_f8 ? xq8 : nullptr, xs, use_wg};
   // The plan: with the routing in one launch at decode sizes, else its own launch.
   const PlanArgs pa{experts,      weights,   T,         l.topk,    l.num_experts, l.expert_begin,
                     l.expert_end, l.add_shared, bt,     group_offset, tiles,      num_tiles,
-                    row_token,    row_slot,  row_weight, f8_fuse ? counters : nullptr,
-                    f8_fuse ? f8_counter_count(T, l) : 0};
+                    row_token,    row_slot,  row_weight};
   bool x_quantized = false, planned = false;
   DS_RETURN_IF_ERROR(route_impl(l, x, token_ids, T, experts, weights, workspace, stream, pdl,
                                 xquant, &x_quantized, &pa, &planned, tuning.route_by_warp == 1));
@@ -3081,7 +2987,7 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   g1.act_scale = xs;
   g1.tiles_fastest = tuning.pf_raster == 1;
   g1.wg_step = tuning.pf_step;
-  // The FP8 path's grid order: the shared expert's tiles first (MoeTuning::f8_order).
+  // The FP8 path's grid order: the shared expert's tiles first, then tile by tile (f8_place).
   if (want_f8 && tuning.f8_order == 0 && l.add_shared) g1.shared_first = int(ceil_div(T, bt));
   GemmArgs g2 = g1;
   g2.act = hq;
@@ -3090,18 +2996,9 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   g2.K = l.inter;
   g2.N = l.dim;
   g2.out = ybuf;
-  if (f8_fuse) {
-    g1.hq8 = reinterpret_cast<uint8_t*>(ws + L.hq8);
-    g1.hs = reinterpret_cast<float*>(ws + L.hs);
-    g1.counters = counters;
-    g2.y = y;
-    g2.counters = counters + f8_h_counter_count(T, l);
-    g2.route_experts = experts;
-    g2.T = T;
-    g2.k = l.topk;
-    g2.begin = l.expert_begin;
-    g2.end = l.expert_end;
-  }
+  // The FP8 path's down kernel quantizes its own rows of h (MoeTuning::f8_hquant).
+  if (want_f8 && (tuning.f8_hquant == 2 || (tuning.f8_hquant == 0 && f8_quant_in_down(T))))
+    g2.act_f32 = h;
   const int64_t tiles_bound = max_tiles(T, l, bt);
   const int64_t rows_bound = T * l.topk + T;
   const int32_t* total_rows = group_offset + (l.num_experts + 1);
@@ -3185,7 +3082,6 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   } else {
     DS_RETURN_IF_ERROR(run(I8{}, I1{}));
   }
-  if (g2.y) return ok_status();  // the FP8 path's down epilogue combined
   DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, l.topk <= 8 ? combine_kernel<8> : combine_kernel<16>,
                                         dim3(unsigned(T), unsigned(ceil_div(l.dim, 1024))), 256, 0,
                                         stream, ybuf, experts, T, l.dim, l.topk, l.expert_begin,
