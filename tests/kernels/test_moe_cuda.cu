@@ -360,8 +360,7 @@ void run_case(const Case& c) {
   for (const cuda::MoeTuning& o : c.bit_equal) {
     same.emplace_back(o, "the tuning and bit_equal #" + std::to_string(same.size()) +
                              " (pf_rows " + std::to_string(o.pf_rows) + ", f8_order " +
-                             std::to_string(o.f8_order) + ", f8_hquant " +
-                             std::to_string(o.f8_hquant) + ")");
+                             std::to_string(o.f8_order) + ")");
   }
   for (const auto& [other, what] : same) {
     DeviceBuffer<float> d_y2(size_t(T * D));
@@ -655,22 +654,16 @@ TEST_F(MoeCuda, Fp8PathVariants) {
   run_case(hash8);
 }
 
-// The FP8 path's decode forms of session 29 against the forms before, each alone and both: the
-// grid order (MoeTuning::f8_order 0: the shared expert's tiles first, then tile by tile; 1: the
-// order before) and h's quantization (f8_hquant 2: inside the down kernel; 1: its own launch):
-// y bit for bit, and the oracle. Tiles of 8 and 16 rows, every K split, 1-64 tokens, skewed
-// routing (one expert's full tiles), hash routing, 8-warp CTAs, a graph replay with programmatic
-// launches, and an expert range without the shared expert (the order before, whatever f8_order
-// says). Bad values are refused.
-TEST_F(MoeCuda, Fp8DecodeFormsGiveTheSameBits) {
+// The FP8 path's grid order since session 29 (MoeTuning::f8_order 0: the shared expert's tiles
+// first, then tile by tile) against the order before (f8_order 1): y bit for bit, and the oracle.
+// Tiles of 8 and 16 rows, every K split, 1-64 tokens, skewed routing (one expert's full tiles),
+// hash routing, 8-warp CTAs, a graph replay with programmatic launches, and an expert range
+// without the shared expert (the order before, whatever f8_order says). A bad value is refused.
+TEST_F(MoeCuda, Fp8GridOrdersGiveTheSameBits) {
   auto both_orders = [&](Case c) {
-    cuda::MoeTuning old_order = c.tuning, own_launch = c.tuning, in_down = c.tuning;
+    cuda::MoeTuning old_order = c.tuning;
     old_order.f8_order = 1;
-    own_launch.f8_hquant = 1;
-    in_down.f8_hquant = 2;
-    cuda::MoeTuning before = own_launch;
-    before.f8_order = 1;
-    c.bit_equal = {old_order, own_launch, in_down, before};
+    c.bit_equal = {old_order};
     run_case(c);
   };
   for (int64_t T : {1, 2, 3, 4, 16, 64}) {
@@ -712,10 +705,6 @@ TEST_F(MoeCuda, Fp8DecodeFormsGiveTheSameBits) {
   bad.tuning.f8_order = 2;
   bad.expect_error = "f8_order must be 0 or 1";
   run_case(bad);
-  Case bad_q{"tiny bad f8_hquant", kTiny, WeightFormat::kMxfp4, 4};
-  bad_q.tuning.f8_hquant = 3;
-  bad_q.expect_error = "f8_hquant must be 0, 1 or 2";
-  run_case(bad_q);
 }
 
 // Router logits: T <= 64 take a CTA per expert and 8 tokens, larger T the 64 x 64 tiled SIMT GEMM

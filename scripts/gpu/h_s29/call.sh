@@ -6,7 +6,8 @@
 #      rounds (default 2; the last round's JSON -> OUT/moe_ab.json); the forward and GEMM lines;
 #   3. FULL_BENCH=1: the whole bench_moe -> OUT/moe.json;
 #   4. AB_B batches: deepserve profile --graphs of a Flash 4-layer checkpoint at context 512,
-#      alternating AB_ON / AB_OFF environments (strings of VAR=VALUE), AB_ROUNDS rounds.
+#      alternating AB_ON / AB_OFF environments (strings of VAR=VALUE), AB_ROUNDS rounds;
+#   5. EV_B batches (after AB_B, which makes the checkpoint): event-timed component profiles.
 #   scripts/gpu/h_s29/call.sh OUT
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -55,5 +56,13 @@ if [ -n "${AB_B-}" ]; then
     done
   done
 fi
+for b in ${EV_B-}; do  # event-timed components of the default build
+  mkdir -p "$out/ab"
+  name="profile_flash4_b${b}_c512_graphs_events"
+  timeout 120 "$c/deepserve" profile --device cuda --model /dev/shm/flash4 --batch "$b" \
+    --context 512 --steps 40 --warmup 5 --graphs --event-timing --output "$out/ab/$name.json" \
+    >"$out/logs/$name.log" 2>&1
+  summary+=("events B=$b rc=$? $(grep -E '^step' "$out/logs/$name.log" | head -1)")
+done
 tar -C "$out" -czf "$out/results.tgz" logs $( [ -d "$out/ab" ] && echo ab ) && rm -rf "$out/logs" "$out/ab"
 printf '%s\n' "${summary[@]}"

@@ -616,50 +616,6 @@ __global__ void __launch_bounds__(kPlanThreads)
 
 // ---- 4/6. activation quantization --------------------------------------------------------------
 
-// The quantization of one 128-block per half warp (the whole warp calls; lane `sub` of the half
-// holds the block's 8 values at positions 8 sub .. 8 sub + 7): bf16 of the FP8 simulation (exact
-// in bf16) or of the value to out (8 positions; nullable with out8), with out8 also the e4m3
-// codes (8 positions) and, by lane sub 0, the block's scale to *scale8.
-__device__ __forceinline__ void quant_block_store(float (&v)[8], bool active, bool fp8,
-                                                  uint16_t* __restrict__ out,
-                                                  uint8_t* __restrict__ out8,
-                                                  float* __restrict__ scale8, int sub) {
-  float amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-  if (!active) return;
-  if (fp8) {
-    // cpu::quantize_fp8_blocks: s = 2^ceil(log2(max(amax, 1e-4) / 448)), e4m3(clamp(x / s)) * s.
-    const float q = fmaxf(amax, 1e-4f) / 448.0f;
-    const uint32_t u = __float_as_uint(q);
-    const uint32_t code = ((u >> 23) & 0xFFu) + ((u & 0x7FFFFFu) ? 1u : 0u);
-    const float inv_scale = __uint_as_float((254u - code) << 23);
-    const float scale = __uint_as_float(code << 23);
-    uint32_t codes[2] = {0u, 0u};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      float x = v[i] * inv_scale;
-      if (!isnan(x)) x = fminf(fmaxf(x, -448.0f), 448.0f);
-      const __nv_fp8_storage_t c = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
-      codes[i >> 2] |= uint32_t(c) << ((i & 3) * 8);
-      v[i] = e4m3_to_float_dev(c) * scale;
-    }
-    if (out8) {
-      *reinterpret_cast<uint2*>(out8) = make_uint2(codes[0], codes[1]);
-      if (sub == 0) *scale8 = scale;
-      if (!out) return;
-    }
-  }
-  uint4 o;
-  o.x = pack_bf16x2(v[0], v[1]);
-  o.y = pack_bf16x2(v[2], v[3]);
-  o.z = pack_bf16x2(v[4], v[5]);
-  o.w = pack_bf16x2(v[6], v[7]);
-  *reinterpret_cast<uint4*>(out) = o;
-}
-
 // Half a warp per 128-element block: bf16 of the FP8 simulation (exact in bf16) or of the value.
 // With out8 (FP8 path) the e4m3 codes go to out8 [rows, len] and the scales to scale8
 // [rows, len / 128]; out (bf16) is then nullable. With permute (the sm_90a prefill path) every
@@ -689,11 +645,41 @@ __device__ __forceinline__ void quant_rows_warp(int64_t warp, const float* __res
     v[0] = p0.x; v[1] = p0.y; v[2] = p0.z; v[3] = p0.w;
     v[4] = p1.x; v[5] = p1.y; v[6] = p1.z; v[7] = p1.w;
   }
-  quant_block_store(v, active, fp8, active && out ? out + row * len + col : nullptr,
-                    active && out8 ? out8 + row * len + col : nullptr,
-                    active && out8 ? scale8 + row * bpr + col / kChunk : nullptr, sub);
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+  if (!active) return;
+  if (fp8) {
+    // cpu::quantize_fp8_blocks: s = 2^ceil(log2(max(amax, 1e-4) / 448)), e4m3(clamp(x / s)) * s.
+    const float q = fmaxf(amax, 1e-4f) / 448.0f;
+    const uint32_t u = __float_as_uint(q);
+    const uint32_t code = ((u >> 23) & 0xFFu) + ((u & 0x7FFFFFu) ? 1u : 0u);
+    const float inv_scale = __uint_as_float((254u - code) << 23);
+    const float scale = __uint_as_float(code << 23);
+    uint32_t codes[2] = {0u, 0u};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      float x = v[i] * inv_scale;
+      if (!isnan(x)) x = fminf(fmaxf(x, -448.0f), 448.0f);
+      const __nv_fp8_storage_t c = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+      codes[i >> 2] |= uint32_t(c) << ((i & 3) * 8);
+      v[i] = e4m3_to_float_dev(c) * scale;
+    }
+    if (out8) {
+      *reinterpret_cast<uint2*>(out8 + row * len + col) = make_uint2(codes[0], codes[1]);
+      if (sub == 0) scale8[row * bpr + col / kChunk] = scale;
+      if (!out) return;
+    }
+  }
+  uint4 o;
+  o.x = pack_bf16x2(v[0], v[1]);
+  o.y = pack_bf16x2(v[2], v[3]);
+  o.z = pack_bf16x2(v[4], v[5]);
+  o.w = pack_bf16x2(v[6], v[7]);
+  *reinterpret_cast<uint4*>(out + row * len + col) = o;
 }
-
 
 __global__ void quant_rows_kernel(const float* __restrict__ in, int64_t len, int64_t rows_bound,
                                   const int32_t* rows_dev, uint16_t* __restrict__ out, bool fp8,
@@ -741,10 +727,6 @@ struct GemmArgs {
   // FP8 path (f8_place): > 0, the shared expert's tiles (the last shared_first of the tile list)
   // take the grid's first CTAs and the routed tiles follow tile by tile (MoeTuning::f8_order 0).
   int shared_first = 0;
-  // FP8 path, down: the tile's rows of h (fp32 [rows, K]) quantized into the activation tile by
-  // the kernel itself (f8_quant_rows_to_smem) instead of read from act8 / act_scale
-  // (MoeTuning::f8_hquant).
-  const float* act_f32 = nullptr;
 };
 
 // The prefill kernels' (128-row tiles) place in their grid. By default the grid is (N blocks,
@@ -1177,45 +1159,6 @@ __device__ __forceinline__ void f8_epilogue(const GemmArgs& a, float (&acc)[2][N
   }
 }
 
-// Down GEMM with act_f32 (MoeTuning::f8_hquant): rows [gr0, gr0 + rows) of h quantized per
-// 128 K into the activation tile act (row stride act_stride) and its scales act_sc [rows][K / 128]
-// with quant_rows_kernel's arithmetic (quant_block_store: the same codes and scales). A half warp
-// per (row, block), four of them in flight per half warp. Every thread calls.
-template <int kWarps>
-__device__ __forceinline__ void f8_quant_rows_to_smem(const float* __restrict__ h, int64_t K,
-                                                      int gr0, int rows, uint8_t* act,
-                                                      int64_t act_stride, float* act_sc) {
-  constexpr int kHalves = 2 * kWarps, kBatch = 4;
-  const int lane = threadIdx.x & 31, sub = lane & 15;
-  const int half = int(threadIdx.x >> 4);
-  const int64_t nsc = K / kChunk, pairs = int64_t(rows) * nsc;
-  for (int64_t p0 = 0; p0 < pairs; p0 += kHalves * kBatch) {
-    float v[kBatch][8];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int64_t p = p0 + b * kHalves + half;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[b][i] = 0.0f;
-      if (p < pairs) {
-        const float* src = h + (gr0 + p / nsc) * K + (p % nsc) * kChunk + sub * 8;
-        const float4 p0v = *reinterpret_cast<const float4*>(src);
-        const float4 p1v = *reinterpret_cast<const float4*>(src + 4);
-        v[b][0] = p0v.x; v[b][1] = p0v.y; v[b][2] = p0v.z; v[b][3] = p0v.w;
-        v[b][4] = p1v.x; v[b][5] = p1v.y; v[b][6] = p1v.z; v[b][7] = p1v.w;
-      }
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int64_t p = p0 + b * kHalves + half;
-      const bool active = p < pairs;
-      const int64_t r = active ? p / nsc : 0, blk = active ? p % nsc : 0;
-      quant_block_store(v[b], active, true, nullptr,
-                        active ? act + r * act_stride + blk * kChunk + sub * 8 : nullptr,
-                        active ? act_sc + r * nsc + blk : nullptr, sub);
-    }
-  }
-}
-
 // The FP8-path CTA's tile (index into the tile list) and column block; false past the tiles.
 // With shared_first = S (MoeTuning::f8_order 0) the grid's first S x (column blocks) CTAs run the
 // shared expert's S tiles (the tile list's last S: FP8 weights, twice an FP4 tile's bytes, so
@@ -1284,10 +1227,8 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
   }
   const int64_t row_g[2] = {base_row[0] + gid, base_row[1] + gid};
 
-  // Activation tile (valid rows) and its scales, one cp.async group of the whole CTA (or, with
-  // act_f32, quantized here after the first weight stages are requested).
-  const bool quant_here = !kFused && a.act_f32 != nullptr;
-  if (!quant_here) {
+  // Activation tile (valid rows) and its scales, one cp.async group of the whole CTA.
+  {
     const int64_t units = K / 16, nsc = K / kChunk;
     for (int64_t i = tid; i < int64_t(rows) * units; i += kThreads) {
       const int r = int(i / units);
@@ -1345,9 +1286,7 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
 
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i);
-  if (quant_here)
-    f8_quant_rows_to_smem<kWarps>(a.act_f32, K, base + row0, rows, act, act_stride, act_sc);
-  cp_async_wait<kStages - 1>();  // the activation group (none with quant_here: no wait)
+  cp_async_wait<kStages - 1>();  // the activation group
   __syncthreads();
 
   const int m = lane >> 3, mr = lane & 7;  // ldmatrix: this lane addresses matrix m, row mr
@@ -2461,12 +2400,10 @@ Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, in
                                         dim3(unsigned(tiles), unsigned(inter / (16 * WN))),
                                         32 * kWarps, f8_smem_bytes(NT, dim, kRing, kWarps), stream,
                                         g1));
-  // (With g2.act_f32 the down kernel quantizes its rows of h itself.)
   const int64_t qblocks = rows_bound * (inter / kChunk);
-  if (!g2.act_f32)
-    DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, quant_rows_kernel, unsigned(ceil_div(qblocks, 16)),
-                                          256, 0, stream, h, inter, rows_bound, total_rows,
-                                          nullptr, true, hq8, hs, false));
+  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, quant_rows_kernel, unsigned(ceil_div(qblocks, 16)),
+                                        256, 0, stream, h, inter, rows_bound, total_rows, nullptr,
+                                        true, hq8, hs, false));
   DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, expert_gemm_f8_kernel<NT, false, KS, kRing, kH16, kWarps>,
                                         dim3(unsigned(tiles), unsigned(dim / (32 * WN))),
                                         32 * kWarps, f8_smem_bytes(NT, inter, kRing, kWarps), stream,
@@ -2795,12 +2732,6 @@ size_t MoeRunner::workspace_bytes(int64_t max_tokens, const MoeDeviceLayer& laye
   return make_layout(std::max<int64_t>(max_tokens, 1), layer).total;
 }
 
-namespace {
-// Whether the FP8 path's down kernel quantizes its rows of h itself at T tokens (MoeTuning::
-// f8_hquant 0).
-constexpr bool f8_quant_in_down(int64_t T) { return T <= 64; }
-}  // namespace
-
 int MoeRunner::tile_tokens(int64_t T, const MoeDeviceLayer& layer) {
   // Expected rows per routed expert; a tile as large as that (decode: 8 tokens).
   const int64_t per_expert = ceil_div(T * layer.topk, std::max<int64_t>(layer.num_experts, 1));
@@ -2915,8 +2846,6 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
     return invalid_argument("moe: tuning.route_by_warp must be 0 or 1");
   if (tuning.f8_order != 0 && tuning.f8_order != 1)
     return invalid_argument("moe: tuning.f8_order must be 0 or 1");
-  if (tuning.f8_hquant < 0 || tuning.f8_hquant > 2)
-    return invalid_argument("moe: tuning.f8_hquant must be 0, 1 or 2");
   const bool pdl = tuning.pdl == 1;
   const bool pf_forced = tuning.path == 3 || tuning.path == 4;
   const int bt = tuning.tile_tokens > 0 ? tuning.tile_tokens
@@ -2996,9 +2925,6 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   g2.K = l.inter;
   g2.N = l.dim;
   g2.out = ybuf;
-  // The FP8 path's down kernel quantizes its own rows of h (MoeTuning::f8_hquant).
-  if (want_f8 && (tuning.f8_hquant == 2 || (tuning.f8_hquant == 0 && f8_quant_in_down(T))))
-    g2.act_f32 = h;
   const int64_t tiles_bound = max_tiles(T, l, bt);
   const int64_t rows_bound = T * l.topk + T;
   const int32_t* total_rows = group_offset + (l.num_experts + 1);

@@ -161,10 +161,6 @@ struct MoeTuning {
   // 2-9% faster forwards at T = 2-64 on H100); 1 = the order before (the tiles side by side for
   // each column block). The same outputs either way.
   int f8_order = 0;
-  // FP8 path: the quantization of h (the down projection's input, per 128 K): 1 = its own launch
-  // (quant_rows_kernel, the form before session 29), 2 = inside the down kernel, each CTA
-  // quantizing its tile's rows (one launch fewer; the same codes and scales), 0 = the heuristic.
-  int f8_hquant = 0;
 };
 
 // Runs the MoE forward. Stateless apart from the configuration: all scratch lives in the
