@@ -371,13 +371,13 @@ Matrices make_fp4(cpu::WeightFormat f, int64_t rows, int64_t cols, int64_t count
 }  // namespace
 }  // namespace ds
 
-// DS_MOE_CASES="fmt:T:path:raster[:rows[:wgs]][:sSTEP][:m|:b][:w][:o1][:p];..." (e.g.
+// DS_MOE_CASES="fmt:T:path:raster[:rows[:wgs]][:sSTEP][:m|:b][:w][:o1][:a1][:p];..." (e.g.
 // "mxfp4:4096:4:1", "mxfp4:4096:4:0:256", "mxfp4:4096:4:0:256:2", "mxfp4:4096:0:0:s32",
 // "mxfp4:4096:0:0:b") runs only the forward cases with that weight format, token count,
 // MoeTuning::path, pf_raster and (when set) pf_rows, pf_wgs, pf_step, pf_sync 1 / 2 (":m" /
-// ":b"), route_by_warp 1 (":w"; the heuristic's rows have path 0), f8_order 1 (":o1") and pdl 1
-// (":p"): one launch sequence for a profiler (scripts/gpu/h_moe18/run.sh, NCU=1). Unset: every
-// case.
+// ":b"), route_by_warp 1 (":w"; the heuristic's rows have path 0), f8_order 1 (":o1"),
+// f8_act_rows 1 (":a1") and pdl 1 (":p"): one launch sequence for a profiler
+// (scripts/gpu/h_moe18/run.sh, NCU=1). Unset: every case.
 bool case_selected(const char* fmt, int64_t T, const ds::cuda::MoeTuning& t) {
   const char* env = std::getenv("DS_MOE_CASES");
   if (env == nullptr || *env == 0) return true;
@@ -387,7 +387,8 @@ bool case_selected(const char* fmt, int64_t T, const ds::cuda::MoeTuning& t) {
       (t.pf_wgs != 0 ? ":" + std::to_string(t.pf_wgs) : "") +
       (t.pf_step != 0 ? ":s" + std::to_string(t.pf_step) : "") +
       (t.pf_sync == 1 ? ":m" : t.pf_sync == 2 ? ":b" : "") + (t.route_by_warp == 1 ? ":w" : "") +
-      (t.f8_order == 1 ? ":o1" : "") + (t.pdl == 1 ? ":p" : "");
+      (t.f8_order == 1 ? ":o1" : "") + (t.f8_act_rows == 1 ? ":a1" : "") +
+      (t.pdl == 1 ? ":p" : "");
   std::string list = env;
   for (size_t b = 0; b <= list.size();) {
     const size_t e = std::min(list.find(';', b), list.size());
@@ -572,6 +573,12 @@ int main(int argc, char** argv) {
         cuda::MoeTuning t;
         t.f8_order = 1;
         cases.push_back({T, t});
+        // The activation tile's rows before (the whole tile), and both forms before.
+        cuda::MoeTuning full;
+        full.f8_act_rows = 1;
+        cases.push_back({T, full});
+        t.f8_act_rows = 1;
+        cases.push_back({T, t});
       }
       for (int64_t T : {2, 4, 8}) {
         cuda::MoeTuning t;
@@ -703,6 +710,7 @@ int main(int argc, char** argv) {
       if (bc.tuning.pdl) r.kernel += "_pdl";
       if (bc.tuning.route_by_warp) r.kernel += "_rwarp";
       if (bc.tuning.f8_order) r.kernel += "_order1";
+      if (bc.tuning.f8_act_rows) r.kernel += "_fulltile";
       char shape[160];
       std::snprintf(shape, sizeof shape,
                     "T=%lld D=4096 E=256 k=6 inter=2048 distinct=%lld expert=%.2fMB +shared fp8",
@@ -720,12 +728,13 @@ int main(int argc, char** argv) {
       r.max_error = double(nonfinite);
       r.error_metric = "non-finite outputs (correctness: test_moe_cuda)";
       records.push_back(r);
-      std::printf("%s bt%d ks%d p%d r%d m%d w%d rs%d rows%d pdl%d o%d T=%-5lld distinct=%-3lld "
+      std::printf("%s bt%d ks%d p%d r%d m%d w%d rs%d rows%d pdl%d o%d a%d T=%-5lld distinct=%-3lld "
                   "eager %9.1f us  %s %9.1f us  %7.0f GB/s (expert bytes %.0f GB/s = %.0f%% of "
                   "copy)  %6.1f TFLOP/s (%.0f%% of mma)\n",
                   fname, bc.tuning.tile_tokens, bc.tuning.k_split, bc.tuning.path,
                   bc.tuning.ring_kb, bc.tuning.mma, bc.tuning.warps, bc.tuning.pf_raster,
-                  bc.tuning.pf_rows, bc.tuning.pdl, bc.tuning.f8_order, (long long)T,
+                  bc.tuning.pf_rows, bc.tuning.pdl, bc.tuning.f8_order,
+                  bc.tuning.f8_act_rows, (long long)T,
                   (long long)distinct, eager_us, graph ? "graph" : "     ",
                   us, r.achieved_gbps, routed_bytes / (us * 1e-6) / 1e9,
                   100.0 * routed_bytes / (us * 1e-6) / 1e9 / copy_gbps, r.achieved_tflops,

@@ -360,7 +360,8 @@ void run_case(const Case& c) {
   for (const cuda::MoeTuning& o : c.bit_equal) {
     same.emplace_back(o, "the tuning and bit_equal #" + std::to_string(same.size()) +
                              " (pf_rows " + std::to_string(o.pf_rows) + ", f8_order " +
-                             std::to_string(o.f8_order) + ")");
+                             std::to_string(o.f8_order) + ", f8_act_rows " +
+                             std::to_string(o.f8_act_rows) + ")");
   }
   for (const auto& [other, what] : same) {
     DeviceBuffer<float> d_y2(size_t(T * D));
@@ -654,16 +655,21 @@ TEST_F(MoeCuda, Fp8PathVariants) {
   run_case(hash8);
 }
 
-// The FP8 path's grid order since session 29 (MoeTuning::f8_order 0: the shared expert's tiles
-// first, then tile by tile) against the order before (f8_order 1): y bit for bit, and the oracle.
-// Tiles of 8 and 16 rows, every K split, 1-64 tokens, skewed routing (one expert's full tiles),
-// hash routing, 8-warp CTAs, a graph replay with programmatic launches, and an expert range
-// without the shared expert (the order before, whatever f8_order says). A bad value is refused.
-TEST_F(MoeCuda, Fp8GridOrdersGiveTheSameBits) {
+// The FP8 path's decode forms of session 29 against the forms before, each alone and both: the
+// grid order (MoeTuning::f8_order 0: the shared expert's tiles first, then tile by tile; 1: the
+// order before) and the activation tile's rows (f8_act_rows 0: at most T, or T * k with hash
+// routing; 1: the whole tile): y bit for bit, and the oracle. Tiles of 8 and 16 rows, every K
+// split, 1-64 tokens, skewed routing (one expert's full tiles), hash routing (T * k rows), 8-warp
+// CTAs, a graph replay with programmatic launches, and an expert range without the shared expert
+// (the order before, whatever f8_order says). Bad values are refused.
+TEST_F(MoeCuda, Fp8DecodeFormsGiveTheSameBits) {
   auto both_orders = [&](Case c) {
-    cuda::MoeTuning old_order = c.tuning;
+    cuda::MoeTuning old_order = c.tuning, full_tile = c.tuning;
     old_order.f8_order = 1;
-    c.bit_equal = {old_order};
+    full_tile.f8_act_rows = 1;
+    cuda::MoeTuning before = full_tile;
+    before.f8_order = 1;
+    c.bit_equal = {old_order, full_tile, before};
     run_case(c);
   };
   for (int64_t T : {1, 2, 3, 4, 16, 64}) {
@@ -691,6 +697,11 @@ TEST_F(MoeCuda, Fp8GridOrdersGiveTheSameBits) {
   skew.oracle_tokens = 4;
   both_orders(skew);
   both_orders({"tiny hash fp8 order", kTiny, WeightFormat::kMxfp4, 16, false, true});
+  for (int64_t T : {1, 2}) {
+    Case hash{"flash hash fp8 order", kFlash, WeightFormat::kMxfp4, T, false, true};
+    hash.oracle_tokens = 2;
+    both_orders(hash);
+  }
   Case g{"flash fp8 order graph pdl", kFlash, WeightFormat::kMxfp4, 2};
   g.graph = true;
   g.tuning.pdl = 1;
@@ -705,6 +716,10 @@ TEST_F(MoeCuda, Fp8GridOrdersGiveTheSameBits) {
   bad.tuning.f8_order = 2;
   bad.expect_error = "f8_order must be 0 or 1";
   run_case(bad);
+  Case bad_rows{"tiny bad f8_act_rows", kTiny, WeightFormat::kMxfp4, 4};
+  bad_rows.tuning.f8_act_rows = -1;
+  bad_rows.expect_error = "f8_act_rows must be 0 or 1";
+  run_case(bad_rows);
 }
 
 // Router logits: T <= 64 take a CTA per expert and 8 tokens, larger T the 64 x 64 tiled SIMT GEMM

@@ -2,6 +2,7 @@
 # Session 29: one device call for the MoE decode work, all binaries carried in
 # build/carry/backend.tar.xz (packed as scripts/gpu/pack_backend.sh does), nothing built there:
 #   1. the GPU tests in TESTS (default: test_moe_cuda test_ops_cuda test_cuda_ops), GTEST_FILTER;
+#   1b. SANITIZE_FILTER: compute-sanitizer memcheck of those test_moe_cuda cases;
 #   2. bench_moe restricted to MOE_CASES (DS_MOE_CASES syntax, see bench_moe.cu), MOE_ROUNDS
 #      rounds (default 2; the last round's JSON -> OUT/moe_ab.json); the forward and GEMM lines;
 #   3. FULL_BENCH=1: the whole bench_moe -> OUT/moe.json;
@@ -23,6 +24,11 @@ for t in ${TESTS-test_moe_cuda test_ops_cuda test_cuda_ops}; do
   summary+=("$t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/logs/$t.log" | tr '\n' ' ')")
   grep -E '^\[  FAILED  \]|Failure' "$out/logs/$t.log" | head -20
 done
+if [ -n "${SANITIZE_FILTER-}" ]; then  # compute-sanitizer memcheck of test_moe_cuda cases
+  timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$c/test_moe_cuda" \
+    --gtest_filter="$SANITIZE_FILTER" >"$out/logs/memcheck.log" 2>&1
+  summary+=("memcheck rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED) ' "$out/logs/memcheck.log" | tr '\n' ' ')")
+fi
 if [ -n "${MOE_CASES-}" ]; then
   for i in $(seq "${MOE_ROUNDS:-2}"); do
     echo "== bench_moe round $i" | tee -a "$out/moe_ab.txt"

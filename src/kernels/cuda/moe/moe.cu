@@ -727,6 +727,10 @@ struct GemmArgs {
   // FP8 path (f8_place): > 0, the shared expert's tiles (the last shared_first of the tile list)
   // take the grid's first CTAs and the routed tiles follow tile by tile (MoeTuning::f8_order 0).
   int shared_first = 0;
+  // FP8 path: the rows of the activation tile in shared memory (no tile of the launch has more;
+  // MoeTuning::f8_act_rows), 0 = the tile's 8 * NT. Fewer rows, less shared memory per CTA: at
+  // T = 1 and 2 four CTAs per SM instead of three.
+  int act_rows = 0;
 };
 
 // The prefill kernels' (128-row tiles) place in their grid. By default the grid is (N blocks,
@@ -1054,9 +1058,11 @@ __global__ void __launch_bounds__(kGemmThreads, NT == 1 ? 4 : 1)
 constexpr int ring_scale_bytes(int ring) { return ring / 2048 * 128; }
 constexpr int kF8ActPad = 32;  // activation row stride K + 32: conflict-free 8-byte loads
 
-size_t f8_smem_bytes(int nt, int64_t K, int ring, int warps = 4) {
-  return size_t(warps) * size_t(ring + ring_scale_bytes(ring)) +
-         size_t(8 * nt) * size_t(K + kF8ActPad) + size_t(8 * nt) * size_t(K / kChunk) * 4;
+// act_rows: GemmArgs::act_rows (0 = 8 * nt).
+size_t f8_smem_bytes(int nt, int64_t K, int ring, int warps = 4, int act_rows = 0) {
+  const size_t rows = size_t(act_rows > 0 ? std::min(act_rows, 8 * nt) : 8 * nt);
+  return size_t(warps) * size_t(ring + ring_scale_bytes(ring)) + rows * size_t(K + kF8ActPad) +
+         rows * size_t(K / kChunk) * 4;
 }
 
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
@@ -1202,10 +1208,20 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
   const int64_t K = a.K;
   const int64_t chunks = K / kChunk;
   const int64_t act_stride = K + kF8ActPad;
+  const int arows = a.act_rows > 0 ? min(a.act_rows, BT) : BT;
   uint8_t* ring = smem + warp * kRing;
   uint8_t* ring_scale = smem + kWarps * kRing + warp * ring_scale_bytes(kRing);
   uint8_t* act = smem + kWarps * (kRing + ring_scale_bytes(kRing));
-  float* act_sc = reinterpret_cast<float*>(act + BT * act_stride);
+  float* act_sc = reinterpret_cast<float*>(act + arows * act_stride);
+  // The mma's token columns past arows read row arows - 1 (their results are dropped): the tile
+  // rows this lane's B fragments and activation scales come from.
+  int b_row[NT], s_row[NT][2];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    b_row[n] = min(n * 8 + gid, arows - 1);
+    s_row[n][0] = min(n * 8 + 2 * t4, arows - 1);
+    s_row[n][1] = min(n * 8 + 2 * t4 + 1, arows - 1);
+  }
 
   // Weight rows of the warp: set j covers rows base_row[j] + [0, 16).
   const uint8_t* data[2];
@@ -1325,7 +1341,7 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
 #pragma unroll
           for (int n = 0; n < NT; ++n) {
             const uint2 v = *reinterpret_cast<const uint2*>(
-                act + (n * 8 + gid) * act_stride + chunk * kChunk + 32 * (s + ss) + 8 * t4);
+                act + b_row[n] * act_stride + chunk * kChunk + 32 * (s + ss) + 8 * t4);
             bf[n][0] = __byte_perm(v.x, v.y, 0x6420);
             bf[n][1] = __byte_perm(v.x, v.y, 0x7531);
           }
@@ -1390,7 +1406,7 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
         uint32_t bf[NT][2];
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-          const uint8_t* p = act + (n * 8 + gid) * act_stride + chunk * kChunk + 32 * s + 4 * t4;
+          const uint8_t* p = act + b_row[n] * act_stride + chunk * kChunk + 32 * s + 4 * t4;
           bf[n][0] = *reinterpret_cast<const uint32_t*>(p);
           bf[n][1] = *reinterpret_cast<const uint32_t*>(p + 16);
         }
@@ -1440,8 +1456,8 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
     const int64_t nsc = chunks;
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
-      const float as0 = act_sc[(n * 8 + 2 * t4) * nsc + chunk];
-      const float as1 = act_sc[(n * 8 + 2 * t4 + 1) * nsc + chunk];
+      const float as0 = act_sc[s_row[n][0] * nsc + chunk];
+      const float as1 = act_sc[s_row[n][1] * nsc + chunk];
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -2398,16 +2414,18 @@ Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, in
   // (The dynamic shared memory opt-in is done at load time: set_f8_smem_attributes.)
   DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, expert_gemm_f8_kernel<NT, true, KS, kRing, kH16, kWarps>,
                                         dim3(unsigned(tiles), unsigned(inter / (16 * WN))),
-                                        32 * kWarps, f8_smem_bytes(NT, dim, kRing, kWarps), stream,
-                                        g1));
+                                        32 * kWarps,
+                                        f8_smem_bytes(NT, dim, kRing, kWarps, g1.act_rows),
+                                        stream, g1));
   const int64_t qblocks = rows_bound * (inter / kChunk);
   DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, quant_rows_kernel, unsigned(ceil_div(qblocks, 16)),
                                         256, 0, stream, h, inter, rows_bound, total_rows, nullptr,
                                         true, hq8, hs, false));
   DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, expert_gemm_f8_kernel<NT, false, KS, kRing, kH16, kWarps>,
                                         dim3(unsigned(tiles), unsigned(dim / (32 * WN))),
-                                        32 * kWarps, f8_smem_bytes(NT, inter, kRing, kWarps), stream,
-                                        g2));
+                                        32 * kWarps,
+                                        f8_smem_bytes(NT, inter, kRing, kWarps, g2.act_rows),
+                                        stream, g2));
   return ok_status();
 }
 
@@ -2846,6 +2864,8 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
     return invalid_argument("moe: tuning.route_by_warp must be 0 or 1");
   if (tuning.f8_order != 0 && tuning.f8_order != 1)
     return invalid_argument("moe: tuning.f8_order must be 0 or 1");
+  if (tuning.f8_act_rows != 0 && tuning.f8_act_rows != 1)
+    return invalid_argument("moe: tuning.f8_act_rows must be 0 or 1");
   const bool pdl = tuning.pdl == 1;
   const bool pf_forced = tuning.path == 3 || tuning.path == 4;
   const int bt = tuning.tile_tokens > 0 ? tuning.tile_tokens
@@ -2918,6 +2938,11 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   g1.wg_step = tuning.pf_step;
   // The FP8 path's grid order: the shared expert's tiles first, then tile by tile (f8_place).
   if (want_f8 && tuning.f8_order == 0 && l.add_shared) g1.shared_first = int(ceil_div(T, bt));
+  // The FP8 path's activation tile rows: a tile holds at most T rows (the shared expert's T, a
+  // routed expert's at most one per token: top-k picks distinct experts) or T * k with hash
+  // routing (a tid2eid row may repeat an expert).
+  if (want_f8 && tuning.f8_act_rows == 0)
+    g1.act_rows = int(std::min<int64_t>(bt, l.tid2eid ? T * l.topk : T));
   GemmArgs g2 = g1;
   g2.act = hq;
   g2.act8 = hq8;

@@ -161,6 +161,11 @@ struct MoeTuning {
   // 2-9% faster forwards at T = 2-64 on H100); 1 = the order before (the tiles side by side for
   // each column block). The same outputs either way.
   int f8_order = 0;
+  // FP8 path: the activation tile's rows in shared memory: 0 = as many as a tile of this forward
+  // can hold (T, or T * k with hash routing, at most the tile's 8 or 16: at T = 1 and 2 the
+  // smaller shared memory lets four CTAs share an SM instead of three); 1 = always the tile's
+  // (the form before session 29). The same outputs either way.
+  int f8_act_rows = 0;
 };
 
 // Runs the MoE forward. Stateless apart from the configuration: all scratch lives in the
