@@ -12,7 +12,7 @@ mkdir -p "$out"
 . scripts/gpu/unpack_bins.sh && unpack_bins build/carry/backend.tar.xz "$c" || exit 2
 T="${NCU_T:-1}"
 DS_MOE_CASES="mxfp4:$T:0:0" timeout 300 ncu --clock-control none --set full --import-source yes \
-  --pm-sampling-interval 0 --warp-sampling-interval 0 \
+  --warp-sampling-interval 0 \
   --kernel-name regex:expert_gemm_f8 --launch-count 2 -f -o "$out/f8_T$T" \
   "$c/bench_moe" /tmp/ncu_bench.json >"$out/ncu_run.log" 2>&1
 echo "ncu rc=$?"
