@@ -529,7 +529,7 @@ int main(int argc, char** argv) {
         cases.push_back({T, cuda::MoeTuning{0, 0, 2, 0, 1}});
       for (int64_t T : {1, 2, 4, 8, 16, 32, 64}) {
         for (int ks : {1, 2, 4}) cases.push_back({T, cuda::MoeTuning{8, ks, 2, 0, 2}});
-        if (T == 1 || T == 16 || T == 64)
+        if (T <= 4 || T == 16 || T == 64)
           cases.push_back({T, cuda::MoeTuning{8, T <= 4 ? 4 : 2, 2, 16, 2}});
       }
       // 8 warps per CTA (16 warps per SM), both MMAs, every K split.
