@@ -556,18 +556,21 @@ int main(int argc, char** argv) {
     } else {
       cases.push_back({4096, cuda::MoeTuning{0, 0, 3, 0}});
     }
+    const bool mx = fmt == cpu::WeightFormat::kMxfp4;
     // Programmatic dependent launches of the MoE kernels (MoeTuning::pdl) against the default plain
-    // launches, the decode sizes in a graph (each MoE kernel overlaps only its launch).
-    for (int64_t T : {1, 16, 64}) {
+    // launches, the decode sizes in a graph (each MoE kernel overlaps only its launch); also with
+    // the FP8 path's grid order before (f8_order 1, session 29).
+    const std::vector<int64_t> pdl_sizes =
+        mx ? std::vector<int64_t>{1, 2, 4, 8, 16, 64} : std::vector<int64_t>{1, 16, 64};
+    for (int64_t T : pdl_sizes) {
       cuda::MoeTuning t;
       t.pdl = 1;
       cases.push_back({T, t});
       t.f8_order = 1;
       cases.push_back({T, t});
     }
-    const bool mx = fmt == cpu::WeightFormat::kMxfp4;
-    // Session 29: the FP8 path's grid order before (MoeTuning::f8_order 1) next to the default
-    // rows above; also with programmatic launches.
+    // Session 29: the FP8 path's grid order before (MoeTuning::f8_order 1) and the whole activation
+    // tile (f8_act_rows 1) next to the default rows above.
     if (mx) {
       for (int64_t T : {1, 2, 4, 8, 16, 32, 64}) {
         cuda::MoeTuning t;
@@ -578,13 +581,6 @@ int main(int argc, char** argv) {
         full.f8_act_rows = 1;
         cases.push_back({T, full});
         t.f8_act_rows = 1;
-        cases.push_back({T, t});
-      }
-      for (int64_t T : {2, 4, 8}) {
-        cuda::MoeTuning t;
-        t.pdl = 1;
-        cases.push_back({T, t});
-        t.f8_order = 1;
         cases.push_back({T, t});
       }
     }
