@@ -1172,7 +1172,7 @@ __device__ __forceinline__ void f8_epilogue(const GemmArgs& a, float (&acc)[2][N
 // tile's column blocks side by side (consecutive CTAs stream consecutive rows of one expert's
 // matrix). Otherwise blockIdx.x is the tile and blockIdx.y the column block (the order before
 // session 29: the tiles of every expert side by side). Measured on H100 (session 29, bench_moe):
-// the forward 2-9% faster at T = 2-64 in this order, the same at T = 1.
+// the forward 3-9% faster at T = 2-64 in this order, 1-2% at T = 1.
 __device__ __forceinline__ bool f8_place(const GemmArgs& a, int* tile_index, int64_t* col) {
   const int tiles = *a.num_tiles;
   if (a.shared_first <= 0) {
