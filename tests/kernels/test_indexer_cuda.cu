@@ -231,14 +231,18 @@ struct Result {
   std::vector<int32_t> selected, count;
 };
 
-void run_plan(const Problem& pr, DeviceProblem& dp, const cuda::IndexerPlan& plan, Result& res) {
+void run_plan(const Problem& pr, DeviceProblem& dp, const cuda::IndexerPlan& plan, Result& res,
+              bool early_exit = true, bool compact = true) {
   const size_t ws_bytes = cuda::indexer_workspace_bytes(plan);
   test::DeviceBuffer<uint8_t> ws(std::max<size_t>(16, ws_bytes));
   ASSERT_TRUE(ws.ok());
   DS_CUDA_ASSERT(ws.poison());
   DS_CUDA_ASSERT(dp.selected.poison());
   DS_CUDA_ASSERT(dp.count.poison());
-  const Status st = cuda::launch_indexer_select(dp.params(pr, plan, ws.get(), ws_bytes), nullptr);
+  cuda::IndexerSelectParams p = dp.params(pr, plan, ws.get(), ws_bytes);
+  p.select_early_exit = early_exit;
+  p.select_compact = compact;
+  const Status st = cuda::launch_indexer_select(p, nullptr);
   ASSERT_TRUE(st.ok()) << st.to_string();
   DS_CUDA_ASSERT(cudaDeviceSynchronize());
   DS_CUDA_ASSERT(dp.selected.download(res.selected));
@@ -343,7 +347,10 @@ int sm_count() {
   return n;
 }
 
-// The default plan against the reference, then each split cap for identical outputs.
+// The default plan against the reference, then for identical outputs: each split cap, the
+// selects' full 16-step search (no early exit), the chunk selects over whole chunks (no
+// compaction of the filter's survivors), both, and the plan rule before session 30 (splits of
+// >= 2 topk keys).
 void check_problem(const Shape& s, uint64_t seed, const std::vector<int>& split_caps) {
   Problem pr = make_problem(s, seed);
   DeviceProblem dp(pr);
@@ -362,6 +369,24 @@ void check_problem(const Shape& s, uint64_t seed, const std::vector<int>& split_
     EXPECT_EQ(res.selected, first.selected) << "split cap " << cap << " (" << plan.max_splits
                                             << " splits; default " << base.max_splits << ")";
     EXPECT_EQ(res.count, first.count) << "split cap " << cap;
+  }
+  for (int variant = 1; variant < 4; ++variant) {
+    const bool early_exit = (variant & 1) == 0, compact = (variant & 2) == 0;
+    Result res;
+    run_plan(pr, dp, base, res, early_exit, compact);
+    EXPECT_EQ(res.selected, first.selected) << "early exit " << early_exit << ", compaction "
+                                            << compact << " (" << base.max_splits << " splits)";
+    EXPECT_EQ(res.count, first.count) << "early exit " << early_exit << ", compaction " << compact;
+  }
+  {
+    const cuda::IndexerPlan two =
+        cuda::plan_indexer_select(pr.num_queries, s.max_visible, s.topk, sm_count(), 0, 2);
+    EXPECT_GE(two.min_keys, 2 * s.topk);
+    Result res;
+    run_plan(pr, dp, two, res);
+    EXPECT_EQ(res.selected, first.selected) << "splits of >= 2 topk keys (" << two.max_splits
+                                            << " splits; default " << base.max_splits << ")";
+    EXPECT_EQ(res.count, first.count) << "splits of >= 2 topk keys";
   }
 }
 
@@ -559,6 +584,12 @@ TEST(IndexerCuda, RejectsBadParams) {
   p.topk = 16;  // differs from the plan's
   EXPECT_EQ(cuda::launch_indexer_select(p, nullptr).code(), StatusCode::kInvalidArgument);
   p.topk = 8;
+  {  // splits shorter than topk keys: a split's candidate list would not be full
+    cuda::IndexerPlan shortsplit = plan;
+    shortsplit.min_keys = s.topk - 1;
+    cuda::IndexerSelectParams ps = dp.params(pr, shortsplit, nullptr, 0);
+    EXPECT_EQ(cuda::launch_indexer_select(ps, nullptr).code(), StatusCode::kInvalidArgument);
+  }
   {  // more merge candidates than the merge holds (plan_indexer_select never makes it)
     cuda::IndexerPlan big = plan;
     big.max_splits = 2000;

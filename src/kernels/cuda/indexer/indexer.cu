@@ -143,13 +143,18 @@ struct SelectShared {
 };
 
 // The k-th largest of the keys (thr) and how many keys are > thr (gt); the k - gt first keys == thr
-// in position order complete the top k. Radix-4 search from the top bit: 16 steps, each counts
-// the keys >= the 3 candidates prefix | d << s (d = 1..3) and keeps the largest with count >= k
-// (prefix | 0 always qualifies). At least k keys must be nonzero. `rows` (uniform) bounds the
-// live rows. All threads of the block call it.
+// in position order complete the top k. Radix-4 search from the top bit: up to 16 steps, each
+// counts the keys >= the 3 candidates prefix | d << s (d = 1..3) and keeps the largest with
+// count >= k (prefix | 0 always qualifies). At least k keys must be nonzero. `rows` (uniform)
+// bounds the live rows. All threads of the block call it.
+// Early exit (`early_exit`, session 30): when exactly k keys are >= the prefix just taken, they
+// are the top k whatever the remaining digits (no key equal to the k-th one is left out), so the
+// search stops with thr = prefix - 1 and gt = k (no ties). The selected set is the full search's;
+// only thr may be lower than the k-th key. On random scores the search ends after ~8-10 steps.
 template <int kNT, int kR>
 __device__ __forceinline__ void select_threshold(const uint32_t (&e)[kR], int rows, int k,
-                                                 SelectShared& sh, uint32_t& thr, uint32_t& gt) {
+                                                 SelectShared& sh, uint32_t& thr, uint32_t& gt,
+                                                 bool early_exit) {
   constexpr int kNW = kNT / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const uint32_t need = uint32_t(k);
@@ -178,16 +183,25 @@ __device__ __forceinline__ void select_threshold(const uint32_t (&e)[kR], int ro
     const uint32_t a = __reduce_add_sync(0xFFFFFFFFu, lane < kNW ? red[0][lane] : 0u);
     const uint32_t t3 = __reduce_add_sync(0xFFFFFFFFu, lane < kNW ? red[1][lane] : 0u);
     const uint32_t t1 = a & 0xFFFFu, t2 = a >> 16;
+    uint32_t taken = 0;  // keys >= the new prefix when a candidate was taken (block-uniform)
     if (t3 >= need) {
       prefix = c3;
+      taken = t3;
     } else if (t2 >= need) {
       prefix = c2;
       above = t3;
+      taken = t2;
     } else if (t1 >= need) {
       prefix = c1;
       above = t2;
+      taken = t1;
     } else {
       above = t1;
+    }
+    if (early_exit && taken == need) {
+      thr = prefix - 1u;  // prefix >= 1: the keys > thr are exactly the k keys >= prefix
+      gt = need;
+      return;
     }
   }
   thr = prefix;
@@ -285,31 +299,83 @@ __device__ __forceinline__ void with_row_bucket(int rows, const F& f) {
   }
 }
 
+// Ordered compaction of a chunk's survivors (session 30): thread t owns the contiguous keys
+// [t kPer, t kPer + kPer) of chunk_key[0, m); a block scan gives each nonzero key its place among
+// the nonzero keys in position order. When there are at most kChunk / 2 of them, they are written
+// to chunk_key[0, n) and their chunk offsets to chunk_key[kChunk / 2, kChunk / 2 + n) (the reads
+// all happen before the first barrier) and n is returned; otherwise nothing is written and -1 is
+// returned. All threads call it; it uses SelectShared::cnt[0 .. kWarps).
+__device__ __forceinline__ int compact_survivors(uint32_t* chunk_key, int m, SelectShared& sh) {
+  constexpr int kPer = kChunk / kThreads;
+  static_assert(kChunk % kThreads == 0 && kWarps <= kSelectCntWords, "compaction layout");
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  uint32_t v[kPer];
+  int n = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = tid * kPer + j;
+    v[j] = i < m ? chunk_key[i] : kFiltered;
+    n += v[j] != kFiltered;
+  }
+  int incl = n;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int y = __shfl_up_sync(0xFFFFFFFFu, incl, off);
+    if (lane >= off) incl += y;
+  }
+  if (lane == 31) sh.cnt[warp] = uint32_t(incl);
+  __syncthreads();
+  int pos = incl - n, total = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const int c = int(sh.cnt[w]);
+    pos += w < warp ? c : 0;
+    total += c;
+  }
+  if (total > kChunk / 2) return -1;  // block-uniform
+#pragma unroll
+  for (int j = 0; j < kPer; ++j)
+    if (v[j] != kFiltered) {
+      chunk_key[pos] = v[j];
+      chunk_key[kChunk / 2 + pos] = uint32_t(tid * kPer + j);
+      ++pos;
+    }
+  __syncthreads();
+  return total;
+}
+
 // Chunk end of the score kernel (both MMA paths): merges the chunk's m keys (chunk_key, indices
 // c0 ..) into the running top-k (candidate list `cur` of cand_keys / cand_idxs, cand_n entries),
 // keeping ascending index order. Threshold filter: once the list is full, a chunk key <= its k-th
 // key (thr_f) cannot enter it (equal keys lose to the lower indices already held) and was stored
-// as kFiltered; a chunk with no survivor skips the select. All threads call it.
-__device__ __forceinline__ void score_chunk_end(const uint32_t* chunk_key, uint32_t* cand_keys,
+// as kFiltered; a chunk with no survivor skips the select. With `compact` the survivors of a
+// filtered chunk are compacted first (compact_survivors), so the select runs over the list + the
+// survivors (~k + k m / keys so far on random scores) instead of the list + the whole chunk.
+// All threads call it.
+__device__ __forceinline__ void score_chunk_end(uint32_t* chunk_key, uint32_t* cand_keys,
                                                 int32_t* cand_idxs, int k, int m, int c0,
                                                 SelectShared& sh, int& cur, int& cand_n,
-                                                uint32_t& thr_f, int& survivor) {
+                                                uint32_t& thr_f, int& survivor, bool early_exit,
+                                                bool compact) {
   const int tid = threadIdx.x;
   const bool any = __syncthreads_or(survivor) != 0;  // also publishes chunk_key
   survivor = 0;
-  const int total = cand_n + m;
   uint32_t* ck = cand_keys + cur * k;
   int32_t* ci = cand_idxs + cur * k;
-  if (total <= k) {  // still filling (thr_f == 0: nothing was filtered)
+  if (cand_n + m <= k) {  // still filling (thr_f == 0: nothing was filtered)
     for (int x = tid; x < m; x += kThreads) {
       ck[cand_n + x] = chunk_key[x];
       ci[cand_n + x] = c0 + x;
     }
-    cand_n = total;
+    cand_n += m;
   } else if (any) {
     uint32_t* ok = cand_keys + (cur ^ 1) * k;
     int32_t* oi = cand_idxs + (cur ^ 1) * k;
     const int n_old = cand_n;
+    // Chunk entries entering the select: all m, or the compacted survivors (offsets beside them).
+    const int n_surv = compact && thr_f != kFiltered ? compact_survivors(chunk_key, m, sh) : -1;
+    const uint32_t* offs = n_surv >= 0 ? chunk_key + kChunk / 2 : nullptr;
+    const int total = n_old + (n_surv >= 0 ? n_surv : m);
     const int rows = (total + kThreads - 1) / kThreads;
     with_row_bucket<4, 8, kScoreRows>(rows, [&](auto tag) {
       constexpr int kR = decltype(tag)::value;
@@ -320,11 +386,13 @@ __device__ __forceinline__ void score_chunk_end(const uint32_t* chunk_key, uint3
         e[r] = x < n_old ? ck[x] : (x < total ? chunk_key[x - n_old] : 0u);
       }
       uint32_t thr, gt;
-      select_threshold<kThreads, kR>(e, rows, k, sh, thr, gt);
+      select_threshold<kThreads, kR>(e, rows, k, sh, thr, gt, early_exit);
       select_emit<kThreads, kR>(e, rows, thr, uint32_t(k) - gt, sh,
                                 [&](int x, uint32_t pos, uint32_t key) {
                                   ok[pos] = key;
-                                  oi[pos] = x < n_old ? ci[x] : c0 + (x - n_old);
+                                  oi[pos] = x < n_old ? ci[x]
+                                                      : c0 + (offs ? int(offs[x - n_old])
+                                                                   : x - n_old);
                                 });
       thr_f = thr;
     });
@@ -645,7 +713,8 @@ __device__ __forceinline__ void score_wgmma(const IndexerSelectParams& p, uint8_
       epilogue(acc, t, st, m);
     }
     if ((i + 1) % kWgChunkIters != 0 && i + 1 != iters) continue;
-    score_chunk_end(chunk_key, cand_keys, cand_idxs, k, m, c0, sh, cur, cand_n, thr_f, survivor);
+    score_chunk_end(chunk_key, cand_keys, cand_idxs, k, m, c0, sh, cur, cand_n, thr_f, survivor,
+                    p.select_early_exit, p.select_compact);
   }
   cp_async_wait<0>();
 
@@ -891,11 +960,12 @@ __global__ void __launch_bounds__(kThreads, DS_INDEXER_SCORE_MIN_BLOCKS)
     }
     if ((i + 1) % kChunkIters != 0 && i + 1 != iters) continue;
 
-    score_chunk_end(chunk_key, cand_keys, cand_idxs, k, m, c0, sh, cur, cand_n, thr_f, survivor);
+    score_chunk_end(chunk_key, cand_keys, cand_idxs, k, m, c0, sh, cur, cand_n, thr_f, survivor,
+                    p.select_early_exit, p.select_compact);
   }
   cp_async_wait<0>();  // tiles issued past the split (zero-filled rows only) must land
 
-  // cand_n == k here: v > k, and with several splits every split has >= min_keys >= 2k keys.
+  // cand_n == k here: v > k, and with several splits every split has >= min_keys >= k keys.
   if (splits == 1) {
     for (int i = tid; i < k; i += kThreads) sel[i] = cand_idx(cur)[i];
     if (tid == 0 && p.count) p.count[q] = k;
@@ -941,7 +1011,7 @@ __global__ void __launch_bounds__(kMergeThreads) indexer_merge_kernel(const Inde
       e[r] = i < n ? __ldcg(keys + i) : 0u;
     }
     uint32_t thr, gt;
-    select_threshold<kMergeThreads, kR>(e, rows, k, sh, thr, gt);
+    select_threshold<kMergeThreads, kR>(e, rows, k, sh, thr, gt, p.select_early_exit);
     select_emit<kMergeThreads, kR>(e, rows, thr, uint32_t(k) - gt, sh,
                                    [&](int i, uint32_t pos, uint32_t) {
                                      sel[pos] = __ldcg(idx + i);
@@ -1032,11 +1102,11 @@ Status launch_pack_index_keys(const PackIndexKeysParams& p, cudaStream_t stream)
 }
 
 IndexerPlan plan_indexer_select(int32_t num_queries, int32_t max_visible, int32_t topk,
-                                int32_t num_sms, int32_t max_splits_cap) {
+                                int32_t num_sms, int32_t max_splits_cap, int32_t min_keys_topks) {
   IndexerPlan plan;
   plan.topk = topk;
   plan.num_queries = num_queries;
-  plan.min_keys = std::max(2 * std::max(topk, 1), 256);
+  plan.min_keys = std::max(std::max(topk, 1) * std::max(min_keys_topks, 1), 256);
   const int64_t queries = std::max<int32_t>(num_queries, 1);
   const int64_t sms = std::max<int32_t>(num_sms, 1);
   // At most two CTAs per SM (one is resident per SM: registers), rounded down so that the last
@@ -1069,7 +1139,7 @@ Status launch_indexer_select(const IndexerSelectParams& p, cudaStream_t stream) 
   if (p.topk < 1 || p.topk > kIndexerMaxTopk)
     return invalid_argument("indexer_select: topk must be in 1 .. 1024");
   if (p.plan.topk != p.topk || p.plan.max_splits < 1 || p.num_queries > p.plan.num_queries ||
-      p.plan.min_keys < 2 * p.topk)
+      p.plan.min_keys < p.topk)
     return invalid_argument("indexer_select: plan does not match the params");
   if (p.keys.page_size <= 0 || p.keys.page_bytes < index_key_page_bytes(p.keys.page_size) ||
       p.keys.page_bytes % 16 != 0)

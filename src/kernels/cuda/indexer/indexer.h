@@ -76,15 +76,19 @@ Status launch_pack_index_keys(const PackIndexKeysParams& params, cudaStream_t st
 // Launch geometry from shape bounds only (never from device lengths).
 struct IndexerPlan {
   int32_t max_splits = 1;  // CTAs per query token; a query uses min(max_splits, visible/min_keys)
-  int32_t min_keys = 1024;  // keys per split at least (2 * topk, >= 256)
+  int32_t min_keys = 512;   // keys per split at least (>= topk; the planner: topk, >= 256)
   int32_t topk = 512;
   int32_t num_queries = 0;  // the bound the workspace was sized for
 };
 
 // Picks the split count so that num_queries * splits covers `num_sms` about twice, limited by
-// max_visible / min_keys. `max_splits_cap` > 0 caps it (tests). Host arithmetic only.
+// max_visible / min_keys with min_keys = max(topk * min_keys_topks, 256). `max_splits_cap` > 0
+// caps it (tests). min_keys_topks = 1 (session 30): a split of <= 2 topk keys selects at most
+// once and one of exactly topk keys never does (its keys go to the merge as they are);
+// 2 is the rule before (A/B in bench_indexer's "mk2" series). Host arithmetic only.
 IndexerPlan plan_indexer_select(int32_t num_queries, int32_t max_visible, int32_t topk,
-                                int32_t num_sms, int32_t max_splits_cap = 0);
+                                int32_t num_sms, int32_t max_splits_cap = 0,
+                                int32_t min_keys_topks = 1);
 
 // Workspace bytes for `plan` (0 when max_splits == 1): one candidate list per (query, split).
 size_t indexer_workspace_bytes(const IndexerPlan& plan);
@@ -105,6 +109,12 @@ struct IndexerSelectParams {
   IndexerPlan plan;
   void* workspace = nullptr;  // indexer_workspace_bytes(plan) bytes, 16-byte aligned
   size_t workspace_bytes = 0;
+  // The selects' radix search stops as soon as exactly topk keys are >= its prefix (same
+  // selection; session 30). false = the full 16 steps (A/B switch for the benchmark and tests).
+  bool select_early_exit = true;
+  // The score kernel's chunk selects run over the running top-k + the chunk keys that pass the
+  // threshold filter, compacted first (same selection; session 30). false = over the whole chunk.
+  bool select_compact = true;
 };
 
 // Enqueues the score/select kernel and, when plan.max_splits > 1, the merge kernel. No allocation,
