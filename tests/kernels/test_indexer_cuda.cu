@@ -561,6 +561,97 @@ TEST(IndexerCuda, GraphReplayWithNewLengths) {
   DS_CUDA_ASSERT(cudaStreamDestroy(stream));
 }
 
+// Stands for the kernels that produce the indexer's inputs: lets its dependents launch at once,
+// spins ~50 us, then writes the queries, the weights and the visible counts. A programmatic
+// dependent that read them before griddepcontrol.wait would read the poison.
+__global__ void slow_producer(const float* q_src, float* q, int64_t nq, const float* w_src,
+                              float* w, int64_t nw, const int32_t* v_src, int32_t* v, int n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  const long long t0 = clock64();
+  while (clock64() - t0 < 100000) {
+  }
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  for (int64_t i = first; i < nq; i += stride) q[i] = q_src[i];
+  for (int64_t i = first; i < nw; i += stride) w[i] = w_src[i];
+  for (int64_t i = first; i < n; i += stride) v[i] = v_src[i];
+}
+
+// IndexerSelectParams::pdl: both kernels launched as programmatic dependents, the score kernel
+// after the kernel that writes its queries, weights and visible counts, give the plain launch's
+// output, on a stream and inside a graph.
+TEST(IndexerCuda, ProgrammaticLaunchWaitsForTheProducer) {
+  DS_REQUIRE_GPU();
+  Shape s;
+  s.num_seqs = 4;
+  s.queries_per_seq = 2;
+  s.min_visible = 3000;
+  s.max_visible = 9000;
+  Problem pr = make_problem(s, 131);
+  DeviceProblem dp(pr);
+  upload_and_pack(pr, dp);
+  if (HasFatalFailure()) return;
+  const cuda::IndexerPlan plan =
+      cuda::plan_indexer_select(pr.num_queries, s.max_visible, s.topk, sm_count());
+  ASSERT_GT(plan.max_splits, 1);  // the merge kernel runs too
+  Result want;
+  run_plan(pr, dp, plan, want);
+  expect_matches_reference(pr, want, "plain launch");
+  test::DeviceBuffer<float> q_src(pr.q.size()), w_src(pr.w.size());
+  test::DeviceBuffer<int32_t> v_src(pr.visible.size());
+  ASSERT_TRUE(q_src.ok() && w_src.ok() && v_src.ok());
+  DS_CUDA_ASSERT(q_src.upload(pr.q));
+  DS_CUDA_ASSERT(w_src.upload(pr.w));
+  DS_CUDA_ASSERT(v_src.upload(pr.visible));
+  const size_t ws_bytes = cuda::indexer_workspace_bytes(plan);
+  test::DeviceBuffer<uint8_t> ws(ws_bytes);
+  ASSERT_TRUE(ws.ok());
+  cudaStream_t stream;
+  DS_CUDA_ASSERT(cudaStreamCreate(&stream));
+  cuda::IndexerSelectParams p = dp.params(pr, plan, ws.get(), ws_bytes);
+  p.pdl = true;
+  auto enqueue = [&]() -> Status {
+    slow_producer<<<4, 256, 0, stream>>>(q_src.get(), dp.q.get(), int64_t(pr.q.size()),
+                                         w_src.get(), dp.w.get(), int64_t(pr.w.size()),
+                                         v_src.get(), dp.visible.get(), pr.num_queries);
+    if (cudaGetLastError() != cudaSuccess) return internal_error("slow_producer launch");
+    return cuda::launch_indexer_select(p, stream);
+  };
+  for (int use_graph = 0; use_graph < 2; ++use_graph) {
+    SCOPED_TRACE(use_graph ? "graph" : "stream");
+    DS_CUDA_ASSERT(dp.q.poison());
+    DS_CUDA_ASSERT(dp.w.poison());
+    DS_CUDA_ASSERT(dp.visible.poison());
+    DS_CUDA_ASSERT(dp.selected.poison());
+    DS_CUDA_ASSERT(dp.count.poison());
+    DS_CUDA_ASSERT(ws.poison());
+    cudaGraphExec_t exec = nullptr;
+    if (use_graph) {
+      cudaGraph_t graph;
+      DS_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      const Status st = enqueue();
+      DS_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      DS_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+      DS_CUDA_ASSERT(cudaGraphDestroy(graph));
+      DS_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+    } else {
+      const Status st = enqueue();
+      ASSERT_TRUE(st.ok()) << st.to_string();
+    }
+    DS_CUDA_ASSERT(cudaStreamSynchronize(stream));
+    if (exec) DS_CUDA_ASSERT(cudaGraphExecDestroy(exec));
+    Result got;
+    DS_CUDA_ASSERT(dp.selected.download(got.selected));
+    DS_CUDA_ASSERT(dp.count.download(got.count));
+    EXPECT_EQ(got.selected, want.selected);
+    EXPECT_EQ(got.count, want.count);
+  }
+  DS_CUDA_ASSERT(cudaStreamDestroy(stream));
+}
+
 TEST(IndexerCuda, RejectsBadParams) {
   DS_REQUIRE_GPU();
   Shape s = tiny_shape();
