@@ -56,4 +56,27 @@ class DeviceBuffer {
   size_t count_;
 };
 
+// Runs enqueue() (launches on `stream`, returns a Status) once: straight on the stream, or
+// captured into a CUDA graph that is instantiated and launched once; then synchronizes the
+// stream. Any error fails the current test.
+template <class Enqueue>
+void run_on_stream_or_graph(cudaStream_t stream, bool use_graph, const Enqueue& enqueue) {
+  cudaGraphExec_t exec = nullptr;
+  if (use_graph) {
+    cudaGraph_t graph;
+    DS_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const auto st = enqueue();
+    DS_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    DS_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+    DS_CUDA_ASSERT(cudaGraphDestroy(graph));
+    DS_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+  } else {
+    const auto st = enqueue();
+    ASSERT_TRUE(st.ok()) << st.to_string();
+  }
+  DS_CUDA_ASSERT(cudaStreamSynchronize(stream));
+  if (exec) DS_CUDA_ASSERT(cudaGraphExecDestroy(exec));
+}
+
 }  // namespace ds::test

@@ -627,22 +627,8 @@ TEST(IndexerCuda, ProgrammaticLaunchWaitsForTheProducer) {
     DS_CUDA_ASSERT(dp.selected.poison());
     DS_CUDA_ASSERT(dp.count.poison());
     DS_CUDA_ASSERT(ws.poison());
-    cudaGraphExec_t exec = nullptr;
-    if (use_graph) {
-      cudaGraph_t graph;
-      DS_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      const Status st = enqueue();
-      DS_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
-      ASSERT_TRUE(st.ok()) << st.to_string();
-      DS_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
-      DS_CUDA_ASSERT(cudaGraphDestroy(graph));
-      DS_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
-    } else {
-      const Status st = enqueue();
-      ASSERT_TRUE(st.ok()) << st.to_string();
-    }
-    DS_CUDA_ASSERT(cudaStreamSynchronize(stream));
-    if (exec) DS_CUDA_ASSERT(cudaGraphExecDestroy(exec));
+    test::run_on_stream_or_graph(stream, use_graph == 1, enqueue);
+    if (HasFatalFailure()) return;
     Result got;
     DS_CUDA_ASSERT(dp.selected.download(got.selected));
     DS_CUDA_ASSERT(dp.count.download(got.count));
