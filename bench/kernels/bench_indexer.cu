@@ -10,10 +10,9 @@
 // 2 * heads * 128 per (query, key). A second series ("maxlen") runs the same real contexts (4K
 // and 8K) under plans made for a maximum model length of 8K and of 1M tokens: the time must not
 // follow the configured maximum. A third ("onesplit") runs B=1 with one split (no merge) to show
-// the score CTA's cost per key count. "mk2", "fullsearch", "nocompact" and "nopdl" undo one of
-// session 30's changes each (the plan rule, the selects' early exit, the compaction of the
-// filter's survivors, the programmatic launches) and "s29" all four, on the main grid's cases at
-// >= 8K. Correctness of the same
+// the score CTA's cost per key count. "mk2", "fullsearch" and "nocompact" undo one of session
+// 30's changes each (the plan rule, the selects' early exit, the compaction of the filter's
+// survivors) and "s29" all three, on the main grid's cases at >= 8K. Correctness of the same
 // run: the first query's selected set against the CPU reference by score (max error / the test
 // tolerance; <= 1 passes).
 // Every case is timed in a graph twice: "graph" as before, and "graph_hot" right after 20 ms of
@@ -150,7 +149,6 @@ struct Case {
   int min_keys_topks = 1;  // plan_indexer_select's: splits of >= this many x topk keys
   bool early_exit = true;  // IndexerSelectParams::select_early_exit
   bool compact = true;     // IndexerSelectParams::select_compact
-  bool pdl = true;         // IndexerSelectParams::pdl (the engine's setting)
 };
 
 }  // namespace
@@ -290,17 +288,16 @@ int main(int argc, char** argv) {
       for (int batch : {1, 64}) cases.push_back({batch, ctx, max_len, "maxlen"});
   // One CTA per query (no merge kernel): how the score CTA's time grows with its key count.
   for (int ctx : {4096, 8192, 32768}) cases.push_back({1, ctx, 1 << 20, "onesplit", 1});
-  // Session 30's four changes, each undone alone (same binary, same cases as "main"): "mk2" =
+  // Session 30's three changes, each undone alone (same binary, same cases as "main"): "mk2" =
   // the plan rule before (splits of >= 2 topk keys), "fullsearch" = the selects without the
-  // early exit of the radix search, "nocompact" = the chunk selects over whole chunks, "nopdl" =
-  // plain launches; "s29" = all four undone (the kernel as session 29 left it).
+  // early exit of the radix search, "nocompact" = the chunk selects over whole chunks; "s29" =
+  // all three undone (the kernel as session 29 left it).
   for (int ctx : {8192, 32768, 131072})
     for (int batch : {1, 16, 64}) {
       cases.push_back({batch, ctx, 1 << 20, "mk2", 0, 2});
       cases.push_back({batch, ctx, 1 << 20, "fullsearch", 0, 1, false});
       cases.push_back({batch, ctx, 1 << 20, "nocompact", 0, 1, true, false});
-      cases.push_back({batch, ctx, 1 << 20, "nopdl", 0, 1, true, true, false});
-      cases.push_back({batch, ctx, 1 << 20, "s29", 0, 2, false, false, false});
+      cases.push_back({batch, ctx, 1 << 20, "s29", 0, 2, false, false});
     }
 
   // 256 e4m3 codes of normal values (no NaN) to fill the pools quickly.
@@ -374,7 +371,6 @@ int main(int argc, char** argv) {
       p.workspace_bytes = ws_bytes;
       p.select_early_exit = cs.early_exit;
       p.select_compact = cs.compact;
-      p.pdl = cs.pdl;
       const Status st = cuda::launch_indexer_select(p, s);
       if (!st.ok()) {
         std::fprintf(stderr, "launch failed: %s\n", st.to_string().c_str());

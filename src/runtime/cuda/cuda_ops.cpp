@@ -2092,7 +2092,6 @@ void CudaOps::indexer_select(int64_t slot, const float* q_index, const float* w_
   const size_t ws = cuda::indexer_workspace_bytes(p.plan);
   p.workspace = scratch<uint8_t>(int64_t(ws));
   p.workspace_bytes = ws;
-  p.pdl = kernel_pdl_;
   if (!failed()) (void)check(cuda::launch_indexer_select(p, stream_));
   arena_.release(mark);
 }

@@ -111,9 +111,9 @@ struct CudaOpsOptions {
   // compress_layer runs as one GEMM for up to this many tokens. 0: no copy;
   // DEEPSERVE_FUSED_COMPRESS=0 in the environment also turns it off (an A/B switch).
   int64_t fused_compress_max_tokens = 64;
-  // The small-M FP8 GEMMs, the sparse MLA kernel and the indexer launch as programmatic
-  // dependents of the previous kernel (their weights / addresses are read while it finishes; they
-  // wait before reading its outputs). DEEPSERVE_GEMM_PDL=0 in the environment turns it off.
+  // The small-M FP8 GEMMs and the sparse MLA kernel launch as programmatic dependents of the
+  // previous kernel (their weights / addresses are read while it finishes; they wait before
+  // reading its outputs). DEEPSERVE_GEMM_PDL=0 in the environment turns it off (A/B switch).
   bool kernel_pdl = true;
   // Decode-sized FP8 linears on the sm_90a wgmma kernel where it measured faster
   // (cuda::fp8_linear_uses_wgmma: wq_b at <= 32 tokens, wo_b at 9-32, quantized wo_a at 9-64);

@@ -29,7 +29,6 @@
 #include "core/dtype.h"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/func_attributes.h"
-#include "kernels/cuda/common/pdl.cuh"
 #include "kernels/cuda/common/wgmma.cuh"
 #include "kernels/cuda/indexer/indexer.h"
 
@@ -745,7 +744,6 @@ template <int kNT>
 __global__ void __launch_bounds__(kThreads, DS_INDEXER_SCORE_MIN_BLOCKS)
     indexer_score_kernel(const IndexerSelectParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
-  pdl_begin();  // with p.pdl: the predecessor's outputs (q, weights, keys) are complete from here
 #if DS_INDEXER_WGMMA_PATH
   score_wgmma(p, smem);
 #else
@@ -989,7 +987,6 @@ __global__ void __launch_bounds__(kThreads, DS_INDEXER_SCORE_MIN_BLOCKS)
 // the select runs on registers; the indices are read only for the selected.
 __global__ void __launch_bounds__(kMergeThreads) indexer_merge_kernel(const IndexerSelectParams p) {
   __shared__ SelectShared sh;
-  pdl_begin();  // with p.pdl: placed while the score kernel runs; its lists are complete from here
   const int q = blockIdx.x;
   const int k = p.topk;
   const int v = p.visible[q];
@@ -1054,8 +1051,8 @@ Status launch_score(const IndexerSelectParams& p, cudaStream_t stream) {
   // up on SMs while others got only CTAs that exit at once (session 8: B=64 ctx 8K 33.4 us with
   // a plan for 8K, 39.5 us with a plan for 1M, at 2 CTAs per SM).
   const dim3 grid(unsigned(p.num_queries), unsigned(p.plan.max_splits));
-  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(p.pdl, indexer_score_kernel<kNT>, grid, dim3(kThreads),
-                                        bytes, stream, p));
+  indexer_score_kernel<kNT><<<grid, kThreads, bytes, stream>>>(p);
+  DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ok_status();
 }
 
@@ -1161,9 +1158,8 @@ Status launch_indexer_select(const IndexerSelectParams& p, cudaStream_t stream) 
                                         : launch_score<8>(p, stream);
   if (!st.ok()) return st;
   if (p.plan.max_splits > 1) {
-    DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(p.pdl, indexer_merge_kernel,
-                                          dim3(unsigned(p.num_queries)), dim3(kMergeThreads), 0,
-                                          stream, p));
+    indexer_merge_kernel<<<unsigned(p.num_queries), kMergeThreads, 0, stream>>>(p);
+    DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   return ok_status();
 }

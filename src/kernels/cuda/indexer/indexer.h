@@ -115,10 +115,6 @@ struct IndexerSelectParams {
   // The score kernel's chunk selects run over the running top-k + the chunk keys that pass the
   // threshold filter, compacted first (same selection; session 30). false = over the whole chunk.
   bool select_compact = true;
-  // Both kernels launch as programmatic dependents (sm_90+; DEEPSERVE_OPS_PDL=0 turns it off):
-  // each waits for its predecessor before its first global access, and the merge kernel's CTAs
-  // are placed while the score kernel runs (its launch gap overlaps the scoring).
-  bool pdl = false;
 };
 
 // Enqueues the score/select kernel and, when plan.max_splits > 1, the merge kernel. No allocation,
