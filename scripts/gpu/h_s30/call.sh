@@ -4,7 +4,8 @@
 # bench_indexer test_cuda_ops), nothing built there:
 #   1. test_indexer_cuda and the whole-model GPU tests (test_cuda_ops; TESTS overrides the list);
 #   2. compute-sanitizer memcheck and racecheck of SANITIZE_FILTER (test_indexer_cuda cases);
-#   3. bench_indexer -> OUT/indexer.json (BENCH=0 skips) and summary.py's table.
+#   3. bench_indexer -> OUT/indexer.json (BENCH=0 skips; ROUNDS=n repeats it into
+#      indexer_r<n>.json) and summary.py's tables.
 #   scripts/gpu/h_s30/call.sh OUT
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -29,9 +30,13 @@ if [ -n "${SANITIZE_FILTER-}" ]; then
   done
 fi
 if [ "${BENCH:-1}" = 1 ]; then
-  timeout 280 "$c/bench_indexer" "$out/indexer.json" >"$out/logs/bench_indexer.log" 2>&1
-  summary+=("bench_indexer rc=$? ($(( $(date +%s) - t0 )) s)")
-  python3 scripts/gpu/h_s30/summary.py "$out/indexer.json" >"$out/indexer_table.txt" 2>&1
+  for r in $(seq "${ROUNDS:-1}"); do  # round r > 1 -> indexer_r<r>.json, its table appended
+    j="$out/indexer.json"
+    [ "$r" -gt 1 ] && j="$out/indexer_r$r.json"
+    timeout 280 "$c/bench_indexer" "$j" >"$out/logs/bench_indexer_r$r.log" 2>&1
+    summary+=("bench_indexer round $r rc=$? ($(( $(date +%s) - t0 )) s)")
+    python3 scripts/gpu/h_s30/summary.py "$j" >>"$out/indexer_table.txt" 2>&1
+  done
 fi
 tar -C "$out" -czf "$out/logs.tgz" logs && rm -rf "$out/logs"
 [ -f "$out/indexer_table.txt" ] && cat "$out/indexer_table.txt"
