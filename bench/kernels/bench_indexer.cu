@@ -12,8 +12,7 @@
 // follow the configured maximum. A third ("onesplit") runs B=1 with one split (no merge) to show
 // the score CTA's cost per key count. "mk2", "fullsearch" and "nocompact" undo one of session
 // 30's changes each (the plan rule, the selects' early exit, the compaction of the filter's
-// survivors) and "s29" all three, on the main grid's cases at >= 8K; "nocap" (B=16) plans
-// without the crowded-merge cap. Correctness of the same
+// survivors) and "s29" all three, on the main grid's cases at >= 8K. Correctness of the same
 // run: the first query's selected set against the CPU reference by score (max error / the test
 // tolerance; <= 1 passes).
 // Every case is timed in a graph twice: "graph" as before, and "graph_hot" right after 20 ms of
@@ -150,7 +149,6 @@ struct Case {
   int min_keys_topks = 1;  // plan_indexer_select's: splits of >= this many x topk keys
   bool early_exit = true;  // IndexerSelectParams::select_early_exit
   bool compact = true;     // IndexerSelectParams::select_compact
-  bool cap_crowded_merge = true;  // plan_indexer_select's
 };
 
 }  // namespace
@@ -299,8 +297,7 @@ int main(int argc, char** argv) {
       cases.push_back({batch, ctx, 1 << 20, "mk2", 0, 2});
       cases.push_back({batch, ctx, 1 << 20, "fullsearch", 0, 1, false});
       cases.push_back({batch, ctx, 1 << 20, "nocompact", 0, 1, true, false});
-      cases.push_back({batch, ctx, 1 << 20, "s29", 0, 2, false, false, false});
-      if (batch == 16) cases.push_back({batch, ctx, 1 << 20, "nocap", 0, 1, true, true, false});
+      cases.push_back({batch, ctx, 1 << 20, "s29", 0, 2, false, false});
     }
 
   // 256 e4m3 codes of normal values (no NaN) to fill the pools quickly.
@@ -353,7 +350,7 @@ int main(int argc, char** argv) {
     DS_BENCH_CHECK(cudaMalloc(&d_cnt, size_t(cs.batch) * 4));
     const cuda::IndexerPlan plan =
         cuda::plan_indexer_select(cs.batch, max_visible, kTopk, dev.sm_count, cs.split_cap,
-                                  cs.min_keys_topks, cs.cap_crowded_merge);
+                                  cs.min_keys_topks);
     const size_t ws_bytes = cuda::indexer_workspace_bytes(plan);
     void* d_ws = nullptr;
     if (ws_bytes) DS_BENCH_CHECK(cudaMalloc(&d_ws, ws_bytes));
