@@ -300,6 +300,15 @@ int main(int argc, char** argv) {
       cases.push_back({batch, ctx, 1 << 20, "s29", 0, 2, false, false});
     }
 
+  // DS_INDEXER_CASES="B:ctx:series,..." (e.g. "64:32768:main") keeps only those cases, for
+  // profilers; the ceilings are measured as always.
+  if (const std::string only = bench::env_or("DS_INDEXER_CASES", ""); !only.empty())
+    std::erase_if(cases, [&](const Case& cs) {
+      const std::string key =
+          std::to_string(cs.batch) + ":" + std::to_string(cs.ctx) + ":" + cs.series;
+      return ("," + only + ",").find("," + key + ",") == std::string::npos;
+    });
+
   // 256 e4m3 codes of normal values (no NaN) to fill the pools quickly.
   Rng rng(7);
   uint8_t code_table[256];

@@ -17,21 +17,7 @@ DS_MOE_CASES="mxfp4:$T:0:0" timeout 300 ncu --clock-control none --set full --im
   "$c/bench_moe" /tmp/ncu_bench.json >"$out/ncu_run.log" 2>&1
 echo "ncu rc=$?"
 ncu --import "$out/f8_T$T.ncu-rep" --page details --csv >"$out/details.csv" 2>/dev/null
-python3 - "$out/details.csv" <<'PY'
-import csv, sys
-want = ("Duration", "DRAM Throughput", "Memory Throughput", "Achieved Occupancy",
-        "Theoretical Occupancy", "Eligible Warps Per Scheduler", "Issued Warp Per Scheduler",
-        "No Eligible", "Registers Per Thread", "Block Limit Shared Mem", "Block Limit Registers",
-        "Dynamic Shared Memory Per Block", "Waves Per SM", "Grid Size", "Active Warps Per Scheduler",
-        "Warp Cycles Per Issued Instruction", "L2 Hit Rate")
-rows = list(csv.reader(open(sys.argv[1])))
-hdr = rows[0]
-ki, ii, mi, vi, ui = (hdr.index(h) for h in ("Kernel Name", "ID", "Metric Name", "Metric Value",
-                                              "Metric Unit"))
-for r in rows[1:]:
-    if len(r) == len(hdr) and r[mi] in want:
-        print(r[ii], r[ki][:30], r[mi], r[vi], r[ui])
-PY
+python3 scripts/gpu/ncu_details.py "$out/details.csv"
 ncu --import "$out/f8_T$T.ncu-rep" --page source --csv --print-source sass 2>/dev/null |
   python3 scripts/gpu/ncu_top_sass.py 20 >"$out/top_sass.txt"
 head -60 "$out/top_sass.txt"

@@ -1,0 +1,28 @@
+"""The launch-level metrics worth reading first from an ncu report's details page (duration,
+DRAM throughput, occupancy and its limits, eligible / issued warps, waves), one line per
+(launch, metric): `ncu --import R.ncu-rep --page details --csv > details.csv`, then
+
+  ncu_details.py details.csv
+"""
+import csv
+import sys
+
+WANT = ("Duration", "DRAM Throughput", "Memory Throughput", "Achieved Occupancy",
+        "Theoretical Occupancy", "Eligible Warps Per Scheduler", "Issued Warp Per Scheduler",
+        "No Eligible", "Registers Per Thread", "Block Limit Shared Mem", "Block Limit Registers",
+        "Dynamic Shared Memory Per Block", "Waves Per SM", "Grid Size",
+        "Active Warps Per Scheduler", "Warp Cycles Per Issued Instruction", "L2 Hit Rate")
+
+
+def main():
+    rows = list(csv.reader(open(sys.argv[1])))
+    hdr = rows[0]
+    ki, ii, mi, vi, ui = (hdr.index(h) for h in ("Kernel Name", "ID", "Metric Name",
+                                                  "Metric Value", "Metric Unit"))
+    for r in rows[1:]:
+        if len(r) == len(hdr) and r[mi] in WANT:
+            print(r[ii], r[ki][:30], r[mi], r[vi], r[ui])
+
+
+if __name__ == "__main__":
+    main()
