@@ -16,8 +16,4 @@ DS_MOE_CASES="mxfp4:$T:0:0" timeout 300 ncu --clock-control none --set full --im
   --kernel-name regex:expert_gemm_f8 --launch-count 2 -f -o "$out/f8_T$T" \
   "$c/bench_moe" /tmp/ncu_bench.json >"$out/ncu_run.log" 2>&1
 echo "ncu rc=$?"
-ncu --import "$out/f8_T$T.ncu-rep" --page details --csv >"$out/details.csv" 2>/dev/null
-python3 scripts/gpu/ncu_details.py "$out/details.csv"
-ncu --import "$out/f8_T$T.ncu-rep" --page source --csv --print-source sass 2>/dev/null |
-  python3 scripts/gpu/ncu_top_sass.py 20 >"$out/top_sass.txt"
-head -60 "$out/top_sass.txt"
+scripts/gpu/ncu_summary.sh "$out/f8_T$T.ncu-rep" "$out" 20

@@ -16,8 +16,4 @@ DS_INDEXER_CASES="${NCU_CASE:-64:32768:main}" timeout 400 ncu --clock-control no
   --import-source yes --kernel-name regex:indexer_score_kernel --launch-skip 5 --launch-count 1 \
   -f -o "$out/score" "$c/bench_indexer" /tmp/ncu_bench.json >"$out/ncu_run.log" 2>&1
 echo "ncu rc=$?"
-ncu --import "$out/score.ncu-rep" --page details --csv >"$out/details.csv" 2>/dev/null
-python3 scripts/gpu/ncu_details.py "$out/details.csv"
-ncu --import "$out/score.ncu-rep" --page source --csv --print-source sass 2>/dev/null |
-  python3 scripts/gpu/ncu_top_sass.py 25 >"$out/top_sass.txt"
-head -70 "$out/top_sass.txt"
+scripts/gpu/ncu_summary.sh "$out/score.ncu-rep" "$out" 25
