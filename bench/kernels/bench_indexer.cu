@@ -12,7 +12,8 @@
 // follow the configured maximum. A third ("onesplit") runs B=1 with one split (no merge) to show
 // the score CTA's cost per key count. "mk2", "fullsearch" and "nocompact" undo one of session
 // 30's changes each (the plan rule, the selects' early exit, the compaction of the filter's
-// survivors) and "s29" all three, on the main grid's cases at >= 8K. Correctness of the same
+// survivors) and "s29" all three, on the main grid's cases at >= 8K; "nocap" (B=16) plans
+// without the crowded-merge cap. Correctness of the same
 // run: the first query's selected set against the CPU reference by score (max error / the test
 // tolerance; <= 1 passes).
 // Every case is timed in a graph twice: "graph" as before, and "graph_hot" right after 20 ms of
@@ -149,6 +150,7 @@ struct Case {
   int min_keys_topks = 1;  // plan_indexer_select's: splits of >= this many x topk keys
   bool early_exit = true;  // IndexerSelectParams::select_early_exit
   bool compact = true;     // IndexerSelectParams::select_compact
+  bool cap_crowded_merge = true;  // plan_indexer_select's
 };
 
 }  // namespace
@@ -297,7 +299,8 @@ int main(int argc, char** argv) {
       cases.push_back({batch, ctx, 1 << 20, "mk2", 0, 2});
       cases.push_back({batch, ctx, 1 << 20, "fullsearch", 0, 1, false});
       cases.push_back({batch, ctx, 1 << 20, "nocompact", 0, 1, true, false});
-      cases.push_back({batch, ctx, 1 << 20, "s29", 0, 2, false, false});
+      cases.push_back({batch, ctx, 1 << 20, "s29", 0, 2, false, false, false});
+      if (batch == 16) cases.push_back({batch, ctx, 1 << 20, "nocap", 0, 1, true, true, false});
     }
 
   // DS_INDEXER_CASES="B:ctx:series,..." (e.g. "64:32768:main") keeps only those cases, for
@@ -359,7 +362,7 @@ int main(int argc, char** argv) {
     DS_BENCH_CHECK(cudaMalloc(&d_cnt, size_t(cs.batch) * 4));
     const cuda::IndexerPlan plan =
         cuda::plan_indexer_select(cs.batch, max_visible, kTopk, dev.sm_count, cs.split_cap,
-                                  cs.min_keys_topks);
+                                  cs.min_keys_topks, cs.cap_crowded_merge);
     const size_t ws_bytes = cuda::indexer_workspace_bytes(plan);
     void* d_ws = nullptr;
     if (ws_bytes) DS_BENCH_CHECK(cudaMalloc(&d_ws, ws_bytes));

@@ -388,6 +388,16 @@ void check_problem(const Shape& s, uint64_t seed, const std::vector<int>& split_
                                             << " splits; default " << base.max_splits << ")";
     EXPECT_EQ(res.count, first.count) << "splits of >= 2 topk keys";
   }
+  {
+    const cuda::IndexerPlan uncapped = cuda::plan_indexer_select(
+        pr.num_queries, s.max_visible, s.topk, sm_count(), 0, 1, /*cap_crowded_merge=*/false);
+    Result res;
+    run_plan(pr, dp, uncapped, res);
+    EXPECT_EQ(res.selected, first.selected) << "without the crowded-merge cap ("
+                                            << uncapped.max_splits << " splits; default "
+                                            << base.max_splits << ")";
+    EXPECT_EQ(res.count, first.count) << "without the crowded-merge cap";
+  }
 }
 
 Shape tiny_shape() {
@@ -559,6 +569,21 @@ TEST(IndexerCuda, GraphReplayWithNewLengths) {
   DS_CUDA_ASSERT(cudaGraphExecDestroy(exec));
   DS_CUDA_ASSERT(cudaGraphDestroy(graph));
   DS_CUDA_ASSERT(cudaStreamDestroy(stream));
+}
+
+// Host arithmetic only (runs without a GPU): the split count at Flash's topk on 132 SMs.
+TEST(IndexerCuda, PlanCapsTheMergeWhenQueriesCrowdTheSms) {
+  // B = 1 at 32K (8192 entries): 16 splits of 512 keys, side by side on the SMs.
+  EXPECT_EQ(cuda::plan_indexer_select(1, 8192, 512, 132).max_splits, 16);
+  // B = 16: 16 x 16 CTAs exceed 132 SMs, so at most 8 splits (a merge of 4096 candidates).
+  EXPECT_EQ(cuda::plan_indexer_select(16, 8192, 512, 132).max_splits, 8);
+  EXPECT_EQ(cuda::plan_indexer_select(16, 8192, 512, 132, 0, 1, false).max_splits, 16);
+  EXPECT_EQ(cuda::plan_indexer_select(16, 32768, 512, 132).max_splits, 8);
+  // B = 64: 2 x 132 / 64 = 4 splits, under the cap either way.
+  EXPECT_EQ(cuda::plan_indexer_select(64, 8192, 512, 132).max_splits, 4);
+  EXPECT_EQ(cuda::plan_indexer_select(64, 8192, 512, 132, 0, 1, false).max_splits, 4);
+  // B = 8 at 32K: 8 x 16 = 128 CTAs fit the SMs: 16 splits.
+  EXPECT_EQ(cuda::plan_indexer_select(8, 8192, 512, 132).max_splits, 16);
 }
 
 TEST(IndexerCuda, RejectsBadParams) {

@@ -12,7 +12,7 @@ c=/tmp/carry_s30n
 mkdir -p "$out"
 . scripts/gpu/unpack_bins.sh && unpack_bins build/carry/backend.tar.xz "$c" || exit 2
 # The case's eager timing launches the score kernel first; skip a few launches past warm-up.
-DS_INDEXER_CASES="${NCU_CASE:-64:32768:main}" timeout 400 ncu --clock-control none --set full \
+DS_INDEXER_CASES="${NCU_CASE:-64:32768:main}" timeout 400 ncu --clock-control none --set full --warp-sampling-interval 0 \
   --import-source yes --kernel-name regex:indexer_score_kernel --launch-skip 5 --launch-count 1 \
   -f -o "$out/score" "$c/bench_indexer" /tmp/ncu_bench.json >"$out/ncu_run.log" 2>&1
 echo "ncu rc=$?"

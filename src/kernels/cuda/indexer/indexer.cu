@@ -1102,7 +1102,8 @@ Status launch_pack_index_keys(const PackIndexKeysParams& p, cudaStream_t stream)
 }
 
 IndexerPlan plan_indexer_select(int32_t num_queries, int32_t max_visible, int32_t topk,
-                                int32_t num_sms, int32_t max_splits_cap, int32_t min_keys_topks) {
+                                int32_t num_sms, int32_t max_splits_cap, int32_t min_keys_topks,
+                                bool cap_crowded_merge) {
   IndexerPlan plan;
   plan.topk = topk;
   plan.num_queries = num_queries;
@@ -1115,6 +1116,11 @@ IndexerPlan plan_indexer_select(int32_t num_queries, int32_t max_visible, int32_
   splits = std::min<int64_t>(splits, std::max<int64_t>(1, max_visible / plan.min_keys));
   // The merge holds every candidate in registers (kMergeMaxKeys per query).
   splits = std::min<int64_t>(splits, std::max<int64_t>(1, kMergeMaxKeys / std::max(topk, 1)));
+  // When the CTAs of all queries exceed the SMs (two short splits per SM), a merge of more than
+  // half the capacity costs more than the splits save (session 30: B = 16 at 32K, 16 splits of
+  // 512 keys 29.8 us, 8 splits of 1024 26.8 us, H100); at batch 1 the splits run side by side.
+  if (cap_crowded_merge && queries * splits > sms)
+    splits = std::min<int64_t>(splits, std::max<int64_t>(1, kMergeMaxKeys / 2 / std::max(topk, 1)));
   if (max_splits_cap > 0) splits = std::min<int64_t>(splits, max_splits_cap);
   plan.max_splits = int32_t(std::max<int64_t>(1, splits));
   return plan;

@@ -85,10 +85,12 @@ struct IndexerPlan {
 // max_visible / min_keys with min_keys = max(topk * min_keys_topks, 256). `max_splits_cap` > 0
 // caps it (tests). min_keys_topks = 1 (session 30): a split of <= 2 topk keys selects at most
 // once and one of exactly topk keys never does (its keys go to the merge as they are);
-// 2 is the rule before (A/B in bench_indexer's "mk2" series). Host arithmetic only.
+// 2 is the rule before (A/B in bench_indexer's "mk2" series). cap_crowded_merge: when
+// num_queries * splits exceeds num_sms, at most half the merge's capacity in candidates (8
+// splits at topk 512; bench series "nocap" without it). Host arithmetic only.
 IndexerPlan plan_indexer_select(int32_t num_queries, int32_t max_visible, int32_t topk,
                                 int32_t num_sms, int32_t max_splits_cap = 0,
-                                int32_t min_keys_topks = 1);
+                                int32_t min_keys_topks = 1, bool cap_crowded_merge = true);
 
 // Workspace bytes for `plan` (0 when max_splits == 1): one candidate list per (query, split).
 size_t indexer_workspace_bytes(const IndexerPlan& plan);
