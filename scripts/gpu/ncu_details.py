@@ -16,6 +16,11 @@ WANT = ("Duration", "DRAM Throughput", "Memory Throughput", "Achieved Occupancy"
 
 def main():
     rows = list(csv.reader(open(sys.argv[1])))
+    # ncu may print its own lines (==PROF==, warnings) before the CSV header.
+    start = next((i for i, r in enumerate(rows) if "Metric Name" in r), None)
+    if start is None:
+        sys.exit(f"{sys.argv[1]}: no CSV header with 'Metric Name'")
+    rows = rows[start:]
     hdr = rows[0]
     ki, ii, mi, vi, ui = (hdr.index(h) for h in ("Kernel Name", "ID", "Metric Name",
                                                   "Metric Value", "Metric Unit"))

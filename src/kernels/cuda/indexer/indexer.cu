@@ -82,6 +82,46 @@ __device__ __forceinline__ uint32_t to_e4m3(float x) {
   return uint32_t(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)) & 0xFFu;
 }
 
+// The score kernel's share of query q: thread tid (< 256) holds dims part * 32 .. + 31 of head
+// h = tid / 4 (zeros past num_heads) and, on part 0, the head's weight. Loaded at the kernel's
+// start, before the visible length is known, so these loads overlap its round trip and the page
+// table's (session 31; before, they went out after the first key tiles had their pages).
+struct QueryShare {
+  float x[32];
+  float weight;
+};
+
+__device__ __forceinline__ void load_query_share(const IndexerSelectParams& p, int q, int tid,
+                                                 QueryShare& qs) {
+  const int h = tid >> 2, part = tid & 3;
+  const bool live = h < p.num_heads;
+  const float* src = p.q + (int64_t(q) * p.num_heads + h) * kIndexHeadDim + part * 32;
+#pragma unroll
+  for (int i = 0; i < 32; i += 4) {
+    const float4 f = live ? *reinterpret_cast<const float4*>(src + i) : make_float4(0, 0, 0, 0);
+    qs.x[i] = f.x;
+    qs.x[i + 1] = f.y;
+    qs.x[i + 2] = f.z;
+    qs.x[i + 3] = f.w;
+  }
+  qs.weight = live && part == 0 ? p.weights[int64_t(q) * p.num_heads + h] : 0.0f;
+}
+
+// The FP8 scale of the head's 128 dims (the 4 threads of a head are adjacent lanes); x becomes
+// x / scale, the weight weight * scale.
+__device__ __forceinline__ void scale_query_share(QueryShare& qs) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(qs.x[i]));
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+  float inv;
+  const float scale = fp8_scale(amax, inv);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) qs.x[i] *= inv;
+  qs.weight *= scale;
+}
+
 // Order-preserving image of a score: a larger float gives a larger uint32 (-0 counted as +0). Only
 // a NaN with every bit set would map to 0, which the select reserves for "filtered out"
 // (kFiltered); it is moved to 1.
@@ -208,8 +248,9 @@ __device__ __forceinline__ void select_threshold(const uint32_t (&e)[kR], int ro
   gt = above;  // the final range is [thr, thr + 1)
 }
 
-// Calls emit(position, rank, key) for the top-k keys (all keys > thr, then the first `ties` keys
-// == thr in position order); rank = the key's rank in position order among the selected.
+// Calls emit(position, rank, key, row) for the top-k keys (all keys > thr, then the first `ties`
+// keys == thr in position order); rank = the key's rank in position order among the selected,
+// row = the key's register row r (position = r * kNT + thread; a constant in the unrolled loop).
 // Counts per (row, warp) from ballots, one warp scans them, three barriers.
 template <int kNT, int kR, class Emit>
 __device__ __forceinline__ void select_emit(const uint32_t (&e)[kR], int rows, uint32_t thr,
@@ -263,9 +304,9 @@ __device__ __forceinline__ void select_emit(const uint32_t (&e)[kR], int rows, u
         const uint32_t eb = (base >> 16) + uint32_t(__popc(be & lt));
         const int pos = r * kNT + int(threadIdx.x);
         if (e[r] > thr)
-          emit(pos, gb + min(eb, ties), e[r]);
+          emit(pos, gb + min(eb, ties), e[r], r);
         else if (eb < ties)
-          emit(pos, gb + eb, e[r]);
+          emit(pos, gb + eb, e[r], r);
       }
     }
 }
@@ -388,7 +429,7 @@ __device__ __forceinline__ void score_chunk_end(uint32_t* chunk_key, uint32_t* c
       uint32_t thr, gt;
       select_threshold<kThreads, kR>(e, rows, k, sh, thr, gt, early_exit);
       select_emit<kThreads, kR>(e, rows, thr, uint32_t(k) - gt, sh,
-                                [&](int x, uint32_t pos, uint32_t key) {
+                                [&](int x, uint32_t pos, uint32_t key, int) {
                                   ok[pos] = key;
                                   oi[pos] = x < n_old ? ci[x]
                                                       : c0 + (offs ? int(offs[x - n_old])
@@ -548,7 +589,12 @@ __device__ __forceinline__ void score_wgmma(const IndexerSelectParams& p, uint8_
   const int split = blockIdx.y;
   const int q = blockIdx.x;
   const int tid = threadIdx.x;
+  // The visible length, the query's sequence and its q / weights go out together (one round
+  // trip instead of three in a row; session 31).
   const int v = p.visible[q];
+  const int seq = p.query_seq[q];
+  QueryShare qs;
+  load_query_share(p, q, tid, qs);
   int32_t* sel = p.selected + int64_t(q) * k;
   if (v <= k) {
     if (split == 0) {
@@ -563,7 +609,7 @@ __device__ __forceinline__ void score_wgmma(const IndexerSelectParams& p, uint8_
   const int end = int(int64_t(v) * (split + 1) / splits);
 
   const IndexKeySource& ks = p.keys;
-  const int32_t* table = ks.page_table + int64_t(p.query_seq[q]) * ks.page_table_stride;
+  const int32_t* table = ks.page_table + int64_t(seq) * ks.page_table_stride;
   const int64_t scale_off = int64_t(ks.page_size) * kIndexKeyDataBytes;
   const int n_keys = end - begin;
   const int num_tiles = (n_keys + kWgKeys - 1) / kWgKeys;
@@ -616,23 +662,7 @@ __device__ __forceinline__ void score_wgmma(const IndexerSelectParams& p, uint8_
   // ---- q -> e4m3 per head (4 threads x 32 dims per head, 64 heads, zeros past num_heads) ----
   {
     const int h = tid >> 2, part = tid & 3;
-    float x[32];
-    float amax = 0.0f;
-    const bool live = h < p.num_heads;
-    const float* src = p.q + (int64_t(q) * p.num_heads + h) * kIndexHeadDim + part * 32;
-#pragma unroll
-    for (int i = 0; i < 32; i += 4) {
-      const float4 f = live ? *reinterpret_cast<const float4*>(src + i) : make_float4(0, 0, 0, 0);
-      x[i] = f.x;
-      x[i + 1] = f.y;
-      x[i + 2] = f.z;
-      x[i + 3] = f.w;
-      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(f.x), fabsf(f.y)), fmaxf(fabsf(f.z), fabsf(f.w))));
-    }
-    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
-    float inv;
-    const float scale = fp8_scale(amax, inv);
+    scale_query_share(qs);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       uint4 wv;
@@ -640,12 +670,12 @@ __device__ __forceinline__ void score_wgmma(const IndexerSelectParams& p, uint8_
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const int i = half * 16 + 4 * u;
-        w[u] = to_e4m3(x[i] * inv) | (to_e4m3(x[i + 1] * inv) << 8) |
-               (to_e4m3(x[i + 2] * inv) << 16) | (to_e4m3(x[i + 3] * inv) << 24);
+        w[u] = to_e4m3(qs.x[i]) | (to_e4m3(qs.x[i + 1]) << 8) | (to_e4m3(qs.x[i + 2]) << 16) |
+               (to_e4m3(qs.x[i + 3]) << 24);
       }
       *reinterpret_cast<uint4*>(q8 + swz128(h, 2 * part + half)) = wv;
     }
-    if (part == 0) wq[h] = live ? p.weights[int64_t(q) * p.num_heads + h] * scale : 0.0f;
+    if (part == 0) wq[h] = qs.weight;
   }
   wgmma::fence_proxy_async();  // q8 is read by the tensor cores (async proxy)
   __syncthreads();
@@ -762,7 +792,10 @@ __global__ void __launch_bounds__(kThreads, DS_INDEXER_SCORE_MIN_BLOCKS)
   const int split = blockIdx.y;
   const int q = blockIdx.x;
   const int tid = threadIdx.x;
-  const int v = p.visible[q];
+  const int v = p.visible[q];  // with the sequence and q: one round trip (session 31)
+  const int seq = p.query_seq[q];
+  QueryShare qs;
+  load_query_share(p, q, tid, qs);
   int32_t* sel = p.selected + int64_t(q) * k;
   if (v <= k) {  // everything visible is selected; no scoring
     if (split == 0) {
@@ -779,29 +812,13 @@ __global__ void __launch_bounds__(kThreads, DS_INDEXER_SCORE_MIN_BLOCKS)
   // ---- q -> e4m3 per head (4 threads x 32 dims per head), weights * q scale ----
   {
     const int h = tid >> 2, part = tid & 3;
-    float x[32];
-    float amax = 0.0f;
-    const bool live = h < p.num_heads;
-    const float* src = p.q + (int64_t(q) * p.num_heads + h) * kIndexHeadDim + part * 32;
-#pragma unroll
-    for (int i = 0; i < 32; i += 4) {
-      const float4 f = live ? *reinterpret_cast<const float4*>(src + i) : make_float4(0, 0, 0, 0);
-      x[i] = f.x;
-      x[i + 1] = f.y;
-      x[i + 2] = f.z;
-      x[i + 3] = f.w;
-      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(f.x), fabsf(f.y)), fmaxf(fabsf(f.z), fabsf(f.w))));
-    }
-    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
-    float inv;
-    const float scale = fp8_scale(amax, inv);
+    scale_query_share(qs);
     uint32_t* dst = reinterpret_cast<uint32_t*>(q8 + h * kIndexHeadDim + part * 32);
 #pragma unroll
     for (int i = 0; i < 32; i += 4)
-      dst[i / 4] = to_e4m3(x[i] * inv) | (to_e4m3(x[i + 1] * inv) << 8) |
-                   (to_e4m3(x[i + 2] * inv) << 16) | (to_e4m3(x[i + 3] * inv) << 24);
-    if (part == 0) wq[h] = live ? p.weights[int64_t(q) * p.num_heads + h] * scale : 0.0f;
+      dst[i / 4] = to_e4m3(qs.x[i]) | (to_e4m3(qs.x[i + 1]) << 8) | (to_e4m3(qs.x[i + 2]) << 16) |
+                   (to_e4m3(qs.x[i + 3]) << 24);
+    if (part == 0) wq[h] = qs.weight;
   }
   __syncthreads();
 
@@ -841,7 +858,7 @@ __global__ void __launch_bounds__(kThreads, DS_INDEXER_SCORE_MIN_BLOCKS)
   uint8_t* ring = smem + warp * kStages * kStageBytes;
 
   const IndexKeySource& ks = p.keys;
-  const int32_t* table = ks.page_table + int64_t(p.query_seq[q]) * ks.page_table_stride;
+  const int32_t* table = ks.page_table + int64_t(seq) * ks.page_table_stride;
   const int64_t scale_off = int64_t(ks.page_size) * kIndexKeyDataBytes;
   const int n_keys = end - begin;
   const int num_tiles = (n_keys + kTile - 1) / kTile;
@@ -1004,17 +1021,21 @@ __global__ void __launch_bounds__(kMergeThreads) indexer_merge_kernel(const Inde
   const int rows = (n + kMergeThreads - 1) / kMergeThreads;
   with_row_bucket<2, 4, 8, kMergeRows>(rows, [&](auto tag) {
     constexpr int kR = decltype(tag)::value;
+    // The candidates' indices are loaded with their keys (session 31: before, the selected ones
+    // were read after the select, one more dependent round trip at the kernel's end).
     uint32_t e[kR];
+    int32_t ix[kR];
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
       const int i = r * kMergeThreads + int(threadIdx.x);
       e[r] = i < n ? __ldcg(keys + i) : 0u;
+      ix[r] = i < n ? __ldcg(idx + i) : -1;
     }
     uint32_t thr, gt;
     select_threshold<kMergeThreads, kR>(e, rows, k, sh, thr, gt, p.select_early_exit);
     select_emit<kMergeThreads, kR>(e, rows, thr, uint32_t(k) - gt, sh,
-                                   [&](int i, uint32_t pos, uint32_t) {
-                                     sel[pos] = __ldcg(idx + i);
+                                   [&](int, uint32_t pos, uint32_t, int r) {
+                                     sel[pos] = ix[r];
                                    });
   });
   if (threadIdx.x == 0 && p.count) p.count[q] = k;
