@@ -13,7 +13,8 @@
 // the score CTA's cost per key count. "mk2", "fullsearch" and "nocompact" undo one of session
 // 30's changes each (the plan rule, the selects' early exit, the compaction of the filter's
 // survivors) and "s29" all three, on the main grid's cases at >= 8K; "nocap" (B=16) plans
-// without the crowded-merge cap. Correctness of the same
+// without the crowded-merge cap; "sepmerge" (>= 4K) runs the merge kernel instead of the score
+// kernel's last split CTA (no merge counters; session 31). Correctness of the same
 // run: the first query's selected set against the CPU reference by score (max error / the test
 // tolerance; <= 1 passes).
 // Every case is timed in a graph twice: "graph" as before, and "graph_hot" right after 20 ms of
@@ -151,6 +152,7 @@ struct Case {
   bool early_exit = true;  // IndexerSelectParams::select_early_exit
   bool compact = true;     // IndexerSelectParams::select_compact
   bool cap_crowded_merge = true;  // plan_indexer_select's
+  bool fused_merge = true;        // IndexerSelectParams::merge_counters given
 };
 
 }  // namespace
@@ -302,6 +304,10 @@ int main(int argc, char** argv) {
       cases.push_back({batch, ctx, 1 << 20, "s29", 0, 2, false, false, false});
       if (batch == 16) cases.push_back({batch, ctx, 1 << 20, "nocap", 0, 1, true, true, false});
     }
+  // Session 31: the merge kernel instead of the score kernel's last split CTA (no counters).
+  for (int ctx : {4096, 8192, 32768, 131072})
+    for (int batch : {1, 16, 64})
+      cases.push_back({batch, ctx, 1 << 20, "sepmerge", 0, 1, true, true, true, false});
 
   // DS_INDEXER_CASES="B:ctx:series,..." (e.g. "64:32768:main") keeps only those cases, for
   // profilers; the ceilings are measured as always.
@@ -366,6 +372,11 @@ int main(int argc, char** argv) {
     const size_t ws_bytes = cuda::indexer_workspace_bytes(plan);
     void* d_ws = nullptr;
     if (ws_bytes) DS_BENCH_CHECK(cudaMalloc(&d_ws, ws_bytes));
+    uint32_t* d_ctr = nullptr;  // merge counters: zero once, every launch leaves them zero
+    if (cs.fused_merge) {
+      DS_BENCH_CHECK(cudaMalloc(&d_ctr, size_t(cs.batch) * 4));
+      DS_BENCH_CHECK(cudaMemset(d_ctr, 0, size_t(cs.batch) * 4));
+    }
     auto launch = [&](int c, cudaStream_t s) {
       cuda::IndexerSelectParams p;
       p.q = d_q;
@@ -383,6 +394,7 @@ int main(int argc, char** argv) {
       p.workspace_bytes = ws_bytes;
       p.select_early_exit = cs.early_exit;
       p.select_compact = cs.compact;
+      p.merge_counters = d_ctr;
       const Status st = cuda::launch_indexer_select(p, s);
       if (!st.ok()) {
         std::fprintf(stderr, "launch failed: %s\n", st.to_string().c_str());
@@ -498,6 +510,7 @@ int main(int argc, char** argv) {
                       (void*)d_sel, (void*)d_cnt})
       DS_BENCH_CHECK(cudaFree(ptr));
     if (d_ws) DS_BENCH_CHECK(cudaFree(d_ws));
+    if (d_ctr) DS_BENCH_CHECK(cudaFree(d_ctr));
   }
   DS_BENCH_CHECK(cudaFree(d_probe));
   bench::write_results(out, "indexer", dev, copy_gbps, records);

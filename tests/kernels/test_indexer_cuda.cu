@@ -142,6 +142,9 @@ struct DeviceProblem {
   test::DeviceBuffer<uint8_t> pool;
   test::DeviceBuffer<int32_t> table, query_seq, visible, selected, count;
   test::DeviceBuffer<float> q, w;
+  // IndexerSelectParams::merge_counters: zeroed once (upload_and_pack); every launch must leave
+  // them zero (run_plan checks).
+  test::DeviceBuffer<uint32_t> counters;
   explicit DeviceProblem(const Problem& pr)
       : pool(pr.pool.size()),
         table(pr.page_table.size()),
@@ -150,10 +153,18 @@ struct DeviceProblem {
         selected(size_t(pr.num_queries) * pr.s.topk),
         count(pr.visible.size()),
         q(pr.q.size()),
-        w(pr.w.size()) {}
+        w(pr.w.size()),
+        counters(pr.visible.size()) {}
   bool ok() const {
     return pool.ok() && table.ok() && query_seq.ok() && visible.ok() && selected.ok() &&
-           count.ok() && q.ok() && w.ok();
+           count.ok() && q.ok() && w.ok() && counters.ok();
+  }
+  // Every merge counter is back at zero.
+  void expect_counters_zero(const char* what) const {
+    std::vector<uint32_t> c;
+    ASSERT_EQ(counters.download(c), cudaSuccess);
+    for (size_t i = 0; i < c.size(); ++i)
+      ASSERT_EQ(c[i], 0u) << what << ": merge counter of query " << i << " left nonzero";
   }
   cudaError_t upload_queries(const Problem& pr) {
     cudaError_t e;
@@ -180,6 +191,7 @@ struct DeviceProblem {
     p.plan = plan;
     p.workspace = ws;
     p.workspace_bytes = ws_bytes;
+    p.merge_counters = counters.get();
     return p;
   }
 };
@@ -188,6 +200,7 @@ struct DeviceProblem {
 // every sequence, in shuffled row order) and the pool bytes must equal the host packing.
 void upload_and_pack(const Problem& pr, DeviceProblem& dp) {
   ASSERT_TRUE(dp.ok());
+  DS_CUDA_ASSERT(cudaMemset(dp.counters.get(), 0, dp.counters.bytes()));
   DS_CUDA_ASSERT(dp.pool.poison());
   DS_CUDA_ASSERT(dp.table.upload(pr.page_table));
   DS_CUDA_ASSERT(dp.query_seq.upload(pr.query_seq));
@@ -231,8 +244,10 @@ struct Result {
   std::vector<int32_t> selected, count;
 };
 
+// fused: with the merge counters (the score kernel merges plans of <= 4096 candidates per query);
+// false: without them (the merge kernel).
 void run_plan(const Problem& pr, DeviceProblem& dp, const cuda::IndexerPlan& plan, Result& res,
-              bool early_exit = true, bool compact = true) {
+              bool early_exit = true, bool compact = true, bool fused = true) {
   const size_t ws_bytes = cuda::indexer_workspace_bytes(plan);
   test::DeviceBuffer<uint8_t> ws(std::max<size_t>(16, ws_bytes));
   ASSERT_TRUE(ws.ok());
@@ -242,11 +257,13 @@ void run_plan(const Problem& pr, DeviceProblem& dp, const cuda::IndexerPlan& pla
   cuda::IndexerSelectParams p = dp.params(pr, plan, ws.get(), ws_bytes);
   p.select_early_exit = early_exit;
   p.select_compact = compact;
+  if (!fused) p.merge_counters = nullptr;
   const Status st = cuda::launch_indexer_select(p, nullptr);
   ASSERT_TRUE(st.ok()) << st.to_string();
   DS_CUDA_ASSERT(cudaDeviceSynchronize());
   DS_CUDA_ASSERT(dp.selected.download(res.selected));
   DS_CUDA_ASSERT(dp.count.download(res.count));
+  dp.expect_counters_zero("run_plan");
 }
 
 void expect_matches_reference(const Problem& pr, const Result& res, const char* what) {
@@ -387,6 +404,13 @@ void check_problem(const Shape& s, uint64_t seed, const std::vector<int>& split_
     EXPECT_EQ(res.selected, first.selected) << "splits of >= 2 topk keys (" << two.max_splits
                                             << " splits; default " << base.max_splits << ")";
     EXPECT_EQ(res.count, first.count) << "splits of >= 2 topk keys";
+  }
+  {
+    Result res;
+    run_plan(pr, dp, base, res, true, true, /*fused=*/false);
+    EXPECT_EQ(res.selected, first.selected) << "merge kernel (no counters; " << base.max_splits
+                                            << " splits)";
+    EXPECT_EQ(res.count, first.count) << "merge kernel";
   }
   {
     const cuda::IndexerPlan uncapped = cuda::plan_indexer_select(
@@ -537,38 +561,44 @@ TEST(IndexerCuda, GraphReplayWithNewLengths) {
   DeviceProblem dp(pr);
   upload_and_pack(pr, dp);
   if (HasFatalFailure()) return;
-  const cuda::IndexerPlan plan =
-      cuda::plan_indexer_select(pr.num_queries, s.max_visible, s.topk, sm_count());
-  ASSERT_GT(plan.max_splits, 1);  // the merge kernel runs inside the graph
-  const size_t ws_bytes = cuda::indexer_workspace_bytes(plan);
-  test::DeviceBuffer<uint8_t> ws(ws_bytes);
-  ASSERT_TRUE(ws.ok());
-  cudaStream_t stream;
-  DS_CUDA_ASSERT(cudaStreamCreate(&stream));
-  cudaGraph_t graph;
-  DS_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const Status st = cuda::launch_indexer_select(dp.params(pr, plan, ws.get(), ws_bytes), stream);
-  DS_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
-  ASSERT_TRUE(st.ok()) << st.to_string();
-  cudaGraphExec_t exec;
-  DS_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
-  Rng rng(82);
-  for (int step = 0; step < 3; ++step) {
-    draw_queries(rng, pr);
-    DS_CUDA_ASSERT(dp.upload_queries(pr));
-    DS_CUDA_ASSERT(ws.poison());
-    DS_CUDA_ASSERT(dp.selected.poison());
-    DS_CUDA_ASSERT(dp.count.poison());
-    DS_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
-    DS_CUDA_ASSERT(cudaStreamSynchronize(stream));
-    Result res;
-    DS_CUDA_ASSERT(dp.selected.download(res.selected));
-    DS_CUDA_ASSERT(dp.count.download(res.count));
-    expect_matches_reference(pr, res, "graph replay");
+  // 16 splits (8192 candidates per query: the merge kernel), then at most 8 (4096: the score
+  // kernel's last split CTA merges, on the counters the replays must leave at zero).
+  for (int cap : {0, 8}) {
+    SCOPED_TRACE("split cap " + std::to_string(cap));
+    const cuda::IndexerPlan plan =
+        cuda::plan_indexer_select(pr.num_queries, s.max_visible, s.topk, sm_count(), cap);
+    ASSERT_GT(plan.max_splits, 1);  // a merge runs inside the graph
+    const size_t ws_bytes = cuda::indexer_workspace_bytes(plan);
+    test::DeviceBuffer<uint8_t> ws(ws_bytes);
+    ASSERT_TRUE(ws.ok());
+    cudaStream_t stream;
+    DS_CUDA_ASSERT(cudaStreamCreate(&stream));
+    cudaGraph_t graph;
+    DS_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const Status st = cuda::launch_indexer_select(dp.params(pr, plan, ws.get(), ws_bytes), stream);
+    DS_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    cudaGraphExec_t exec;
+    DS_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+    Rng rng(82);
+    for (int step = 0; step < 3; ++step) {
+      draw_queries(rng, pr);
+      DS_CUDA_ASSERT(dp.upload_queries(pr));
+      DS_CUDA_ASSERT(ws.poison());
+      DS_CUDA_ASSERT(dp.selected.poison());
+      DS_CUDA_ASSERT(dp.count.poison());
+      DS_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+      DS_CUDA_ASSERT(cudaStreamSynchronize(stream));
+      Result res;
+      DS_CUDA_ASSERT(dp.selected.download(res.selected));
+      DS_CUDA_ASSERT(dp.count.download(res.count));
+      expect_matches_reference(pr, res, "graph replay");
+      dp.expect_counters_zero("graph replay");
+    }
+    DS_CUDA_ASSERT(cudaGraphExecDestroy(exec));
+    DS_CUDA_ASSERT(cudaGraphDestroy(graph));
+    DS_CUDA_ASSERT(cudaStreamDestroy(stream));
   }
-  DS_CUDA_ASSERT(cudaGraphExecDestroy(exec));
-  DS_CUDA_ASSERT(cudaGraphDestroy(graph));
-  DS_CUDA_ASSERT(cudaStreamDestroy(stream));
 }
 
 // Host arithmetic only (runs without a GPU): the split count at Flash's topk on 132 SMs.

@@ -724,6 +724,13 @@ Status CudaOps::init() {
   DS_ASSIGN_OR_RETURN(DeviceBuffer arena_buffer,
                       DeviceBuffer::allocate(size_t(arena), "step arena"));
   arena_ = DeviceArena(std::move(arena_buffer));
+  // The indexer's merge counters (IndexerSelectParams::merge_counters): zero once, every launch
+  // leaves them zero. DEEPSERVE_INDEXER_FUSED_MERGE=0 keeps the merge kernel (A/B).
+  if (!env_switched_off("DEEPSERVE_INDEXER_FUSED_MERGE")) {
+    DS_ASSIGN_OR_RETURN(indexer_counters_,
+                        DeviceBuffer::allocate(size_t(N) * 4, "indexer merge counters"));
+    DS_CUDA_RETURN_IF_ERROR(cudaMemset(indexer_counters_.data(), 0, size_t(N) * 4));
+  }
   free_slots_.clear();
   for (int64_t s = S - 1; s >= 0; --s) free_slots_.push_back(s);
 
@@ -2092,6 +2099,7 @@ void CudaOps::indexer_select(int64_t slot, const float* q_index, const float* w_
   const size_t ws = cuda::indexer_workspace_bytes(p.plan);
   p.workspace = scratch<uint8_t>(int64_t(ws));
   p.workspace_bytes = ws;
+  p.merge_counters = indexer_counters_.as<uint32_t>();  // nullptr when switched off
   if (!failed()) (void)check(cuda::launch_indexer_select(p, stream_));
   arena_.release(mark);
 }

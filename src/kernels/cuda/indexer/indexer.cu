@@ -54,6 +54,11 @@ constexpr int kScoreRows = (kIndexerMaxTopk + kChunk + kThreads - 1) / kThreads;
 constexpr int kMergeThreads = 512;
 constexpr int kMergeRows = 16;
 constexpr int kMergeMaxKeys = kMergeThreads * kMergeRows;  // 8192
+// Fused merge (session 31): with merge counters, plans of at most this many candidates per query
+// are merged by the last of the query's split CTAs (kThreads threads, kFusedMergeRows per thread)
+// instead of the merge kernel.
+constexpr int kFusedMergeRows = 16;
+constexpr int kFusedMergeMaxKeys = kThreads * kFusedMergeRows;  // 4096
 constexpr float kE4M3MaxF = 448.0f;
 constexpr float kAmaxFloor = 1e-4f;  // as cpu::quantize_fp8_blocks
 
@@ -443,6 +448,82 @@ __device__ __forceinline__ void score_chunk_end(uint32_t* chunk_key, uint32_t* c
   __syncthreads();  // chunk_key and the candidate lists are rewritten from here on
 }
 
+// ---- merge of the splits' candidate lists -------------------------------------------------------
+// Whether the score kernel's last split CTA of each query merges (no merge kernel): host and
+// device evaluate the same predicate.
+__host__ __device__ inline bool fused_merge(const IndexerSelectParams& p) {
+  return p.merge_counters != nullptr && p.plan.max_splits > 1 &&
+         int64_t(p.plan.max_splits) * p.topk <= kFusedMergeMaxKeys;
+}
+
+// Workspace: the candidate keys of every (query, split) list, then their indices.
+__device__ __forceinline__ uint32_t* ws_keys(const IndexerSelectParams& p) {
+  return static_cast<uint32_t*>(p.workspace);
+}
+__device__ __forceinline__ int32_t* ws_indices(const IndexerSelectParams& p) {
+  return reinterpret_cast<int32_t*>(ws_keys(p) +
+                                    int64_t(p.plan.num_queries) * p.plan.max_splits * p.topk);
+}
+
+// Final top-k of query q over its `splits` candidate lists (consecutive in the workspace, in
+// index order), by a block of kNT threads. Every thread loads its keys and their indices (strided,
+// all loads in flight at once; session 31: the indices with the keys, not after the select) into
+// registers; the select runs on registers. kRows: the register-row buckets (the last one must hold
+// splits * topk / kNT).
+template <int kNT, int... kRows>
+__device__ __forceinline__ void merge_lists(const IndexerSelectParams& p, int q, int splits,
+                                            SelectShared& sh) {
+  const int k = p.topk;
+  const int64_t base = int64_t(q) * p.plan.max_splits * k;
+  const uint32_t* keys = ws_keys(p) + base;
+  const int32_t* idx = ws_indices(p) + base;
+  int32_t* sel = p.selected + int64_t(q) * k;
+  const int n = splits * k;
+  const int rows = (n + kNT - 1) / kNT;
+  with_row_bucket<kRows...>(rows, [&](auto tag) {
+    constexpr int kR = decltype(tag)::value;
+    uint32_t e[kR];
+    int32_t ix[kR];
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const int i = r * kNT + int(threadIdx.x);
+      e[r] = i < n ? __ldcg(keys + i) : 0u;
+      ix[r] = i < n ? __ldcg(idx + i) : -1;
+    }
+    uint32_t thr, gt;
+    select_threshold<kNT, kR>(e, rows, k, sh, thr, gt, p.select_early_exit);
+    select_emit<kNT, kR>(e, rows, thr, uint32_t(k) - gt, sh,
+                         [&](int, uint32_t pos, uint32_t, int r) { sel[pos] = ix[r]; });
+  });
+  if (threadIdx.x == 0 && p.count) p.count[q] = k;
+}
+
+// The end of split `split` of query q (of `splits` > 1): its candidate list (k keys ck and
+// indices ci, in index order) goes to the workspace. With fused_merge(p), the query's split CTAs
+// then count themselves on merge_counters[q] (each CTA's stores made visible first, the
+// threadFenceReduction pattern); the last to arrive returns the counter to zero and merges the
+// lists. All threads of the score CTA call it.
+__device__ __forceinline__ void finish_split(const IndexerSelectParams& p, int q, int split,
+                                             int splits, const uint32_t* ck, const int32_t* ci,
+                                             SelectShared& sh) {
+  const int k = p.topk;
+  const int64_t slot = (int64_t(q) * p.plan.max_splits + split) * k;
+  uint32_t* wk = ws_keys(p);
+  int32_t* wi = ws_indices(p);
+  for (int i = threadIdx.x; i < k; i += kThreads) {
+    wk[slot + i] = ck[i];
+    wi[slot + i] = ci[i];
+  }
+  if (!fused_merge(p)) return;
+  __threadfence();
+  bool last = false;
+  if (threadIdx.x == 0) last = atomicAdd(p.merge_counters + q, 1u) + 1u == uint32_t(splits);
+  if (!__syncthreads_or(last)) return;
+  __threadfence();
+  if (threadIdx.x == 0) p.merge_counters[q] = 0u;
+  merge_lists<kThreads, 4, 8, kFusedMergeRows>(p, q, splits, sh);
+}
+
 // ---- pack kernel ---------------------------------------------------------------------------------
 __global__ void __launch_bounds__(256) pack_index_keys_kernel(const PackIndexKeysParams p) {
   const int64_t row = int64_t(blockIdx.x) * 8 + (threadIdx.x >> 5);
@@ -752,14 +833,7 @@ __device__ __forceinline__ void score_wgmma(const IndexerSelectParams& p, uint8_
     for (int i = tid; i < k; i += kThreads) sel[i] = cand_idx(cur)[i];
     if (tid == 0 && p.count) p.count[q] = k;
   } else {
-    const int64_t slot_ws = (int64_t(q) * p.plan.max_splits + split) * k;
-    uint32_t* ws_key = static_cast<uint32_t*>(p.workspace);
-    int32_t* ws_idx = reinterpret_cast<int32_t*>(ws_key + int64_t(p.plan.num_queries) *
-                                                              p.plan.max_splits * k);
-    for (int i = tid; i < k; i += kThreads) {
-      ws_key[slot_ws + i] = cand_key(cur)[i];
-      ws_idx[slot_ws + i] = cand_idx(cur)[i];
-    }
+    finish_split(p, q, split, splits, cand_key(cur), cand_idx(cur), sh);
   }
 }
 #endif  // DS_INDEXER_WGMMA_PATH
@@ -987,58 +1061,21 @@ __global__ void __launch_bounds__(kThreads, DS_INDEXER_SCORE_MIN_BLOCKS)
     for (int i = tid; i < k; i += kThreads) sel[i] = cand_idx(cur)[i];
     if (tid == 0 && p.count) p.count[q] = k;
   } else {
-    const int64_t slot = (int64_t(q) * p.plan.max_splits + split) * k;
-    uint32_t* ws_key = static_cast<uint32_t*>(p.workspace);
-    int32_t* ws_idx = reinterpret_cast<int32_t*>(ws_key + int64_t(p.plan.num_queries) *
-                                                              p.plan.max_splits * k);
-    for (int i = tid; i < k; i += kThreads) {
-      ws_key[slot + i] = cand_key(cur)[i];
-      ws_idx[slot + i] = cand_idx(cur)[i];
-    }
+    finish_split(p, q, split, splits, cand_key(cur), cand_idx(cur), sh);
   }
 #endif  // DS_INDEXER_WGMMA_PATH
 }
 
-// Final top-k over the splits' candidate lists (consecutive in the workspace, in index order).
-// Every thread loads its kMergeRows keys (strided, all loads in flight at once) into registers;
-// the select runs on registers; the indices are read only for the selected.
+// Final top-k over the splits' candidate lists (merge_lists), one CTA per query; queries the
+// score kernel merged itself (fused_merge) or that need no merge return at once.
 __global__ void __launch_bounds__(kMergeThreads) indexer_merge_kernel(const IndexerSelectParams p) {
   __shared__ SelectShared sh;
   const int q = blockIdx.x;
-  const int k = p.topk;
   const int v = p.visible[q];
-  if (v <= k) return;
+  if (v <= p.topk) return;
   const int splits = active_splits(p.plan.max_splits, p.plan.min_keys, v);
   if (splits <= 1) return;
-  const int64_t base = int64_t(q) * p.plan.max_splits * k;
-  const uint32_t* keys = static_cast<const uint32_t*>(p.workspace) + base;
-  const int32_t* idx = reinterpret_cast<const int32_t*>(static_cast<const uint32_t*>(p.workspace) +
-                                                        int64_t(p.plan.num_queries) *
-                                                            p.plan.max_splits * k) +
-                       base;
-  int32_t* sel = p.selected + int64_t(q) * k;
-  const int n = splits * k;  // <= kMergeMaxKeys (checked by the launch)
-  const int rows = (n + kMergeThreads - 1) / kMergeThreads;
-  with_row_bucket<2, 4, 8, kMergeRows>(rows, [&](auto tag) {
-    constexpr int kR = decltype(tag)::value;
-    // The candidates' indices are loaded with their keys (session 31: before, the selected ones
-    // were read after the select, one more dependent round trip at the kernel's end).
-    uint32_t e[kR];
-    int32_t ix[kR];
-#pragma unroll
-    for (int r = 0; r < kR; ++r) {
-      const int i = r * kMergeThreads + int(threadIdx.x);
-      e[r] = i < n ? __ldcg(keys + i) : 0u;
-      ix[r] = i < n ? __ldcg(idx + i) : -1;
-    }
-    uint32_t thr, gt;
-    select_threshold<kMergeThreads, kR>(e, rows, k, sh, thr, gt, p.select_early_exit);
-    select_emit<kMergeThreads, kR>(e, rows, thr, uint32_t(k) - gt, sh,
-                                   [&](int, uint32_t pos, uint32_t, int r) {
-                                     sel[pos] = ix[r];
-                                   });
-  });
-  if (threadIdx.x == 0 && p.count) p.count[q] = k;
+  merge_lists<kMergeThreads, 2, 4, 8, kMergeRows>(p, q, splits, sh);  // <= kMergeMaxKeys: launch
 }
 
 // Dynamic shared memory of the score kernel on the current device: on compute capability 9.x
@@ -1184,7 +1221,7 @@ Status launch_indexer_select(const IndexerSelectParams& p, cudaStream_t stream) 
                     : p.num_heads <= 32 ? launch_score<4>(p, stream)
                                         : launch_score<8>(p, stream);
   if (!st.ok()) return st;
-  if (p.plan.max_splits > 1) {
+  if (p.plan.max_splits > 1 && !fused_merge(p)) {
     indexer_merge_kernel<<<unsigned(p.num_queries), kMergeThreads, 0, stream>>>(p);
     DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }

@@ -117,10 +117,16 @@ struct IndexerSelectParams {
   // The score kernel's chunk selects run over the running top-k + the chunk keys that pass the
   // threshold filter, compacted first (same selection; session 30). false = over the whole chunk.
   bool select_compact = true;
+  // Optional [plan.num_queries] counters, zero before the first launch that reads them; every
+  // launch leaves them zero. With them, a plan of more than one split and at most 4096 candidates
+  // per query (max_splits * topk) is merged by the last of each query's split CTAs to finish,
+  // and the merge kernel is not launched (session 31). nullptr: the merge kernel, as before.
+  uint32_t* merge_counters = nullptr;
 };
 
-// Enqueues the score/select kernel and, when plan.max_splits > 1, the merge kernel. No allocation,
-// no host synchronization: graph-capturable. The selected indices of a query are in ascending
+// Enqueues the score/select kernel and, when plan.max_splits > 1 and the score kernel does not
+// merge (merge_counters), the merge kernel. No allocation, no host synchronization:
+// graph-capturable. The selected indices of a query are in ascending
 // index order; among equal scores the lower index wins (as cpu::topk_indices). Returns an error
 // (launching nothing) for unsupported shapes, a mismatched plan, a small workspace or nulls.
 Status launch_indexer_select(const IndexerSelectParams& params, cudaStream_t stream);
