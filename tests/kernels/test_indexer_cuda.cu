@@ -244,7 +244,7 @@ struct Result {
   std::vector<int32_t> selected, count;
 };
 
-// fused: with the merge counters (the score kernel merges plans of <= 4096 candidates per query);
+// fused: with the merge counters (the score kernel merges plans of <= 8192 candidates per query);
 // false: without them (the merge kernel).
 void run_plan(const Problem& pr, DeviceProblem& dp, const cuda::IndexerPlan& plan, Result& res,
               bool early_exit = true, bool compact = true, bool fused = true) {
@@ -561,43 +561,48 @@ TEST(IndexerCuda, GraphReplayWithNewLengths) {
   DeviceProblem dp(pr);
   upload_and_pack(pr, dp);
   if (HasFatalFailure()) return;
-  // 16 splits (8192 candidates per query: the merge kernel), then at most 8 (4096: the score
-  // kernel's last split CTA merges, on the counters the replays must leave at zero).
+  // 16 splits (8192 candidates per query), then at most 8 (4096), each merged by the score
+  // kernel's last split CTA (on the counters the replays must leave at zero) and by the merge
+  // kernel (no counters).
   for (int cap : {0, 8}) {
-    SCOPED_TRACE("split cap " + std::to_string(cap));
-    const cuda::IndexerPlan plan =
-        cuda::plan_indexer_select(pr.num_queries, s.max_visible, s.topk, sm_count(), cap);
-    ASSERT_GT(plan.max_splits, 1);  // a merge runs inside the graph
-    const size_t ws_bytes = cuda::indexer_workspace_bytes(plan);
-    test::DeviceBuffer<uint8_t> ws(ws_bytes);
-    ASSERT_TRUE(ws.ok());
-    cudaStream_t stream;
-    DS_CUDA_ASSERT(cudaStreamCreate(&stream));
-    cudaGraph_t graph;
-    DS_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    const Status st = cuda::launch_indexer_select(dp.params(pr, plan, ws.get(), ws_bytes), stream);
-    DS_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
-    ASSERT_TRUE(st.ok()) << st.to_string();
-    cudaGraphExec_t exec;
-    DS_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
-    Rng rng(82);
-    for (int step = 0; step < 3; ++step) {
-      draw_queries(rng, pr);
-      DS_CUDA_ASSERT(dp.upload_queries(pr));
-      DS_CUDA_ASSERT(ws.poison());
-      DS_CUDA_ASSERT(dp.selected.poison());
-      DS_CUDA_ASSERT(dp.count.poison());
-      DS_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
-      DS_CUDA_ASSERT(cudaStreamSynchronize(stream));
-      Result res;
-      DS_CUDA_ASSERT(dp.selected.download(res.selected));
-      DS_CUDA_ASSERT(dp.count.download(res.count));
-      expect_matches_reference(pr, res, "graph replay");
-      dp.expect_counters_zero("graph replay");
+    for (bool fused : {true, false}) {
+      SCOPED_TRACE("split cap " + std::to_string(cap) + (fused ? ", counters" : ", merge kernel"));
+      const cuda::IndexerPlan plan =
+          cuda::plan_indexer_select(pr.num_queries, s.max_visible, s.topk, sm_count(), cap);
+      ASSERT_GT(plan.max_splits, 1);  // a merge runs inside the graph
+      const size_t ws_bytes = cuda::indexer_workspace_bytes(plan);
+      test::DeviceBuffer<uint8_t> ws(ws_bytes);
+      ASSERT_TRUE(ws.ok());
+      cuda::IndexerSelectParams p = dp.params(pr, plan, ws.get(), ws_bytes);
+      if (!fused) p.merge_counters = nullptr;
+      cudaStream_t stream;
+      DS_CUDA_ASSERT(cudaStreamCreate(&stream));
+      cudaGraph_t graph;
+      DS_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      const Status st = cuda::launch_indexer_select(p, stream);
+      DS_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      cudaGraphExec_t exec;
+      DS_CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+      Rng rng(82);
+      for (int step = 0; step < 3; ++step) {
+        draw_queries(rng, pr);
+        DS_CUDA_ASSERT(dp.upload_queries(pr));
+        DS_CUDA_ASSERT(ws.poison());
+        DS_CUDA_ASSERT(dp.selected.poison());
+        DS_CUDA_ASSERT(dp.count.poison());
+        DS_CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+        DS_CUDA_ASSERT(cudaStreamSynchronize(stream));
+        Result res;
+        DS_CUDA_ASSERT(dp.selected.download(res.selected));
+        DS_CUDA_ASSERT(dp.count.download(res.count));
+        expect_matches_reference(pr, res, "graph replay");
+        dp.expect_counters_zero("graph replay");
+      }
+      DS_CUDA_ASSERT(cudaGraphExecDestroy(exec));
+      DS_CUDA_ASSERT(cudaGraphDestroy(graph));
+      DS_CUDA_ASSERT(cudaStreamDestroy(stream));
     }
-    DS_CUDA_ASSERT(cudaGraphExecDestroy(exec));
-    DS_CUDA_ASSERT(cudaGraphDestroy(graph));
-    DS_CUDA_ASSERT(cudaStreamDestroy(stream));
   }
 }
 

@@ -57,8 +57,8 @@ constexpr int kMergeMaxKeys = kMergeThreads * kMergeRows;  // 8192
 // Fused merge (session 31): with merge counters, plans of at most this many candidates per query
 // are merged by the last of the query's split CTAs (kThreads threads, kFusedMergeRows per thread)
 // instead of the merge kernel.
-constexpr int kFusedMergeRows = 16;
-constexpr int kFusedMergeMaxKeys = kThreads * kFusedMergeRows;  // 4096
+constexpr int kFusedMergeRows = 32;
+constexpr int kFusedMergeMaxKeys = kThreads * kFusedMergeRows;  // 8192
 constexpr float kE4M3MaxF = 448.0f;
 constexpr float kAmaxFloor = 1e-4f;  // as cpu::quantize_fp8_blocks
 
@@ -521,7 +521,7 @@ __device__ __forceinline__ void finish_split(const IndexerSelectParams& p, int q
   if (!__syncthreads_or(last)) return;
   __threadfence();
   if (threadIdx.x == 0) p.merge_counters[q] = 0u;
-  merge_lists<kThreads, 4, 8, kFusedMergeRows>(p, q, splits, sh);
+  merge_lists<kThreads, 4, 8, 16, kFusedMergeRows>(p, q, splits, sh);
 }
 
 // ---- pack kernel ---------------------------------------------------------------------------------
