@@ -25,7 +25,8 @@ def main():
     ki, ii, mi, vi, ui = (hdr.index(h) for h in ("Kernel Name", "ID", "Metric Name",
                                                   "Metric Value", "Metric Unit"))
     for r in rows[1:]:
-        if len(r) == len(hdr) and r[mi] in WANT:
+        # Metric rows may stop before the header's trailing rule columns.
+        if len(r) > max(ki, ii, mi, vi, ui) and r[mi] in WANT:
             print(r[ii], r[ki][:30], r[mi], r[vi], r[ui])
 
 

@@ -244,7 +244,7 @@ struct Result {
   std::vector<int32_t> selected, count;
 };
 
-// fused: with the merge counters (the score kernel merges plans of <= 8192 candidates per query);
+// fused: with the merge counters (the score kernel merges plans of <= 4096 candidates per query);
 // false: without them (the merge kernel).
 void run_plan(const Problem& pr, DeviceProblem& dp, const cuda::IndexerPlan& plan, Result& res,
               bool early_exit = true, bool compact = true, bool fused = true) {
@@ -561,9 +561,9 @@ TEST(IndexerCuda, GraphReplayWithNewLengths) {
   DeviceProblem dp(pr);
   upload_and_pack(pr, dp);
   if (HasFatalFailure()) return;
-  // 16 splits (8192 candidates per query), then at most 8 (4096), each merged by the score
-  // kernel's last split CTA (on the counters the replays must leave at zero) and by the merge
-  // kernel (no counters).
+  // 16 splits (8192 candidates per query: the merge kernel, with or without counters), then at
+  // most 8 (4096: with the counters the score kernel's last split CTA merges, and the replays
+  // must leave them at zero; without them the merge kernel).
   for (int cap : {0, 8}) {
     for (bool fused : {true, false}) {
       SCOPED_TRACE("split cap " + std::to_string(cap) + (fused ? ", counters" : ", merge kernel"));

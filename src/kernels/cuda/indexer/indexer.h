@@ -118,7 +118,7 @@ struct IndexerSelectParams {
   // threshold filter, compacted first (same selection; session 30). false = over the whole chunk.
   bool select_compact = true;
   // Optional [plan.num_queries] counters, zero before the first launch that reads them; every
-  // launch leaves them zero. With them, a plan of more than one split and at most 8192 candidates
+  // launch leaves them zero. With them, a plan of more than one split and at most 4096 candidates
   // per query (max_splits * topk) is merged by the last of each query's split CTAs to finish,
   // and the merge kernel is not launched (session 31). nullptr: the merge kernel, as before.
   uint32_t* merge_counters = nullptr;
