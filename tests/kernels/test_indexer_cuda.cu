@@ -621,6 +621,26 @@ TEST(IndexerCuda, PlanCapsTheMergeWhenQueriesCrowdTheSms) {
   EXPECT_EQ(cuda::plan_indexer_select(8, 8192, 512, 132).max_splits, 16);
 }
 
+// Host arithmetic only: which plans the score kernel merges itself (the GPU tests compare both
+// forms; this says the fused form is the one they ran).
+TEST(IndexerCuda, ScoreKernelMergesPlansOfAtMost4096Candidates) {
+  uint32_t counters[64];
+  cuda::IndexerSelectParams p;
+  p.topk = 512;
+  p.merge_counters = counters;
+  p.plan = cuda::plan_indexer_select(16, 32768, 512, 132);  // 8 splits: 4096 candidates
+  EXPECT_TRUE(cuda::indexer_merges_in_score_kernel(p));
+  p.plan = cuda::plan_indexer_select(64, 32768, 512, 132);  // 4 splits
+  EXPECT_TRUE(cuda::indexer_merges_in_score_kernel(p));
+  p.plan = cuda::plan_indexer_select(1, 32768, 512, 132);  // 16 splits: 8192
+  EXPECT_FALSE(cuda::indexer_merges_in_score_kernel(p));
+  p.plan = cuda::plan_indexer_select(64, 512, 512, 132);  // one split: no merge at all
+  EXPECT_FALSE(cuda::indexer_merges_in_score_kernel(p));
+  p.plan = cuda::plan_indexer_select(16, 32768, 512, 132);
+  p.merge_counters = nullptr;  // no counters: the merge kernel
+  EXPECT_FALSE(cuda::indexer_merges_in_score_kernel(p));
+}
+
 TEST(IndexerCuda, RejectsBadParams) {
   DS_REQUIRE_GPU();
   Shape s = tiny_shape();

@@ -1196,6 +1196,10 @@ IndexerPlan plan_indexer_select(int32_t num_queries, int32_t max_visible, int32_
   return plan;
 }
 
+bool indexer_merges_in_score_kernel(const IndexerSelectParams& params) {
+  return fused_merge(params);
+}
+
 size_t indexer_workspace_bytes(const IndexerPlan& plan) {
   if (plan.max_splits <= 1) return 0;
   return size_t(plan.num_queries) * size_t(plan.max_splits) * size_t(plan.topk) * 8;

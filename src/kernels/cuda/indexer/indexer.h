@@ -124,8 +124,13 @@ struct IndexerSelectParams {
   uint32_t* merge_counters = nullptr;
 };
 
+// Whether launch_indexer_select merges inside the score kernel for these params (merge_counters
+// given, more than one split, at most 4096 candidates per query) instead of launching the merge
+// kernel. Host arithmetic only.
+bool indexer_merges_in_score_kernel(const IndexerSelectParams& params);
+
 // Enqueues the score/select kernel and, when plan.max_splits > 1 and the score kernel does not
-// merge (merge_counters), the merge kernel. No allocation, no host synchronization:
+// merge (indexer_merges_in_score_kernel), the merge kernel. No allocation, no host synchronization:
 // graph-capturable. The selected indices of a query are in ascending
 // index order; among equal scores the lower index wins (as cpu::topk_indices). Returns an error
 // (launching nothing) for unsupported shapes, a mismatched plan, a small workspace or nulls.
