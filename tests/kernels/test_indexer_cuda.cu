@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "core/rng.h"
@@ -244,10 +245,16 @@ struct Result {
   std::vector<int32_t> selected, count;
 };
 
-// fused: with the merge counters (the score kernel merges plans of <= 4096 candidates per query);
-// false: without them (the merge kernel).
+// The launch's switches, each of which must leave the selection unchanged: the selects' early
+// exit, the compaction of the filter's survivors (session 30), the merge counters (fused: the
+// score kernel merges plans of <= 4096 candidates per query; false: the merge kernel) and the
+// merge's bounded radix search (session 31).
+struct Switches {
+  bool early_exit = true, compact = true, fused = true, bound = true;
+};
+
 void run_plan(const Problem& pr, DeviceProblem& dp, const cuda::IndexerPlan& plan, Result& res,
-              bool early_exit = true, bool compact = true, bool fused = true) {
+              const Switches& sw = {}) {
   const size_t ws_bytes = cuda::indexer_workspace_bytes(plan);
   test::DeviceBuffer<uint8_t> ws(std::max<size_t>(16, ws_bytes));
   ASSERT_TRUE(ws.ok());
@@ -255,9 +262,10 @@ void run_plan(const Problem& pr, DeviceProblem& dp, const cuda::IndexerPlan& pla
   DS_CUDA_ASSERT(dp.selected.poison());
   DS_CUDA_ASSERT(dp.count.poison());
   cuda::IndexerSelectParams p = dp.params(pr, plan, ws.get(), ws_bytes);
-  p.select_early_exit = early_exit;
-  p.select_compact = compact;
-  if (!fused) p.merge_counters = nullptr;
+  p.select_early_exit = sw.early_exit;
+  p.select_compact = sw.compact;
+  if (!sw.fused) p.merge_counters = nullptr;
+  p.merge_bound = sw.bound;
   const Status st = cuda::launch_indexer_select(p, nullptr);
   ASSERT_TRUE(st.ok()) << st.to_string();
   DS_CUDA_ASSERT(cudaDeviceSynchronize());
@@ -364,10 +372,9 @@ int sm_count() {
   return n;
 }
 
-// The default plan against the reference, then for identical outputs: each split cap, the
-// selects' full 16-step search (no early exit), the chunk selects over whole chunks (no
-// compaction of the filter's survivors), both, and the plan rule before session 30 (splits of
-// >= 2 topk keys).
+// The default plan against the reference, then for identical outputs: each split cap, every
+// combination of the launch's switches (Switches), the plan rule before session 30 (splits of
+// >= 2 topk keys) and the plan without the crowded-merge cap.
 void check_problem(const Shape& s, uint64_t seed, const std::vector<int>& split_caps) {
   Problem pr = make_problem(s, seed);
   DeviceProblem dp(pr);
@@ -387,13 +394,20 @@ void check_problem(const Shape& s, uint64_t seed, const std::vector<int>& split_
                                             << " splits; default " << base.max_splits << ")";
     EXPECT_EQ(res.count, first.count) << "split cap " << cap;
   }
-  for (int variant = 1; variant < 4; ++variant) {
-    const bool early_exit = (variant & 1) == 0, compact = (variant & 2) == 0;
+  for (int variant = 1; variant < 16; ++variant) {  // every other combination of the switches
+    Switches sw;
+    sw.early_exit = (variant & 1) == 0;
+    sw.compact = (variant & 2) == 0;
+    sw.fused = (variant & 4) == 0;
+    sw.bound = (variant & 8) == 0;
     Result res;
-    run_plan(pr, dp, base, res, early_exit, compact);
-    EXPECT_EQ(res.selected, first.selected) << "early exit " << early_exit << ", compaction "
-                                            << compact << " (" << base.max_splits << " splits)";
-    EXPECT_EQ(res.count, first.count) << "early exit " << early_exit << ", compaction " << compact;
+    run_plan(pr, dp, base, res, sw);
+    const std::string what = "early exit " + std::to_string(sw.early_exit) + ", compaction " +
+                             std::to_string(sw.compact) + ", counters " +
+                             std::to_string(sw.fused) + ", bound " + std::to_string(sw.bound) +
+                             " (" + std::to_string(base.max_splits) + " splits)";
+    EXPECT_EQ(res.selected, first.selected) << what;
+    EXPECT_EQ(res.count, first.count) << what;
   }
   {
     const cuda::IndexerPlan two =
@@ -404,13 +418,6 @@ void check_problem(const Shape& s, uint64_t seed, const std::vector<int>& split_
     EXPECT_EQ(res.selected, first.selected) << "splits of >= 2 topk keys (" << two.max_splits
                                             << " splits; default " << base.max_splits << ")";
     EXPECT_EQ(res.count, first.count) << "splits of >= 2 topk keys";
-  }
-  {
-    Result res;
-    run_plan(pr, dp, base, res, true, true, /*fused=*/false);
-    EXPECT_EQ(res.selected, first.selected) << "merge kernel (no counters; " << base.max_splits
-                                            << " splits)";
-    EXPECT_EQ(res.count, first.count) << "merge kernel";
   }
   {
     const cuda::IndexerPlan uncapped = cuda::plan_indexer_select(
