@@ -14,8 +14,7 @@
 // 30's changes each (the plan rule, the selects' early exit, the compaction of the filter's
 // survivors) and "s29" all three, on the main grid's cases at >= 8K; "nocap" (B=16) plans
 // without the crowded-merge cap; "sepmerge" (>= 4K) runs the merge kernel instead of the score
-// kernel's last split CTA (no merge counters; session 31), "nobound" (>= 4K) the merges' radix
-// search from the top bit. Correctness of the same
+// kernel's last split CTA (no merge counters; session 31). Correctness of the same
 // run: the first query's selected set against the CPU reference by score (max error / the test
 // tolerance; <= 1 passes).
 // Every case is timed in a graph twice: "graph" as before, and "graph_hot" right after 20 ms of
@@ -154,7 +153,6 @@ struct Case {
   bool compact = true;     // IndexerSelectParams::select_compact
   bool cap_crowded_merge = true;  // plan_indexer_select's
   bool fused_merge = true;        // IndexerSelectParams::merge_counters given
-  bool merge_bound = true;        // IndexerSelectParams::merge_bound
 };
 
 }  // namespace
@@ -310,10 +308,6 @@ int main(int argc, char** argv) {
   for (int ctx : {4096, 8192, 32768, 131072})
     for (int batch : {1, 16, 64})
       cases.push_back({batch, ctx, 1 << 20, "sepmerge", 0, 1, true, true, true, false});
-  // Session 31: the merges' radix search from the top bit (no bounds).
-  for (int ctx : {4096, 8192, 32768, 131072})
-    for (int batch : {1, 16, 64})
-      cases.push_back({batch, ctx, 1 << 20, "nobound", 0, 1, true, true, true, true, false});
 
   // DS_INDEXER_CASES="B:ctx:series,..." (e.g. "64:32768:main") keeps only those cases, for
   // profilers; the ceilings are measured as always.
@@ -401,7 +395,6 @@ int main(int argc, char** argv) {
       p.select_early_exit = cs.early_exit;
       p.select_compact = cs.compact;
       p.merge_counters = d_ctr;
-      p.merge_bound = cs.merge_bound;
       const Status st = cuda::launch_indexer_select(p, s);
       if (!st.ok()) {
         std::fprintf(stderr, "launch failed: %s\n", st.to_string().c_str());

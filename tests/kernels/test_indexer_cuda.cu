@@ -246,11 +246,10 @@ struct Result {
 };
 
 // The launch's switches, each of which must leave the selection unchanged: the selects' early
-// exit, the compaction of the filter's survivors (session 30), the merge counters (fused: the
-// score kernel merges plans of <= 4096 candidates per query; false: the merge kernel) and the
-// merge's bounded radix search (session 31).
+// exit, the compaction of the filter's survivors (session 30) and the merge counters (fused: the
+// score kernel merges plans of <= 4096 candidates per query; false: the merge kernel).
 struct Switches {
-  bool early_exit = true, compact = true, fused = true, bound = true;
+  bool early_exit = true, compact = true, fused = true;
 };
 
 void run_plan(const Problem& pr, DeviceProblem& dp, const cuda::IndexerPlan& plan, Result& res,
@@ -265,7 +264,6 @@ void run_plan(const Problem& pr, DeviceProblem& dp, const cuda::IndexerPlan& pla
   p.select_early_exit = sw.early_exit;
   p.select_compact = sw.compact;
   if (!sw.fused) p.merge_counters = nullptr;
-  p.merge_bound = sw.bound;
   const Status st = cuda::launch_indexer_select(p, nullptr);
   ASSERT_TRUE(st.ok()) << st.to_string();
   DS_CUDA_ASSERT(cudaDeviceSynchronize());
@@ -394,18 +392,17 @@ void check_problem(const Shape& s, uint64_t seed, const std::vector<int>& split_
                                             << " splits; default " << base.max_splits << ")";
     EXPECT_EQ(res.count, first.count) << "split cap " << cap;
   }
-  for (int variant = 1; variant < 16; ++variant) {  // every other combination of the switches
+  for (int variant = 1; variant < 8; ++variant) {  // every other combination of the switches
     Switches sw;
     sw.early_exit = (variant & 1) == 0;
     sw.compact = (variant & 2) == 0;
     sw.fused = (variant & 4) == 0;
-    sw.bound = (variant & 8) == 0;
     Result res;
     run_plan(pr, dp, base, res, sw);
     const std::string what = "early exit " + std::to_string(sw.early_exit) + ", compaction " +
                              std::to_string(sw.compact) + ", counters " +
-                             std::to_string(sw.fused) + ", bound " + std::to_string(sw.bound) +
-                             " (" + std::to_string(base.max_splits) + " splits)";
+                             std::to_string(sw.fused) + " (" + std::to_string(base.max_splits) +
+                             " splits)";
     EXPECT_EQ(res.selected, first.selected) << what;
     EXPECT_EQ(res.count, first.count) << what;
   }

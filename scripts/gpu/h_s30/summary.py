@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Session 30: the indexer bench's graph times per (batch, context), one column per series
-(main = the tree; sepmerge / nobound / mk2 / fullsearch / nocompact / nocap = one change undone;
+(main = the tree; sepmerge / mk2 / fullsearch / nocompact / nocap = one change undone;
 s29 = all), the floor
 and main's ratio to it.   summary.py indexer.json"""
 import json
@@ -19,7 +19,7 @@ for r in d["records"]:
     if series == "maxlen":
         series = "maxlen%dK" % (maxlen // 1024)
     rows.setdefault((b, ctx), {})[series] = (r["time_us"], splits, r["floor_us"], r["max_error"])
-cols = ["main", "sepmerge", "nobound", "mk2", "fullsearch", "nocompact", "nocap", "s29", "onesplit", "maxlen8K", "maxlen1024K"]
+cols = ["main", "sepmerge", "mk2", "fullsearch", "nocompact", "nocap", "s29", "onesplit", "maxlen8K", "maxlen1024K"]
 print("gpu %s, commit %s, copy %.0f GB/s" % (d["gpu"], d["commit"], d["ceilings"]["copy_gbps"]))
 print("%-14s" % "B ctx" + "".join("%13s" % c for c in cols) + "   floor  main/floor  err")
 for (b, ctx), s in sorted(rows.items(), key=lambda x: (x[0][1], x[0][0])):

@@ -197,25 +197,16 @@ struct SelectShared {
 // are the top k whatever the remaining digits (no key equal to the k-th one is left out), so the
 // search stops with thr = prefix - 1 and gt = k (no ties). The selected set is the full search's;
 // only thr may be lower than the k-th key. On random scores the search ends after ~8-10 steps.
-// Bounds (session 31): when the k-th key is known to lie in [lo, hi] and no key exceeds hi, the
-// search starts at the first 2-bit digit where lo and hi differ, with the digits above it taken
-// from hi (lo <= hi; lo = 0, hi = ~0 is the full search). Same thr and gt as the full search
-// without early exit; with it, the same selected set.
 template <int kNT, int kR>
 __device__ __forceinline__ void select_threshold(const uint32_t (&e)[kR], int rows, int k,
                                                  SelectShared& sh, uint32_t& thr, uint32_t& gt,
-                                                 bool early_exit, uint32_t lo = 0u,
-                                                 uint32_t hi = ~0u) {
+                                                 bool early_exit) {
   constexpr int kNW = kNT / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const uint32_t need = uint32_t(k);
-  // The highest bit where lo and hi differ, b = 31 - clz, lies in the digit of step (31 - b) / 2;
-  // the bits above that digit are common to every key in [lo, hi]. lo == hi: all 16 known.
-  const int first = lo == hi ? 16 : __clz(lo ^ hi) / 2;
-  uint32_t prefix = first == 0 ? 0u : first == 16 ? hi : hi & ~((1u << (32 - 2 * first)) - 1u);
-  uint32_t above = 0;  // above = keys >= the top of the current range (none is above hi)
+  uint32_t prefix = 0, above = 0;  // above = keys >= the top of the current range
 #pragma unroll 1
-  for (int step = first; step < 16; ++step) {
+  for (int step = 0; step < 16; ++step) {
     const int s = 30 - 2 * step;
     const uint32_t c1 = prefix | (1u << s), c2 = prefix | (2u << s), c3 = prefix | (3u << s);
     uint32_t n1 = 0, n2 = 0, n3 = 0;
@@ -475,40 +466,6 @@ __device__ __forceinline__ int32_t* ws_indices(const IndexerSelectParams& p) {
                                     int64_t(p.plan.num_queries) * p.plan.max_splits * p.topk);
 }
 
-// Bounds of the merge's k-th key (session 31): each split's list holds that split's k largest
-// keys, so the split whose smallest listed key is the largest of those minima (lo) alone has k
-// keys >= lo, and the k-th key overall is >= lo; hi = the largest key. Needs k % 32 == 0 (a warp's
-// 32 positions of a row lie in one list) and splits <= kMergeBoundSplits (SelectShared::cnt holds
-// the minima). Every list key is >= 1 (lists never hold filtered keys). Three barriers.
-constexpr int kMergeBoundSplits = 32;
-template <int kNT, int kR>
-__device__ __forceinline__ void merge_key_bounds(const uint32_t (&e)[kR], int n, int k, int splits,
-                                                 SelectShared& sh, uint32_t& lo, uint32_t& hi) {
-  const int lane = threadIdx.x & 31;
-  uint32_t* mins = sh.cnt;                     // [splits]
-  uint32_t* top = sh.cnt + kMergeBoundSplits;  // [1]
-  if (threadIdx.x < splits) mins[threadIdx.x] = ~0u;
-  if (threadIdx.x == 0) *top = 0u;
-  __syncthreads();
-  uint32_t mx = 0u;
-#pragma unroll
-  for (int r = 0; r < kR; ++r) {
-    const int i0 = r * kNT + int(threadIdx.x & ~31u);  // the warp's first position of row r
-    if (i0 < n) {  // n is a multiple of k, k of 32: the whole warp is inside, in one list
-      const uint32_t wmin = __reduce_min_sync(0xFFFFFFFFu, e[r]);
-      if (lane == 0) atomicMin(mins + i0 / k, wmin);
-      mx = max(mx, e[r]);
-    }
-  }
-  mx = __reduce_max_sync(0xFFFFFFFFu, mx);
-  if (lane == 0) atomicMax(top, mx);
-  __syncthreads();
-  lo = 0u;
-  for (int s = 0; s < splits; ++s) lo = max(lo, mins[s]);
-  hi = *top;
-  __syncthreads();  // SelectShared::cnt is the emit's from here on
-}
-
 // Final top-k of query q over its `splits` candidate lists (consecutive in the workspace, in
 // index order), by a block of kNT threads. Every thread loads its keys and their indices (strided,
 // all loads in flight at once; session 31: the indices with the keys, not after the select) into
@@ -534,11 +491,8 @@ __device__ __forceinline__ void merge_lists(const IndexerSelectParams& p, int q,
       e[r] = i < n ? __ldcg(keys + i) : 0u;
       ix[r] = i < n ? __ldcg(idx + i) : -1;
     }
-    uint32_t lo = 0u, hi = ~0u;
-    if (p.merge_bound && k % 32 == 0 && splits <= kMergeBoundSplits)
-      merge_key_bounds<kNT, kR>(e, n, k, splits, sh, lo, hi);
     uint32_t thr, gt;
-    select_threshold<kNT, kR>(e, rows, k, sh, thr, gt, p.select_early_exit, lo, hi);
+    select_threshold<kNT, kR>(e, rows, k, sh, thr, gt, p.select_early_exit);
     select_emit<kNT, kR>(e, rows, thr, uint32_t(k) - gt, sh,
                          [&](int, uint32_t pos, uint32_t, int r) { sel[pos] = ix[r]; });
   });

@@ -122,10 +122,6 @@ struct IndexerSelectParams {
   // per query (max_splits * topk) is merged by the last of each query's split CTAs to finish,
   // and the merge kernel is not launched (session 31). nullptr: the merge kernel, as before.
   uint32_t* merge_counters = nullptr;
-  // The merge's radix search starts at the digits shared by two bounds of the k-th key (the
-  // largest of the splits' smallest listed keys, the largest key): same selection (session 31).
-  // false = from the top bit (A/B switch for the benchmark and tests).
-  bool merge_bound = true;
 };
 
 // Whether launch_indexer_select merges inside the score kernel for these params (merge_counters
