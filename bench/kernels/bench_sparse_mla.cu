@@ -12,8 +12,9 @@
 // kernel in the graph).
 // Correctness of the same run: the first 4 queries against the CPU reference (max error relative to
 // the test tolerance 2^-7 max|v| + 2^-8 |ref|; <= 1 passes). On compute capability 9.0 every case
-// also times the sm_90a kernel's plan ("sparse_mla_decode_wgmma", checked the same way) and sweeps
-// its split count ("wgmma split sweep").
+// also times the sm_90a kernels' plan: v7 ("sparse_mla_decode_wgmma") and v9 with its producer
+// warpgroup ("sparse_mla_decode_wgmma_ws"), each checked the same way, and sweeps their split
+// counts ("wgmma split sweep"; " ws" in the shape for v9).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -316,7 +317,8 @@ int main(int argc, char** argv) {
           r.shape = "B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) +
                     " keys=" + std::to_string(keys) + " s" + std::to_string(plan.max_splits) +
                     " h" + std::to_string(plan.heads_per_cta) + " p" +
-                    std::to_string(plan.tiles_per_step) + (plan.wgmma ? " wgmma" : "");
+                    std::to_string(plan.tiles_per_step) + (plan.wgmma ? " wgmma" : "") +
+                    (plan.warp_specialized ? " ws" : "");
           r.mode = g ? "graph" : "eager";
           r.bytes = bytes;
           r.flops = flops;
@@ -328,7 +330,13 @@ int main(int argc, char** argv) {
         }
       };
       measure(plan, "sparse_mla_decode");
-      if (wgmma) measure(wplan, "sparse_mla_decode_wgmma");
+      if (wgmma) {  // v7 and v9 (the producer warpgroup) side by side
+        cuda::SparseMlaPlan v7 = wplan, v9 = wplan;
+        v7.warp_specialized = false;
+        v9.warp_specialized = true;
+        measure(v7, "sparse_mla_decode_wgmma");
+        measure(v9, "sparse_mla_decode_wgmma_ws");
+      }
       // An alternative plan timed eagerly and in a graph (the sweeps below; results not checked).
       auto time_alt = [&](const cuda::SparseMlaPlan& alt, const char* sweep) {
         auto launch_alt = [&](int c, cudaStream_t s) {
@@ -355,7 +363,7 @@ int main(int argc, char** argv) {
           r.shape = "B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) +
                     " keys=" + std::to_string(keys) + " s" + std::to_string(alt.max_splits) + " h" +
                     std::to_string(alt.heads_per_cta) + " p" + std::to_string(alt.tiles_per_step) +
-                    (alt.wgmma ? " wgmma" : "");
+                    (alt.wgmma ? " wgmma" : "") + (alt.warp_specialized ? " ws" : "");
           r.mode = g ? "graph" : "eager";
           r.bytes = bytes;
           r.flops = flops;
@@ -393,14 +401,16 @@ int main(int argc, char** argv) {
         alt.max_splits = sp;
         time_alt(alt, "split sweep");
       }
-      // Split sweep of the sm_90a kernel (quick runs too: it is the kernel being tuned).
-      for (int sp : {1, 2, 4, 8, 10}) {
-        if (!wgmma || sp == wplan.max_splits || sp > wplan.max_tiles || (batch >= 64 && sp > 2))
-          continue;
-        cuda::SparseMlaPlan alt = wplan;
-        alt.max_splits = sp;
-        time_alt(alt, "wgmma split sweep");
-      }
+      // Split sweep of the sm_90a kernels, v7 and v9 (quick runs too: they are being tuned).
+      for (const bool ws : {false, true})
+        for (int sp : {1, 2, 4, 8, 10}) {
+          if (!wgmma || sp == wplan.max_splits || sp > wplan.max_tiles || (batch >= 64 && sp > 2))
+            continue;
+          cuda::SparseMlaPlan alt = wplan;
+          alt.warp_specialized = ws;
+          alt.max_splits = sp;
+          time_alt(alt, "wgmma split sweep");
+        }
       for (int c = 0; c < kCopies; ++c) {
         DS_BENCH_CHECK(cudaFree(wtab[size_t(c)]));
         DS_BENCH_CHECK(cudaFree(ctab[size_t(c)]));

@@ -381,33 +381,48 @@ void check_problem(const Shape& s, uint64_t seed, const std::vector<int>& split_
         EXPECT_EQ(bd.lse, 0) << "lse, splits " << plan.max_splits << " heads/CTA " << hg
                              << " tiles/step " << step;
       }
-  // The sm_90a kernel (64-key tiles: its own bits) where the device and the shape allow it: its
-  // default plan against the reference, then every split cap for identical bits.
+  // The sm_90a kernels (64-key tiles: their own bits) where the device and the shape allow it:
+  // v7's default plan against the reference, then v7 and v9 (the producer warpgroup) at the
+  // default split count and every split cap, each against the reference and for v7's bits.
   if (!cuda::sparse_mla_wgmma_supported(s.num_heads, s.head_dim)) return;
   const cuda::SparseMlaPlan wbase = cuda::plan_sparse_mla_decode(
       pr.num_queries, s.num_heads, s.window_width, s.compressed_width, sm_count(), 0, true);
   ASSERT_TRUE(wbase.wgmma);
+  cuda::SparseMlaPlan v7 = wbase;
+  v7.warp_specialized = false;
   Result wfirst;
-  run_plan(pr, dp, wbase, wfirst);
+  run_plan(pr, dp, v7, wfirst);
   expect_close(pr, ref, wfirst, "wgmma plan");
-  for (int cap : split_caps) {
-    cuda::SparseMlaPlan plan = wbase;
-    plan.max_splits = std::min(cap, std::max(1, plan.max_tiles));
-    Result res;
-    run_plan(pr, dp, plan, res);
-    expect_close(pr, ref, res, "wgmma split cap");
-    const BitDiffs bd = bit_diffs(res, wfirst);
-    EXPECT_EQ(bd.out, 0) << "wgmma, splits " << plan.max_splits << " (default " << wbase.max_splits
-                         << ")";
-    EXPECT_EQ(bd.lse, 0) << "wgmma lse, splits " << plan.max_splits;
-  }
+  std::vector<int> caps = {wbase.max_splits};
+  caps.insert(caps.end(), split_caps.begin(), split_caps.end());
+  for (const bool ws : {false, true})
+    for (int cap : caps) {
+      cuda::SparseMlaPlan plan = wbase;
+      plan.warp_specialized = ws;
+      plan.max_splits = std::min(cap, std::max(1, plan.max_tiles));
+      Result res;
+      run_plan(pr, dp, plan, res);
+      expect_close(pr, ref, res, ws ? "wgmma v9 split cap" : "wgmma split cap");
+      const BitDiffs bd = bit_diffs(res, wfirst);
+      EXPECT_EQ(bd.out, 0) << (ws ? "v9" : "v7") << ", splits " << plan.max_splits << " (default "
+                           << wbase.max_splits << ")";
+      EXPECT_EQ(bd.lse, 0) << (ws ? "v9" : "v7") << " lse, splits " << plan.max_splits;
+    }
 }
 
-// The kernels a device-level test runs: the mma.sync kernel always, the sm_90a one where the
-// device and the shape allow it.
-std::vector<bool> kernels_for(const Shape& s) {
-  std::vector<bool> k = {false};
-  if (cuda::sparse_mla_wgmma_supported(s.num_heads, s.head_dim)) k.push_back(true);
+// The kernels a device-level test runs: the mma.sync kernel always, the sm_90a ones (v7, and
+// v9 with its producer warpgroup) where the device and the shape allow them.
+struct KernelChoice {
+  const char* name;
+  bool wgmma;
+  bool warp_specialized;
+};
+std::vector<KernelChoice> kernels_for(const Shape& s) {
+  std::vector<KernelChoice> k = {{"mma.sync kernel", false, false}};
+  if (cuda::sparse_mla_wgmma_supported(s.num_heads, s.head_dim)) {
+    k.push_back({"wgmma kernel (v7)", true, false});
+    k.push_back({"wgmma kernel with a producer warpgroup (v9)", true, true});
+  }
   return k;
 }
 
@@ -558,14 +573,15 @@ TEST(SparseMlaCuda, GraphReplayWithNewLengths) {
   Shape s;
   s.num_seqs = 2;
   s.queries_per_seq = 2;
-  for (const bool wgmma : kernels_for(s)) {
-    SCOPED_TRACE(wgmma ? "wgmma kernel" : "mma.sync kernel");
+  for (const KernelChoice& kc : kernels_for(s)) {
+    SCOPED_TRACE(kc.name);
     Problem pr = make_problem(s, 801);
     DeviceProblem dp(pr);
     ASSERT_TRUE(dp.ok());
     DS_CUDA_ASSERT(dp.upload(pr));
-    const cuda::SparseMlaPlan plan = cuda::plan_sparse_mla_decode(
-        pr.num_queries, s.num_heads, s.window_width, s.compressed_width, sm_count(), 0, wgmma);
+    cuda::SparseMlaPlan plan = cuda::plan_sparse_mla_decode(
+        pr.num_queries, s.num_heads, s.window_width, s.compressed_width, sm_count(), 0, kc.wgmma);
+    plan.warp_specialized = kc.warp_specialized;
     ASSERT_GT(plan.max_splits, 1);  // exercises the combine kernel inside the graph
     const size_t ws_bytes =
         cuda::sparse_mla_workspace_bytes(plan, pr.num_queries, s.num_heads, s.head_dim);
@@ -632,14 +648,15 @@ TEST(SparseMlaCuda, ProgrammaticLaunchWaitsForTheProducer) {
   Shape s;
   s.num_seqs = 2;
   s.min_len = 500;
-  for (const bool wgmma : kernels_for(s)) {
-    SCOPED_TRACE(wgmma ? "wgmma kernel" : "mma.sync kernel");
+  for (const KernelChoice& kc : kernels_for(s)) {
+    SCOPED_TRACE(kc.name);
     Problem pr = make_problem(s, 1001);
     DeviceProblem dp(pr);
     ASSERT_TRUE(dp.ok());
     DS_CUDA_ASSERT(dp.upload(pr));
-    const cuda::SparseMlaPlan plan = cuda::plan_sparse_mla_decode(
-        pr.num_queries, s.num_heads, s.window_width, s.compressed_width, sm_count(), 0, wgmma);
+    cuda::SparseMlaPlan plan = cuda::plan_sparse_mla_decode(
+        pr.num_queries, s.num_heads, s.window_width, s.compressed_width, sm_count(), 0, kc.wgmma);
+    plan.warp_specialized = kc.warp_specialized;
     ASSERT_GT(plan.max_splits, 1);  // the combine kernel runs too
     Result want;
     run_plan(pr, dp, plan, want);
@@ -735,6 +752,10 @@ TEST(SparseMlaCuda, RejectsBadParams) {
   p = dp.params(pr, plan, nullptr, 0);
   p.plan.wgmma = true;
   p.plan.heads_per_cta = 64;
+  EXPECT_EQ(cuda::launch_sparse_mla_decode(p, nullptr).code(), StatusCode::kInvalidArgument);
+  // The producer-warpgroup kernel is a form of the sm_90a plan only.
+  p = dp.params(pr, plan, nullptr, 0);
+  p.plan.warp_specialized = true;
   EXPECT_EQ(cuda::launch_sparse_mla_decode(p, nullptr).code(), StatusCode::kInvalidArgument);
   DS_CUDA_ASSERT(cudaDeviceSynchronize());
 }

@@ -43,10 +43,15 @@
 #endif
 // 1: the combine kernel is a programmatic dependent of the attention kernel (v5); 0: plain
 // stream order (v4), kept for timing comparisons.
+// 1: the wgmma plan runs v9 (a producer warpgroup copies and dequantizes); 0: v7.
+#ifndef DS_SPARSE_MLA_WARP_SPECIALIZED
+#define DS_SPARSE_MLA_WARP_SPECIALIZED 1
+#endif
 #ifndef DS_SPARSE_MLA_COMBINE_PDL
 #define DS_SPARSE_MLA_COMBINE_PDL 1
 #endif
 
+#include "kernels/cuda/common/mbarrier.cuh"
 #include "kernels/cuda/common/wgmma.cuh"
 
 namespace ds::cuda {
@@ -60,6 +65,8 @@ constexpr bool kSparseMlaCombinePdl = DS_SPARSE_MLA_COMBINE_PDL != 0;
 // NOTES.md) and keeps the v4 combine: plain stream order, 16 tiles deep.
 constexpr int64_t kFastCombineMaxBlocks = 256;
 constexpr int kSparseMlaTilesPerStep16 = DS_SPARSE_MLA_TILES_PER_STEP16;
+// Whether the wgmma plan picks the kernel with a producer warpgroup (v9, NOTES.md) or v7's.
+constexpr bool kSparseMlaWarpSpecialized = DS_SPARSE_MLA_WARP_SPECIALIZED != 0;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -970,6 +977,7 @@ __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const Sparse
 }
 
 #include "kernels/cuda/attention/sparse_mla_decode_wgmma.cuh"
+#include "kernels/cuda/attention/sparse_mla_decode_ws.cuh"
 
 // One launch of kernel(p), as a programmatic dependent of the previous grid in the stream when
 // `pdl` (the kernels wait with griddepcontrol.wait before reading what that grid wrote).
@@ -1016,12 +1024,19 @@ Status launch_impl(const SparseMlaParams& p, cudaStream_t stream) {
 }
 
 Status launch_wgmma(const SparseMlaParams& p, cudaStream_t stream) {
-  DS_CUDA_RETURN_IF_ERROR(
-      ensure_max_dynamic_smem(sparse_mla_decode_wgmma_kernel, int(wgp::kSmemBytes)));
   const dim3 grid(unsigned(p.plan.max_splits), unsigned(p.num_queries),
                   unsigned(p.num_heads / wgp::kHeads));
-  DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_decode_wgmma_kernel, grid, wgp::kThreads,
-                                        wgp::kSmemBytes, p.pdl, p, stream));
+  if (p.plan.warp_specialized) {
+    DS_CUDA_RETURN_IF_ERROR(
+        ensure_max_dynamic_smem(sparse_mla_decode_ws_kernel, int(wsp::kSmemBytes)));
+    DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_decode_ws_kernel, grid, wsp::kThreads,
+                                          wsp::kSmemBytes, p.pdl, p, stream));
+  } else {
+    DS_CUDA_RETURN_IF_ERROR(
+        ensure_max_dynamic_smem(sparse_mla_decode_wgmma_kernel, int(wgp::kSmemBytes)));
+    DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_decode_wgmma_kernel, grid, wgp::kThreads,
+                                          wgp::kSmemBytes, p.pdl, p, stream));
+  }
   if (p.plan.max_splits > 1) {
     const dim3 cgrid(unsigned(p.num_queries), unsigned(p.num_heads));
     constexpr int kD = wgp::kD, kTK = wgp::kKeys;
@@ -1085,6 +1100,7 @@ SparseMlaPlan plan_sparse_mla_decode(int32_t num_queries, int32_t num_heads, int
   if (wgmma && num_heads > 0 && num_heads % wgp::kHeads == 0) {
     // sm_90a kernel: 64 heads per CTA, 64-key tiles, one CTA per SM; splits as below.
     plan.wgmma = true;
+    plan.warp_specialized = kSparseMlaWarpSpecialized;
     plan.heads_per_cta = wgp::kHeads;
     plan.max_tiles = (window_width + compressed_width + wgp::kKeys - 1) / wgp::kKeys;
     // Split only below a quarter of the GPU: batch 64 on 132 SMs ran 59.1 us with 2 splits (each
@@ -1151,6 +1167,8 @@ Status launch_sparse_mla_decode(const SparseMlaParams& p, cudaStream_t stream) {
     if (!sparse_mla_wgmma_available())
       return invalid_argument("sparse_mla_decode: the wgmma plan needs an sm_90 device");
   }
+  if (p.plan.warp_specialized && !p.plan.wgmma)
+    return invalid_argument("sparse_mla_decode: warp_specialized needs the wgmma plan");
   const int tile_keys = p.plan.wgmma ? wgp::kKeys : kTile;
   if (!(p.plan.tiles_per_step == 1 || (p.plan.tiles_per_step == 2 && p.plan.heads_per_cta == 16)))
     return invalid_argument(

@@ -47,6 +47,10 @@ struct SparseMlaPlan {
   // among themselves). Needs head_dim 512, a multiple of 64 heads, a 16-byte aligned q and a
   // compute capability 9.0 device (sparse_mla_wgmma_supported).
   bool wgmma = false;
+  // With `wgmma`: v9 (NOTES.md), v7's tile math in two consumer warpgroups with a third that
+  // copies and dequantizes the next tiles meanwhile (384 threads, ~226 KB of shared memory).
+  // Same bits as v7.
+  bool warp_specialized = false;
   int32_t heads_per_cta = 64;  // 16, 32 or 64: heads sharing one dequantized KV tile
   int32_t max_splits = 1;      // key splits per query; a query of T tiles uses min(max_splits, T)
   // ceil((window_width + compressed_width) / tile keys): workspace slots; tile keys = 16, or 64

@@ -116,62 +116,315 @@ __device__ __forceinline__ void mma_pv(float (&d)[32], uint64_t da, uint64_t db,
 
 }  // namespace wgp
 
+#if DS_SPARSE_MLA_WGMMA_PATH
+namespace wgp {
+
+// What a consumer thread (warpgroup wg < 2, 256 threads) of either sm_90a kernel needs to run a
+// tile: its accumulator coordinates, the shared-memory operands and the split's outputs.
+struct Consumer {
+  int wg, w4, g, c4;
+  int r0;  // accumulator rows r0 and r0 + 8: heads h0 + r0, h0 + r0 + 8
+  int h0;
+  bool fold;  // split 0 folds; other splits store per-tile partials
+  int64_t slot_base;
+  float scale_log2;
+  uint32_t q_addr, p_addr;
+  uint8_t* p_s;
+  float* x_max;  // [warpgroup][row]; the partial sums of P follow at + 2 kHeads
+};
+
+// The workspace's per-tile partials: O [query slot][head][kD], then (m, l) [query slot][head].
+__device__ __forceinline__ float* ws_ml_of(const SparseMlaParams& p) {
+  return p.workspace + int64_t(p.num_queries) * p.plan.max_tiles * p.num_heads * kD;
+}
+
+// Split 0's running fold (or nothing, for other splits) of one consumer thread.
+struct Fold {
+  float run_m[2], run_l[2];
+  float o[4][32];
+};
+
+__device__ __forceinline__ Consumer make_consumer(const SparseMlaParams& p, uint8_t* smem,
+                                                  uint32_t off_p, uint32_t off_stat, int tid,
+                                                  int q, int h0, bool fold) {
+  Consumer c;
+  c.wg = tid >> 7;
+  c.w4 = (tid >> 5) & 3;
+  const int lane = tid & 31;
+  c.g = lane >> 2;
+  c.c4 = lane & 3;
+  c.r0 = 16 * c.w4 + c.g;
+  c.h0 = h0;
+  c.fold = fold;
+  c.slot_base = int64_t(q) * p.plan.max_tiles;
+  c.scale_log2 = p.softmax_scale * kLog2e;
+  c.q_addr = smem_addr(smem + kOffQ);
+  c.p_addr = smem_addr(smem + off_p);
+  c.p_s = smem + off_p;
+  c.x_max = reinterpret_cast<float*>(smem + off_stat);
+  return c;
+}
+
+__device__ __forceinline__ void clear_fold(Fold& f) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    f.run_m[hh] = kNegInf;
+    f.run_l[hh] = 0.0f;
+  }
+#pragma unroll
+  for (int cc = 0; cc < 4; ++cc)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) f.o[cc][i] = 0.0f;
+}
+
+// q of the 64 heads into the 8 swizzled column blocks (K-major A operand of QK^T), by the 256
+// consumer threads: all 16 loads of a thread in flight before its stores (one load-store round
+// trip per thread, not 16: -0.4 to -1.1 us, NOTES.md v7; issuing them between the first address
+// chunk's index and page-table loads gained nothing more).
+__device__ __forceinline__ void load_q(const SparseMlaParams& p, int q, int h0, int tid,
+                                       uint8_t* q_s) {
+  const uint16_t* qb = p.q + (int64_t(q) * p.num_heads + h0) * kD;
+  constexpr int kQLoads = kHeads * (kD / 8) / kThreads;
+  static_assert(kQLoads * kThreads == kHeads * (kD / 8), "q: whole 16-byte vectors per thread");
+  uint4 v[kQLoads];
+#pragma unroll
+  for (int k = 0; k < kQLoads; ++k) {
+    const int i = tid + k * kThreads, h = i / (kD / 8), c = i % (kD / 8);
+    v[k] = __ldg(reinterpret_cast<const uint4*>(qb + int64_t(h) * kD + c * 8));
+  }
+#pragma unroll
+  for (int k = 0; k < kQLoads; ++k) {
+    const int i = tid + k * kThreads, h = i / (kD / 8), c = i % (kD / 8);
+    *reinterpret_cast<uint4*>(q_s + (c / 8) * kBlockBytes + swz(h, c % 8)) = v[k];
+  }
+}
+
+// One 64-key tile t whose bf16 entries are in the swizzled tile at kv_addr (steps 2-4 of the
+// file comment): QK^T, the softmax with the other consumer warpgroup (two exchanges through
+// shared memory, each closed by `bar`, a barrier of both consumer warpgroups), then PV and the
+// fold (split 0) or the tile's partial (other splits). valid(key): whether key `key` of the tile
+// exists (missing keys score -inf; their bf16 rows are zeros).
+template <typename Valid, typename Bar>
+__device__ __forceinline__ void consume_tile(const SparseMlaParams& p, const Consumer& c, int t,
+                                             uint32_t kv_addr, Valid valid, Bar bar, Fold& f) {
+  const int wg = c.wg, c4 = c.c4, r0 = c.r0;
+  float* x_sum = c.x_max + 2 * kHeads;
+  // ---- QK^T: keys [32 wg, 32 wg + 32) x 64 heads over 512 dims ----
+  float s[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) s[i] = 0.0f;
+  fence();
+#pragma unroll
+  for (int b = 0; b < 8; ++b)
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      if (DS_SPARSE_MLA_WG_ABLATE != 2)
+        mma_qk(s, desc(c.q_addr + uint32_t(b * kBlockBytes + 32 * kk), 16),
+               desc(kv_addr + uint32_t(b * kBlockBytes + 4096 * wg + 32 * kk), 16),
+               (b | kk) != 0);
+  commit();
+  wait0();
+#pragma unroll
+  for (int i = 0; i < 16; ++i) fence_operand(s[i]);
+
+  // ---- softmax: masks, tile max over both warpgroups, P, partial sums ----
+  float mloc[2] = {kNegInf, kNegInf};
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const bool ok = valid(32 * wg + 8 * j + 2 * c4 + e);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float& x = s[4 * j + 2 * hh + e];
+        x = ok ? __fmul_rn(x, c.scale_log2) : kNegInf;
+        mloc[hh] = fmaxf(mloc[hh], x);
+      }
+    }
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    mloc[hh] = fmaxf(mloc[hh], __shfl_xor_sync(0xFFFFFFFFu, mloc[hh], 1));
+    mloc[hh] = fmaxf(mloc[hh], __shfl_xor_sync(0xFFFFFFFFu, mloc[hh], 2));
+  }
+  if (c4 == 0) {
+    c.x_max[wg * kHeads + r0] = mloc[0];
+    c.x_max[wg * kHeads + r0 + 8] = mloc[1];
+  }
+  bar();
+  float m_t[2], l_t[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+    m_t[hh] = fmaxf(c.x_max[r0 + 8 * hh], c.x_max[kHeads + r0 + 8 * hh]);
+  float lsum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float e0 = m_t[hh] == kNegInf ? 0.0f : exp2f(s[4 * j + 2 * hh] - m_t[hh]);
+      const float e1 = m_t[hh] == kNegInf ? 0.0f : exp2f(s[4 * j + 2 * hh + 1] - m_t[hh]);
+      const __nv_bfloat162 pb = __floats2bfloat162_rn(e0, e1);
+      const float2 pr = __bfloat1622float2(pb);
+      lsum[hh] = __fadd_rn(__fadd_rn(lsum[hh], pr.x), pr.y);
+      const int row = r0 + 8 * hh;
+      *reinterpret_cast<__nv_bfloat162*>(c.p_s + swz(row, 4 * wg + j) + 4 * c4) = pb;
+    }
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    lsum[hh] = __fadd_rn(lsum[hh], __shfl_xor_sync(0xFFFFFFFFu, lsum[hh], 1));
+    lsum[hh] = __fadd_rn(lsum[hh], __shfl_xor_sync(0xFFFFFFFFu, lsum[hh], 2));
+  }
+  if (c4 == 0) {
+    x_sum[wg * kHeads + r0] = lsum[0];
+    x_sum[wg * kHeads + r0 + 8] = lsum[1];
+  }
+  fence_proxy_async();  // P for the tensor cores
+  bar();
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+    l_t[hh] = __fadd_rn(x_sum[r0 + 8 * hh], x_sum[kHeads + r0 + 8 * hh]);
+
+  // ---- fold coefficients (split 0) or the tile's statistics (other splits) ----
+  float ca[2] = {0.0f, 0.0f}, cb[2] = {1.0f, 1.0f};
+  if (c.fold) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float m_new;
+      merge_coeffs(f.run_m[hh], m_t[hh], m_new, ca[hh], cb[hh]);
+      f.run_l[hh] = merge_value(f.run_l[hh], ca[hh], l_t[hh], cb[hh]);
+      f.run_m[hh] = m_new;
+    }
+  } else if (wg == 0 && c4 == 0) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int h = c.h0 + r0 + 8 * hh;
+      float* ml = ws_ml_of(p) + ((c.slot_base + t) * p.num_heads + h) * 2;
+      ml[0] = m_t[hh];
+      ml[1] = l_t[hh];
+    }
+  }
+
+  // ---- PV: dims [256 wg + 64 cc, + 64) from zero per tile, then fold or store. Two chunks in
+  // flight: chunk cc + 1's wgmma run while chunk cc is folded. ----
+  float ot2[2][32];
+  auto issue_pv = [&](int cc) {
+    float(&ot)[32] = ot2[cc & 1];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) ot[i] = 0.0f;
+    fence();
+    const int blk = 4 * wg + cc;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      if (DS_SPARSE_MLA_WG_ABLATE != 3)
+        mma_pv(ot, desc(c.p_addr + uint32_t(32 * kk), 16),
+               desc(kv_addr + uint32_t(blk * kBlockBytes + 2048 * kk), 1024), kk != 0);
+    commit();
+  };
+  issue_pv(0);
+#pragma unroll
+  for (int cc = 0; cc < 4; ++cc) {
+    if (cc + 1 < 4) {
+      issue_pv(cc + 1);
+      wait1();
+    } else {
+      wait0();
+    }
+    float(&ot)[32] = ot2[cc & 1];
+    const int blk = 4 * wg + cc;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) fence_operand(ot[i]);
+    if (c.fold) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int hh = (i >> 1) & 1;
+        f.o[cc][i] = merge_value(f.o[cc][i], ca[hh], ot[i], cb[hh]);
+      }
+    } else {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int h = c.h0 + r0 + 8 * hh;
+        float* dst = p.workspace + ((c.slot_base + t) * p.num_heads + h) * kD + blk * 64 + 2 * c4;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          *reinterpret_cast<float2*>(dst + 8 * j) =
+              make_float2(ot[4 * j + 2 * hh], ot[4 * j + 2 * hh + 1]);
+      }
+    }
+  }
+}
+
+// After the last tile: split 0 of a split query stores its fold state as slot 0 (continued by
+// the combine kernel); a single split normalizes and writes the output and the lse.
+__device__ __forceinline__ void finish(const SparseMlaParams& p, const Consumer& c, int q,
+                                       const QuerySplit& qs, const Fold& f) {
+  if (!c.fold) return;
+  const int wg = c.wg, c4 = c.c4, r0 = c.r0;
+  if (qs.splits > 1) {
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int h = c.h0 + r0 + 8 * hh;
+        float* dst = p.workspace + (c.slot_base * p.num_heads + h) * kD + (4 * wg + cc) * 64 + 2 * c4;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          *reinterpret_cast<float2*>(dst + 8 * j) =
+              make_float2(f.o[cc][4 * j + 2 * hh], f.o[cc][4 * j + 2 * hh + 1]);
+      }
+    if (wg == 0 && c4 == 0)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float* ml = ws_ml_of(p) + (c.slot_base * p.num_heads + c.h0 + r0 + 8 * hh) * 2;
+        ml[0] = f.run_m[hh];
+        ml[1] = f.run_l[hh];
+      }
+    return;
+  }
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int h = c.h0 + r0 + 8 * hh;
+    const float inv = final_scale(f.run_m[hh], f.run_l[hh], p.sink, h);
+    uint16_t* dst = p.out + (int64_t(q) * p.num_heads + h) * kD + 256 * wg + 2 * c4;
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        *reinterpret_cast<uint32_t*>(dst + 64 * cc + 8 * j) =
+            pack_bf16x2(__fmul_rn(f.o[cc][4 * j + 2 * hh], inv),
+                        __fmul_rn(f.o[cc][4 * j + 2 * hh + 1], inv));
+    if (p.lse && wg == 0 && c4 == 0)
+      p.lse[int64_t(q) * p.num_heads + h] = final_lse(f.run_m[hh], f.run_l[hh]);
+  }
+}
+
+}  // namespace wgp
+#endif  // DS_SPARSE_MLA_WGMMA_PATH
+
 __global__ void __launch_bounds__(wgp::kThreads, 1)
     sparse_mla_decode_wgmma_kernel(const SparseMlaParams p) {
 #if DS_SPARSE_MLA_WGMMA_PATH
   using namespace wgp;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
-  uint8_t* q_s = smem + kOffQ;
   uint8_t* kv_s = smem + kOffKv;
-  uint8_t* p_s = smem + kOffP;
   uint8_t* stage = smem + kOffStage;
-  float* x_max = reinterpret_cast<float*>(smem + kOffStat);  // [warpgroup][row]
-  float* x_sum = x_max + 2 * kHeads;                         // [warpgroup][row]
-  int2* addr = reinterpret_cast<int2*>(smem + kOffAddr);     // {page or -1, slot | window << 31}
+  int2* addr = reinterpret_cast<int2*>(smem + kOffAddr);  // {page or -1, slot | window << 31}
 
   const int split = blockIdx.x;
   const int q = blockIdx.y;
-  const int h0 = blockIdx.z * kHeads;
   const int tid = threadIdx.x;
-  const int wg = tid >> 7;        // warpgroup
-  const int w4 = (tid >> 5) & 3;  // warp in the warpgroup
+  const int wg = tid >> 7;
+  const int w4 = (tid >> 5) & 3;
   const int lane = tid & 31;
-  const int g = lane >> 2, c4 = lane & 3;  // accumulator row g (+ 8) and column pair c4
 
   if (p.pdl || fast_combine(p)) pdl_wait_then_trigger();
   const QuerySplit qs = query_split<kKeys>(p, q);
   if (split >= qs.splits) return;
   const int t_begin = split_begin(qs, split);
   const int t_end = split_begin(qs, split + 1);
-  const bool fold = split == 0;
-  const float scale_log2 = p.softmax_scale * kLog2e;
   const int wn = p.window_len[q];
   const int seq = p.query_seq[q];
-  const int64_t slot_base = int64_t(q) * p.plan.max_tiles;
-  float* ws_o = p.workspace;
-  float* ws_ml = p.workspace + int64_t(p.num_queries) * p.plan.max_tiles * p.num_heads * kD;
-
-  // q of the 64 heads into the 8 swizzled column blocks (K-major A operand of QK^T): all 16 loads
-  // of a thread in flight before its stores (one load-store round trip per thread, not 16: -0.4 to
-  // -1.1 us, NOTES.md v7; issuing them between the first address chunk's index and page-table
-  // loads gained nothing more).
-  {
-    const uint16_t* qb = p.q + (int64_t(q) * p.num_heads + h0) * kD;
-    constexpr int kQLoads = kHeads * (kD / 8) / kThreads;
-    static_assert(kQLoads * kThreads == kHeads * (kD / 8), "q: whole 16-byte vectors per thread");
-    uint4 v[kQLoads];
-#pragma unroll
-    for (int k = 0; k < kQLoads; ++k) {
-      const int i = tid + k * kThreads, h = i / (kD / 8), c = i % (kD / 8);
-      v[k] = __ldg(reinterpret_cast<const uint4*>(qb + int64_t(h) * kD + c * 8));
-    }
-#pragma unroll
-    for (int k = 0; k < kQLoads; ++k) {
-      const int i = tid + k * kThreads, h = i / (kD / 8), c = i % (kD / 8);
-      *reinterpret_cast<uint4*>(q_s + (c / 8) * kBlockBytes + swz(h, c % 8)) = v[k];
-    }
-  }
+  const Consumer c = make_consumer(p, smem, kOffP, kOffStat, tid, q, blockIdx.z * kHeads, split == 0);
+  load_q(p, q, c.h0, tid, smem + kOffQ);
 
   // Copy / dequantize role: warp w4 of warpgroup wg owns entries [16 w4, 16 w4 + 16) of a tile;
   // lane -> entry 16 w4 + lane % 16, half lane / 16 of the warpgroup's bytes of that entry.
@@ -185,9 +438,6 @@ __global__ void __launch_bounds__(wgp::kThreads, 1)
   const bool has_rope = wg == 1 && ld_half == 1;
   const int scale_slot = 4 * (2 * wg + ld_half);
 
-  auto page_ptr_of = [&](int2 a, int& slot, int& page_size) {
-    return kv_page_of(p, a, slot, page_size);
-  };
   auto resolve = [&](int c0, int c1) {
     resolve_addresses<kKeys, kThreads, kResolveIters>(p, q, seq, wn, qs.n, c0, c1, tid, addr);
   };
@@ -197,13 +447,13 @@ __global__ void __launch_bounds__(wgp::kThreads, 1)
     const int2 a = addr[(t - c0) * kKeys + ld_entry];
     if (a.x < 0 || DS_SPARSE_MLA_WG_ABLATE == 4) return;
     int slot, page_size;
-    const uint8_t* page_ptr = page_ptr_of(a, slot, page_size);
+    const uint8_t* page_ptr = kv_page_of(p, a, slot, page_size);
     const uint8_t* data = page_ptr + int64_t(slot) * kDataBytes;
     uint8_t* dst = stage + st * kStageBytes + ld_entry * kStageStride;
-    for (int c = 0; c < fp8_chunks; ++c)
-      cp_async16(dst + fp8_begin + 16 * c, data + fp8_begin + 16 * c);
+    for (int i = 0; i < fp8_chunks; ++i)
+      cp_async16(dst + fp8_begin + 16 * i, data + fp8_begin + 16 * i);
     if (has_rope)
-      for (int c = 0; c < 8; ++c) cp_async16(dst + kNope + 16 * c, data + kNope + 16 * c);
+      for (int i = 0; i < 8; ++i) cp_async16(dst + kNope + 16 * i, data + kNope + 16 * i);
     cp_async4(
         stage + st * kStageBytes + kKeys * kStageStride + ld_entry * kStageScaleSlot + scale_slot,
         page_ptr + int64_t(page_size) * kDataBytes + int64_t(slot) * kScaleBytes + 4 * wg);
@@ -216,22 +466,22 @@ __global__ void __launch_bounds__(wgp::kThreads, 1)
     const uint8_t* src = stage + st * kStageBytes + ld_entry * kStageStride;
     if (DS_SPARSE_MLA_WG_ABLATE == 1) return;
     if (a.x < 0) {
-      for (int c = 0; c < 2 * fp8_chunks; ++c) {
-        const int d = fp8_begin + 8 * c;
+      for (int i = 0; i < 2 * fp8_chunks; ++i) {
+        const int d = fp8_begin + 8 * i;
         *reinterpret_cast<uint4*>(kv_s + (d / 64) * kBlockBytes + swz(ld_entry, (d % 64) / 8)) =
             make_uint4(0, 0, 0, 0);
       }
       if (has_rope)
-        for (int c = 0; c < 8; ++c)
-          *reinterpret_cast<uint4*>(kv_s + 7 * kBlockBytes + swz(ld_entry, c)) =
+        for (int i = 0; i < 8; ++i)
+          *reinterpret_cast<uint4*>(kv_s + 7 * kBlockBytes + swz(ld_entry, i)) =
               make_uint4(0, 0, 0, 0);
       return;
     }
     const uint32_t sword = *reinterpret_cast<const uint32_t*>(
         stage + st * kStageBytes + kKeys * kStageStride + ld_entry * kStageScaleSlot + scale_slot);
 #pragma unroll 2
-    for (int c = 0; c < fp8_chunks; ++c) {
-      const int d0 = fp8_begin + 16 * c;  // 16 e4m3 dims, one scale block
+    for (int i = 0; i < fp8_chunks; ++i) {
+      const int d0 = fp8_begin + 16 * i;  // 16 e4m3 dims, one scale block
       const uint32_t sbyte = (sword >> (8 * ((d0 / 64) - 4 * wg))) & 0xFFu;
       const float scale = __uint_as_float(sbyte << 23);  // 2^(byte - 127)
       const uint4 raw = *reinterpret_cast<const uint4*>(src + d0);
@@ -245,21 +495,14 @@ __global__ void __launch_bounds__(wgp::kThreads, 1)
     }
     if (has_rope)
 #pragma unroll
-      for (int c = 0; c < 8; ++c)
-        *reinterpret_cast<uint4*>(kv_s + 7 * kBlockBytes + swz(ld_entry, c)) =
-            *reinterpret_cast<const uint4*>(src + kNope + 16 * c);
+      for (int i = 0; i < 8; ++i)
+        *reinterpret_cast<uint4*>(kv_s + 7 * kBlockBytes + swz(ld_entry, i)) =
+            *reinterpret_cast<const uint4*>(src + kNope + 16 * i);
   };
 
-  // Accumulator rows of this thread: r[hh] = 16 w4 + g + 8 hh (heads h0 + r[hh]).
-  const int r0 = 16 * w4 + g;
-  float run_m[2] = {kNegInf, kNegInf}, run_l[2] = {0.0f, 0.0f};
-  float o[4][32];
-#pragma unroll
-  for (int cc = 0; cc < 4; ++cc)
-#pragma unroll
-    for (int i = 0; i < 32; ++i) o[cc][i] = 0.0f;
-
-  const uint32_t q_addr = smem_addr(q_s), kv_addr = smem_addr(kv_s), p_addr = smem_addr(p_s);
+  Fold f;
+  clear_fold(f);
+  const uint32_t kv_addr = smem_addr(kv_s);
   fence_proxy_async();  // q for the tensor cores (the first barrier below publishes it)
 
   for (int c0 = t_begin; c0 < t_end; c0 += kAddrTiles) {
@@ -278,190 +521,13 @@ __global__ void __launch_bounds__(wgp::kThreads, 1)
       dequant(t, c0, st);
       fence_proxy_async();
       __syncthreads();  // the whole tile (both halves) visible to both warpgroups
-
-      // ---- QK^T: keys [32 wg, 32 wg + 32) x 64 heads over 512 dims ----
-      float s[16];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) s[i] = 0.0f;
-      fence();
-#pragma unroll
-      for (int b = 0; b < 8; ++b)
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          if (DS_SPARSE_MLA_WG_ABLATE != 2)
-            mma_qk(s, desc(q_addr + uint32_t(b * kBlockBytes + 32 * kk), 16),
-                   desc(kv_addr + uint32_t(b * kBlockBytes + 4096 * wg + 32 * kk), 16),
-                   (b | kk) != 0);
-      commit();
-      wait0();
-#pragma unroll
-      for (int i = 0; i < 16; ++i) fence_operand(s[i]);
-
-      // ---- softmax: masks, tile max over both warpgroups, P, partial sums ----
-      float mloc[2] = {kNegInf, kNegInf};
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = 32 * wg + 8 * j + 2 * c4 + e;
-          const bool ok = addr[(t - c0) * kKeys + key].x >= 0;
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            float& x = s[4 * j + 2 * hh + e];
-            x = ok ? __fmul_rn(x, scale_log2) : kNegInf;
-            mloc[hh] = fmaxf(mloc[hh], x);
-          }
-        }
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        mloc[hh] = fmaxf(mloc[hh], __shfl_xor_sync(0xFFFFFFFFu, mloc[hh], 1));
-        mloc[hh] = fmaxf(mloc[hh], __shfl_xor_sync(0xFFFFFFFFu, mloc[hh], 2));
-      }
-      if (c4 == 0) {
-        x_max[wg * kHeads + r0] = mloc[0];
-        x_max[wg * kHeads + r0 + 8] = mloc[1];
-      }
-      __syncthreads();
-      float m_t[2], l_t[2];
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-        m_t[hh] = fmaxf(x_max[r0 + 8 * hh], x_max[kHeads + r0 + 8 * hh]);
-      float lsum[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float e0 = m_t[hh] == kNegInf ? 0.0f : exp2f(s[4 * j + 2 * hh] - m_t[hh]);
-          const float e1 = m_t[hh] == kNegInf ? 0.0f : exp2f(s[4 * j + 2 * hh + 1] - m_t[hh]);
-          const __nv_bfloat162 pb = __floats2bfloat162_rn(e0, e1);
-          const float2 pr = __bfloat1622float2(pb);
-          lsum[hh] = __fadd_rn(__fadd_rn(lsum[hh], pr.x), pr.y);
-          const int row = r0 + 8 * hh;
-          *reinterpret_cast<__nv_bfloat162*>(p_s + swz(row, 4 * wg + j) + 4 * c4) = pb;
-        }
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        lsum[hh] = __fadd_rn(lsum[hh], __shfl_xor_sync(0xFFFFFFFFu, lsum[hh], 1));
-        lsum[hh] = __fadd_rn(lsum[hh], __shfl_xor_sync(0xFFFFFFFFu, lsum[hh], 2));
-      }
-      if (c4 == 0) {
-        x_sum[wg * kHeads + r0] = lsum[0];
-        x_sum[wg * kHeads + r0 + 8] = lsum[1];
-      }
-      fence_proxy_async();  // P for the tensor cores
-      __syncthreads();
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-        l_t[hh] = __fadd_rn(x_sum[r0 + 8 * hh], x_sum[kHeads + r0 + 8 * hh]);
-
-      // ---- fold coefficients (split 0) or the tile's statistics (other splits) ----
-      float ca[2] = {0.0f, 0.0f}, cb[2] = {1.0f, 1.0f};
-      if (fold) {
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          float m_new;
-          merge_coeffs(run_m[hh], m_t[hh], m_new, ca[hh], cb[hh]);
-          run_l[hh] = merge_value(run_l[hh], ca[hh], l_t[hh], cb[hh]);
-          run_m[hh] = m_new;
-        }
-      } else if (wg == 0 && c4 == 0) {
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int h = h0 + r0 + 8 * hh;
-          float* ml = ws_ml + ((slot_base + t) * p.num_heads + h) * 2;
-          ml[0] = m_t[hh];
-          ml[1] = l_t[hh];
-        }
-      }
-
-      // ---- PV: dims [256 wg + 64 cc, + 64) from zero per tile, then fold or store. Two
-      // chunks in flight: chunk cc + 1's wgmma run while chunk cc is folded. ----
-      float ot2[2][32];
-      auto issue_pv = [&](int cc) {
-        float(&ot)[32] = ot2[cc & 1];
-#pragma unroll
-        for (int i = 0; i < 32; ++i) ot[i] = 0.0f;
-        fence();
-        const int blk = 4 * wg + cc;
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          if (DS_SPARSE_MLA_WG_ABLATE != 3)
-            mma_pv(ot, desc(p_addr + uint32_t(32 * kk), 16),
-                   desc(kv_addr + uint32_t(blk * kBlockBytes + 2048 * kk), 1024), kk != 0);
-        commit();
-      };
-      issue_pv(0);
-#pragma unroll
-      for (int cc = 0; cc < 4; ++cc) {
-        if (cc + 1 < 4) {
-          issue_pv(cc + 1);
-          wait1();
-        } else {
-          wait0();
-        }
-        float(&ot)[32] = ot2[cc & 1];
-        const int blk = 4 * wg + cc;
-#pragma unroll
-        for (int i = 0; i < 32; ++i) fence_operand(ot[i]);
-        if (fold) {
-#pragma unroll
-          for (int i = 0; i < 32; ++i) {
-            const int hh = (i >> 1) & 1;
-            o[cc][i] = merge_value(o[cc][i], ca[hh], ot[i], cb[hh]);
-          }
-        } else {
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int h = h0 + r0 + 8 * hh;
-            float* dst = ws_o + ((slot_base + t) * p.num_heads + h) * kD + blk * 64 + 2 * c4;
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-              *reinterpret_cast<float2*>(dst + 8 * j) =
-                  make_float2(ot[4 * j + 2 * hh], ot[4 * j + 2 * hh + 1]);
-          }
-        }
-      }
+      consume_tile(
+          p, c, t, kv_addr, [&](int key) { return addr[(t - c0) * kKeys + key].x >= 0; },
+          [] { __syncthreads(); }, f);
     }
   }
   cp_async_wait<0>();
-  if (!fold) return;
-
-  if (qs.splits > 1) {  // split 0's fold state -> slot 0, continued by the combine kernel
-#pragma unroll
-    for (int cc = 0; cc < 4; ++cc)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int h = h0 + r0 + 8 * hh;
-        float* dst = ws_o + (slot_base * p.num_heads + h) * kD + (4 * wg + cc) * 64 + 2 * c4;
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          *reinterpret_cast<float2*>(dst + 8 * j) =
-              make_float2(o[cc][4 * j + 2 * hh], o[cc][4 * j + 2 * hh + 1]);
-      }
-    if (wg == 0 && c4 == 0)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        float* ml = ws_ml + (slot_base * p.num_heads + h0 + r0 + 8 * hh) * 2;
-        ml[0] = run_m[hh];
-        ml[1] = run_l[hh];
-      }
-    return;
-  }
-  // Single split: normalize and write the output directly.
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int h = h0 + r0 + 8 * hh;
-    const float inv = final_scale(run_m[hh], run_l[hh], p.sink, h);
-    uint16_t* dst = p.out + (int64_t(q) * p.num_heads + h) * kD + 256 * wg + 2 * c4;
-#pragma unroll
-    for (int cc = 0; cc < 4; ++cc)
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        *reinterpret_cast<uint32_t*>(dst + 64 * cc + 8 * j) = pack_bf16x2(
-            __fmul_rn(o[cc][4 * j + 2 * hh], inv), __fmul_rn(o[cc][4 * j + 2 * hh + 1], inv));
-    if (p.lse && wg == 0 && c4 == 0)
-      p.lse[int64_t(q) * p.num_heads + h] = final_lse(run_m[hh], run_l[hh]);
-  }
+  finish(p, c, q, qs, f);
 #else
   __trap();  // launched only on sm_90 devices (sparse_mla_wgmma_available)
 #endif  // DS_SPARSE_MLA_WGMMA_PATH
