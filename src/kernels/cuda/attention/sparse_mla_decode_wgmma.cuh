@@ -112,6 +112,18 @@ __device__ __forceinline__ void mma_pv(float (&d)[32], uint64_t da, uint64_t db,
         "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(da), "l"(db), "r"(scale_d));
 }
+// O_t[64 x 32] (+)= P[64 x 16] V[16 x 32]: half a column block of V (v9's narrower PV chunks).
+__device__ __forceinline__ void mma_pv(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
 #endif  // DS_SPARSE_MLA_WGMMA_PATH
 
 }  // namespace wgp
@@ -204,7 +216,7 @@ __device__ __forceinline__ void load_q(const SparseMlaParams& p, int q, int h0, 
 // shared memory, each closed by `bar`, a barrier of both consumer warpgroups), then PV and the
 // fold (split 0) or the tile's partial (other splits). valid(key): whether key `key` of the tile
 // exists (missing keys score -inf; their bf16 rows are zeros).
-template <typename Valid, typename Bar>
+template <int kPvN, typename Valid, typename Bar>
 __device__ __forceinline__ void consume_tile(const SparseMlaParams& p, const Consumer& c, int t,
                                              uint32_t kv_addr, Valid valid, Bar bar, Fold& f) {
   const int wg = c.wg, c4 = c.c4, r0 = c.r0;
@@ -303,48 +315,55 @@ __device__ __forceinline__ void consume_tile(const SparseMlaParams& p, const Con
     }
   }
 
-  // ---- PV: dims [256 wg + 64 cc, + 64) from zero per tile, then fold or store. Two chunks in
-  // flight: chunk cc + 1's wgmma run while chunk cc is folded. ----
-  float ot2[2][32];
-  auto issue_pv = [&](int cc) {
-    float(&ot)[32] = ot2[cc & 1];
+  // ---- PV: dims [256 wg + kPvN n, + kPvN) from zero per tile, then fold or store. Two
+  // chunks in flight: chunk n + 1's wgmma run while chunk n is folded. kPvN = 64 (v7) or 32
+  // (v9: 32 accumulator registers fewer, the same sums per output element). ----
+  constexpr int kAcc = kPvN / 2;          // accumulators per thread and chunk
+  constexpr int kPerBlock = 64 / kPvN;    // chunks per 64-dim column block
+  constexpr int kN = 4 * kPerBlock;       // chunks per warpgroup
+  float ot2[2][kAcc];
+  auto issue_pv = [&](int n) {
+    float(&ot)[kAcc] = ot2[n & 1];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) ot[i] = 0.0f;
+    for (int i = 0; i < kAcc; ++i) ot[i] = 0.0f;
     fence();
-    const int blk = 4 * wg + cc;
+    const int blk = 4 * wg + n / kPerBlock;
+    const uint32_t col = uint32_t(2 * kPvN * (n % kPerBlock));  // byte offset in the block row
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
       if (DS_SPARSE_MLA_WG_ABLATE != 3)
         mma_pv(ot, desc(c.p_addr + uint32_t(32 * kk), 16),
-               desc(kv_addr + uint32_t(blk * kBlockBytes + 2048 * kk), 1024), kk != 0);
+               desc(kv_addr + uint32_t(blk * kBlockBytes + 2048 * kk) + col, 1024), kk != 0);
     commit();
   };
   issue_pv(0);
 #pragma unroll
-  for (int cc = 0; cc < 4; ++cc) {
-    if (cc + 1 < 4) {
-      issue_pv(cc + 1);
+  for (int n = 0; n < kN; ++n) {
+    if (n + 1 < kN) {
+      issue_pv(n + 1);
       wait1();
     } else {
       wait0();
     }
-    float(&ot)[32] = ot2[cc & 1];
-    const int blk = 4 * wg + cc;
+    float(&ot)[kAcc] = ot2[n & 1];
+    const int cc = n / kPerBlock;            // 64-dim chunk of o
+    const int i0 = kAcc * (n % kPerBlock);   // its first accumulator in o[cc]
 #pragma unroll
-    for (int i = 0; i < 32; ++i) fence_operand(ot[i]);
+    for (int i = 0; i < kAcc; ++i) fence_operand(ot[i]);
     if (c.fold) {
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
+      for (int i = 0; i < kAcc; ++i) {
         const int hh = (i >> 1) & 1;
-        f.o[cc][i] = merge_value(f.o[cc][i], ca[hh], ot[i], cb[hh]);
+        f.o[cc][i0 + i] = merge_value(f.o[cc][i0 + i], ca[hh], ot[i], cb[hh]);
       }
     } else {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int h = c.h0 + r0 + 8 * hh;
-        float* dst = p.workspace + ((c.slot_base + t) * p.num_heads + h) * kD + blk * 64 + 2 * c4;
+        float* dst = p.workspace + ((c.slot_base + t) * p.num_heads + h) * kD +
+                     (4 * wg + cc) * 64 + 2 * i0 + 2 * c4;
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < kAcc / 4; ++j)
           *reinterpret_cast<float2*>(dst + 8 * j) =
               make_float2(ot[4 * j + 2 * hh], ot[4 * j + 2 * hh + 1]);
       }
@@ -521,7 +540,7 @@ __global__ void __launch_bounds__(wgp::kThreads, 1)
       dequant(t, c0, st);
       fence_proxy_async();
       __syncthreads();  // the whole tile (both halves) visible to both warpgroups
-      consume_tile(
+      consume_tile<64>(
           p, c, t, kv_addr, [&](int key) { return addr[(t - c0) * kKeys + key].x >= 0; },
           [] { __syncthreads(); }, f);
     }

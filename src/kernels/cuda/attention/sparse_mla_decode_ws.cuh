@@ -5,14 +5,15 @@
 //
 // CTA (key split, query, group of 64 heads) = 3 warpgroups, 384 threads, ~226 KB of shared
 // memory, one CTA per SM:
-//   - producer (warpgroup 2, 24 registers): resolves indices and page-table entries (every 10
-//     tiles), copies each tile's 64 entries in chunks of 16 (cp.async, two chunk stages, the next
-//     chunk in flight while one is dequantized; the next tile's entries prefetched to L2), and
+//   - producer (warpgroup 2, 72 registers): resolves indices and page-table entries (every 10
+//     tiles), copies each tile's 64 entries in chunks of 8 (cp.async, four chunk stages: three
+//     chunks in flight while one is dequantized; the next tile's entries prefetched to L2), and
 //     dequantizes them into one of two bf16 tiles; an mbarrier per tile says "full" (128 producer
 //     arrivals, after a generic-to-async proxy fence) and one says "empty" (256 consumer
 //     arrivals, after their last wgmma on the tile);
-//   - consumers (warpgroups 0-1, 240 registers): v7's consume_tile on the full tile, their two
-//     exchanges closed by a barrier of the 256 consumer threads.
+//   - consumers (warpgroups 0-1, 216 registers): v7's consume_tile on the full tile with PV in
+//     32-dim chunks (32 accumulator registers fewer), their two exchanges closed by a barrier of
+//     the 256 consumer threads.
 // Same arithmetic in the same order as v7: the bits are v7's (tests), whatever the split count.
 
 namespace wsp {
@@ -20,7 +21,8 @@ namespace wsp {
 constexpr int kConsumerThreads = 256;  // warpgroups 0-1 (= wgp::kThreads: v7's consumer code)
 constexpr int kProducerThreads = 128;  // warpgroup 2
 constexpr int kThreads = kConsumerThreads + kProducerThreads;
-constexpr int kChunkKeys = 16;     // keys per copy stage
+constexpr int kChunkKeys = 8;  // keys per copy stage
+constexpr int kStages = 4;     // copy stages: kStages - 1 chunks in flight while one converts
 constexpr int kChunks = wgp::kKeys / kChunkKeys;
 constexpr int kRawStride = wgp::kStageStride;  // 592: rows 16 bytes apart mod 128
 constexpr int kRawStageBytes = kChunkKeys * (kRawStride + 8);
@@ -28,8 +30,8 @@ constexpr int kResolveIters = (wgp::kAddrKeys + kProducerThreads - 1) / kProduce
 constexpr int kOffQ = 0;
 constexpr int kOffKv = kOffQ + wgp::kTileBytes;  // two bf16 tiles
 constexpr int kOffP = kOffKv + 2 * wgp::kTileBytes;
-constexpr int kOffRaw = kOffP + wgp::kBlockBytes;  // two chunk stages
-constexpr int kOffStat = kOffRaw + 2 * kRawStageBytes;
+constexpr int kOffRaw = kOffP + wgp::kBlockBytes;  // kStages chunk stages
+constexpr int kOffStat = kOffRaw + kStages * kRawStageBytes;
 constexpr int kOffValid = kOffStat + 4 * wgp::kHeads * 4;  // [tile buffer][key]: 1 = key exists
 constexpr int kOffBar = kOffValid + 2 * wgp::kKeys;        // full[2], empty[2]
 constexpr int kOffAddr = kOffBar + 4 * 8;
@@ -37,10 +39,10 @@ constexpr int kSmemBytes = 1024 + kOffAddr + wgp::kAddrKeys * 8;  // + 1024: bas
 static_assert(kOffQ == wgp::kOffQ, "make_consumer reads q at wgp::kOffQ");
 static_assert(kConsumerThreads == wgp::kThreads, "consumers run v7's consume_tile");
 static_assert(kSmemBytes <= 227 * 1024, "sm_90: at most 227 KB of shared memory per CTA");
-// setmaxnreg: 2 x 240 + 24 = 504 registers per thread triple = 3 x 168, what the launch allocates
+// setmaxnreg: 2 x 216 + 72 = 504 registers per thread triple = 3 x 168, what the launch allocates
 // (a warpgroup's increase is served by the others' decreases within the CTA).
-constexpr int kConsumerRegs = 240;
-constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegs = 216;
+constexpr int kProducerRegs = 72;
 static_assert(2 * kConsumerRegs + kProducerRegs <= 3 * (65536 / kThreads / 8 * 8),
               "setmaxnreg: the consumers' increase must come from the producer's decrease");
 
@@ -93,15 +95,15 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
     // ---------------- producer ----------------
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(wsp::kProducerRegs));
     const int pt = tid - wsp::kConsumerThreads;
-    const int pe = pt >> 3, pj = pt & 7;  // entry of a 16-key chunk, 16-byte piece lane
+    const int pe = pt >> 4, pj = pt & 15;  // entry of an 8-key chunk, 16-byte piece lane
     uint8_t* raw = smem + wsp::kOffRaw;
     int2* addr = reinterpret_cast<int2*>(smem + wsp::kOffAddr);
     const int wn = p.window_len[q];
     const int seq = p.query_seq[q];
 
-    // Chunk `sub` of tile t into stage st: thread (pe, pj) copies 16-byte pieces pj + 8 i of its
-    // entry (the 36 pieces: 448 e4m3 dims, then 64 bf16 rope dims) and, for pj == 4, the entry's
-    // 8 scale bytes.
+    // Chunk `sub` of tile t into stage st: thread (pe, pj) copies 16-byte pieces pj and pj + 16
+    // of its entry (the 36 pieces: 448 e4m3 dims, then 64 bf16 rope dims), piece 32 + pj for
+    // pj < 4 and, for pj == 4, the entry's 8 scale bytes.
     auto issue = [&](int t, int c0, int sub, int st) {
       const int2 a = addr[(t - c0) * kKeys + wsp::kChunkKeys * sub + pe];
       if (a.x < 0) return;
@@ -109,8 +111,8 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
       const uint8_t* page_ptr = kv_page_of(p, a, slot, page_size);
       const uint8_t* data = page_ptr + int64_t(slot) * kDataBytes;
       uint8_t* dst = raw + st * wsp::kRawStageBytes + pe * wsp::kRawStride;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) cp_async16(dst + 16 * (pj + 8 * i), data + 16 * (pj + 8 * i));
+      cp_async16(dst + 16 * pj, data + 16 * pj);
+      cp_async16(dst + 16 * (pj + 16), data + 16 * (pj + 16));
       if (pj < 4)
         cp_async16(dst + 16 * (32 + pj), data + 16 * (32 + pj));
       else if (pj == 4)
@@ -118,35 +120,39 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
             raw + st * wsp::kRawStageBytes + wsp::kChunkKeys * wsp::kRawStride + pe * 8,
             page_ptr + int64_t(page_size) * kDataBytes + int64_t(slot) * kScaleBytes);
     };
-    // Chunk `sub` of tile t (stage st) -> rows [16 sub, 16 sub + 16) of the bf16 tile kv: thread
-    // (pe, pj) converts e4m3 pieces pj, pj + 8, pj + 16 (and pj + 24 for pj < 4) and copies rope
-    // piece pj; zeros for a missing key (its P is 0, and 0 x NaN would poison the output).
+    // Chunk `sub` of tile t (stage st) -> rows [8 sub, 8 sub + 8) of the bf16 tile kv: thread
+    // (pe, pj) converts e4m3 pieces pj and pj + 16 (< 28) and copies rope piece 28 + pj (pj < 8);
+    // zeros for a missing key (its P is 0, and 0 x NaN would poison the output). Every shared
+    // load first, then the conversions and stores.
     auto convert = [&](int t, int c0, int sub, int st, uint8_t* kv) {
-      const int row = 16 * sub + pe;
+      const int row = wsp::kChunkKeys * sub + pe;
       const bool ok = addr[(t - c0) * kKeys + row].x >= 0;
       const uint8_t* src = raw + st * wsp::kRawStageBytes + pe * wsp::kRawStride;
-      const uint2 sw = ok ? *reinterpret_cast<const uint2*>(raw + st * wsp::kRawStageBytes +
-                                                             wsp::kChunkKeys * wsp::kRawStride +
-                                                             pe * 8)
-                          : make_uint2(0, 0);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int pc = pj + 8 * i;  // e4m3 dims [16 pc, 16 pc + 16), scale block pc / 4
-        if (i == 3 && pj >= 4) break;
+      const bool two = pj < 12, rope = pj < 8;
+      uint2 sw = make_uint2(0, 0);
+      uint4 w0 = make_uint4(0, 0, 0, 0), w1 = w0, r = w0;
+      if (ok) {
+        sw = *reinterpret_cast<const uint2*>(raw + st * wsp::kRawStageBytes +
+                                             wsp::kChunkKeys * wsp::kRawStride + pe * 8);
+        w0 = *reinterpret_cast<const uint4*>(src + 16 * pj);
+        if (two) w1 = *reinterpret_cast<const uint4*>(src + 16 * (pj + 16));
+        if (rope) r = *reinterpret_cast<const uint4*>(src + kNope + 16 * pj);
+      }
+      auto put = [&](int pc, const uint4& w) {  // e4m3 dims [16 pc, 16 pc + 16), scale block pc / 4
         const int blk = pc >> 2;
         uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
         if (ok) {
           const uint32_t sbyte = ((blk < 4 ? sw.x : sw.y) >> (8 * (blk & 3))) & 0xFFu;
           const float scale = __uint_as_float(sbyte << 23);  // 2^(byte - 127)
-          const uint4 w = *reinterpret_cast<const uint4*>(src + 16 * pc);
           lo = e4m3x8_to_bf16x8(w.x, w.y, scale);
           hi = e4m3x8_to_bf16x8(w.z, w.w, scale);
         }
         *reinterpret_cast<uint4*>(kv + blk * kBlockBytes + swz(row, 2 * (pc & 3))) = lo;
         *reinterpret_cast<uint4*>(kv + blk * kBlockBytes + swz(row, 2 * (pc & 3) + 1)) = hi;
-      }
-      *reinterpret_cast<uint4*>(kv + 7 * kBlockBytes + swz(row, pj)) =
-          ok ? *reinterpret_cast<const uint4*>(src + kNope + 16 * pj) : make_uint4(0, 0, 0, 0);
+      };
+      put(pj, w0);
+      if (two) put(pj + 16, w1);
+      if (rope) *reinterpret_cast<uint4*>(kv + 7 * kBlockBytes + swz(row, pj)) = r;
     };
 
     int n_tile = 0;  // tiles of this CTA dequantized so far: buffer n_tile & 1, use n_tile >> 1
@@ -156,12 +162,15 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
       resolve_addresses<kKeys, wsp::kProducerThreads, wsp::kResolveIters>(p, q, seq, wn, qs.n, c0, c1, pt, addr);
       wsp::producer_bar();
       const int n = (c1 - c0) * wsp::kChunks;
-      issue(c0, c0, 0, 0);
-      cp_async_commit();
+      // Chunks k + 1 .. k + kStages - 1 in flight while chunk k is converted.
+      for (int k = 0; k < wsp::kStages - 1; ++k) {
+        if (k < n) issue(c0 + k / wsp::kChunks, c0, k % wsp::kChunks, k);
+        cp_async_commit();
+      }
       for (int k = 0; k < n; ++k) {
-        const int t = c0 + k / wsp::kChunks, sub = k % wsp::kChunks, st = k & 1;
-        if (k + 1 < n)  // stage st ^ 1 held chunk k - 1, dequantized before the last barrier
-          issue(c0 + (k + 1) / wsp::kChunks, c0, (k + 1) % wsp::kChunks, st ^ 1);
+        const int t = c0 + k / wsp::kChunks, sub = k % wsp::kChunks, st = k % wsp::kStages;
+        const int k2 = k + wsp::kStages - 1;  // its stage held chunk k - 1, converted already
+        if (k2 < n) issue(c0 + k2 / wsp::kChunks, c0, k2 % wsp::kChunks, k2 % wsp::kStages);
         cp_async_commit();
         if (sub == 0 && t + 1 < c1 && pt < kKeys) {  // the next tile's entries into L2
           const int2 a = addr[(t + 1 - c0) * kKeys + pt];
@@ -171,8 +180,8 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
             wsp::prefetch_l2(page_ptr + int64_t(slot) * kDataBytes, kDataBytes);
           }
         }
-        cp_async_wait<1>();  // this thread's pieces of chunk k have landed
-        wsp::producer_bar();  // ... and every other thread's
+        cp_async_wait<wsp::kStages - 1>();  // this thread's pieces of chunk k have landed
+        wsp::producer_bar();                // ... and every other thread's
         const int buf = n_tile & 1;
         uint8_t* kv = smem + wsp::kOffKv + buf * kTileBytes;
         if (sub == 0) {
@@ -186,7 +195,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
           mbar_arrive(bar_full + 8 * buf);
           ++n_tile;
         }
-        wsp::producer_bar();  // stage st is free for chunk k + 2
+        wsp::producer_bar();  // stage st is free for chunk k + kStages
       }
     }
     cp_async_wait<0>();
@@ -207,7 +216,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
     const int j = t - t_begin, buf = j & 1;
     mbar_wait(bar_full + 8 * buf, uint32_t(j >> 1) & 1u);
     const uint8_t* vld = valid + buf * kKeys;
-    consume_tile(
+    consume_tile<32>(
         p, c, t, kv_base + uint32_t(buf * kTileBytes), [&](int key) { return vld[key] != 0; },
         [] { wsp::consumer_bar(); }, f);
     mbar_arrive(bar_empty + 8 * buf);  // this thread's wgmma on the buffer are complete
