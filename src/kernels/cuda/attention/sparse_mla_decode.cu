@@ -43,9 +43,10 @@
 #endif
 // 1: the combine kernel is a programmatic dependent of the attention kernel (v5); 0: plain
 // stream order (v4), kept for timing comparisons.
-// 1: the wgmma plan runs v9 (a producer warpgroup copies and dequantizes); 0: v7.
+// 1: the wgmma plan runs v9 (a producer warpgroup copies and dequantizes); 0: v7, the default
+// until v9 measures faster (NOTES.md v9: its first form, call 1, was 4-20% slower).
 #ifndef DS_SPARSE_MLA_WARP_SPECIALIZED
-#define DS_SPARSE_MLA_WARP_SPECIALIZED 1
+#define DS_SPARSE_MLA_WARP_SPECIALIZED 0
 #endif
 #ifndef DS_SPARSE_MLA_COMBINE_PDL
 #define DS_SPARSE_MLA_COMBINE_PDL 1
