@@ -6,7 +6,8 @@
 #   2. compute-sanitizer memcheck / racecheck of SANITIZE_FILTER;
 #   3. bench_sparse_mla (quick unless FULL=1) -> OUT/mla.json, table by summary.py; ROUNDS=n;
 #   4. test_cuda_ops (the engine's attention now plans v9);
-#   5. the SASS lines of v9 that spill (cuobjdump).
+#   5. NCU=1: ncu of v9's first launch in FlashBatch128 (B = 128, one split) -> OUT/ncu.txt;
+#   6. the SASS lines of v9 that spill (cuobjdump).
 # At most 8 files in OUT.
 #   scripts/gpu/h_s32/call1.sh OUT
 set -uo pipefail
@@ -46,6 +47,15 @@ if [ $rc -ne 124 ]; then
   timeout 200 "$c/test_cuda_ops" >"$out/logs/test_cuda_ops.log" 2>&1
   s+=("test_cuda_ops rc=$? $(res "$out/logs/test_cuda_ops.log") $(el)")
   grep -E '^\[  FAILED  \]|Failure' "$out/logs/test_cuda_ops.log" | head -10
+fi
+if [ "${NCU:-0}" = 1 ] && [ $rc -ne 124 ]; then  # v9's first launch at B = 128 (one split)
+  mkdir -p "$out/logs/ncu"
+  timeout 200 ncu --clock-control none --kernel-name regex:ws_kernel --launch-count 1 --set full \
+    --import-source yes --warp-sampling-interval 5 -f -o /tmp/ws_prof "$c/test_sparse_mla_cuda" \
+    --gtest_filter=SparseMlaCuda.FlashBatch128 >"$out/logs/ncu/ncu.log" 2>&1
+  s+=("ncu rc=$? $(el)")
+  scripts/gpu/ncu_summary.sh /tmp/ws_prof.ncu-rep "$out/logs/ncu" 40 >"$out/ncu.txt" 2>&1
+  rm -f "$out/logs/ncu/source.csv"
 fi
 cuobjdump -sass "$c/test_sparse_mla_cuda" 2>/dev/null |
   awk '/Function : .*sparse_mla_decode_ws_kernel/{f=1} /Function : /&&!/ws_kernel/{f=0} f' \
