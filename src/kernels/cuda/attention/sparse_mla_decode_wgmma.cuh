@@ -157,8 +157,8 @@ struct Fold {
 };
 
 __device__ __forceinline__ Consumer make_consumer(const SparseMlaParams& p, uint8_t* smem,
-                                                  uint32_t off_p, uint32_t off_stat, int tid,
-                                                  int q, int h0, bool fold) {
+                                                  uint32_t off_p, uint32_t off_stat, int tid, int q,
+                                                  int h0, bool fold) {
   Consumer c;
   c.wg = tid >> 7;
   c.w4 = (tid >> 5) & 3;
@@ -232,8 +232,7 @@ __device__ __forceinline__ void consume_tile(const SparseMlaParams& p, const Con
     for (int kk = 0; kk < 4; ++kk)
       if (DS_SPARSE_MLA_WG_ABLATE != 2)
         mma_qk(s, desc(c.q_addr + uint32_t(b * kBlockBytes + 32 * kk), 16),
-               desc(kv_addr + uint32_t(b * kBlockBytes + 4096 * wg + 32 * kk), 16),
-               (b | kk) != 0);
+               desc(kv_addr + uint32_t(b * kBlockBytes + 4096 * wg + 32 * kk), 16), (b | kk) != 0);
   commit();
   wait0();
 #pragma unroll
@@ -318,9 +317,9 @@ __device__ __forceinline__ void consume_tile(const SparseMlaParams& p, const Con
   // ---- PV: dims [256 wg + kPvN n, + kPvN) from zero per tile, then fold or store. Two
   // chunks in flight: chunk n + 1's wgmma run while chunk n is folded. kPvN = 64 (v7) or 32
   // (v9: 32 accumulator registers fewer, the same sums per output element). ----
-  constexpr int kAcc = kPvN / 2;          // accumulators per thread and chunk
-  constexpr int kPerBlock = 64 / kPvN;    // chunks per 64-dim column block
-  constexpr int kN = 4 * kPerBlock;       // chunks per warpgroup
+  constexpr int kAcc = kPvN / 2;        // accumulators per thread and chunk
+  constexpr int kPerBlock = 64 / kPvN;  // chunks per 64-dim column block
+  constexpr int kN = 4 * kPerBlock;     // chunks per warpgroup
   float ot2[2][kAcc];
   auto issue_pv = [&](int n) {
     float(&ot)[kAcc] = ot2[n & 1];
@@ -346,8 +345,8 @@ __device__ __forceinline__ void consume_tile(const SparseMlaParams& p, const Con
       wait0();
     }
     float(&ot)[kAcc] = ot2[n & 1];
-    const int cc = n / kPerBlock;            // 64-dim chunk of o
-    const int i0 = kAcc * (n % kPerBlock);   // its first accumulator in o[cc]
+    const int cc = n / kPerBlock;           // 64-dim chunk of o
+    const int i0 = kAcc * (n % kPerBlock);  // its first accumulator in o[cc]
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) fence_operand(ot[i]);
     if (c.fold) {
@@ -360,8 +359,8 @@ __device__ __forceinline__ void consume_tile(const SparseMlaParams& p, const Con
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int h = c.h0 + r0 + 8 * hh;
-        float* dst = p.workspace + ((c.slot_base + t) * p.num_heads + h) * kD +
-                     (4 * wg + cc) * 64 + 2 * i0 + 2 * c4;
+        float* dst = p.workspace + ((c.slot_base + t) * p.num_heads + h) * kD + (4 * wg + cc) * 64 +
+                     2 * i0 + 2 * c4;
 #pragma unroll
         for (int j = 0; j < kAcc / 4; ++j)
           *reinterpret_cast<float2*>(dst + 8 * j) =
@@ -383,7 +382,8 @@ __device__ __forceinline__ void finish(const SparseMlaParams& p, const Consumer&
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int h = c.h0 + r0 + 8 * hh;
-        float* dst = p.workspace + (c.slot_base * p.num_heads + h) * kD + (4 * wg + cc) * 64 + 2 * c4;
+        float* dst =
+            p.workspace + (c.slot_base * p.num_heads + h) * kD + (4 * wg + cc) * 64 + 2 * c4;
 #pragma unroll
         for (int j = 0; j < 8; ++j)
           *reinterpret_cast<float2*>(dst + 8 * j) =
@@ -407,9 +407,8 @@ __device__ __forceinline__ void finish(const SparseMlaParams& p, const Consumer&
     for (int cc = 0; cc < 4; ++cc)
 #pragma unroll
       for (int j = 0; j < 8; ++j)
-        *reinterpret_cast<uint32_t*>(dst + 64 * cc + 8 * j) =
-            pack_bf16x2(__fmul_rn(f.o[cc][4 * j + 2 * hh], inv),
-                        __fmul_rn(f.o[cc][4 * j + 2 * hh + 1], inv));
+        *reinterpret_cast<uint32_t*>(dst + 64 * cc + 8 * j) = pack_bf16x2(
+            __fmul_rn(f.o[cc][4 * j + 2 * hh], inv), __fmul_rn(f.o[cc][4 * j + 2 * hh + 1], inv));
     if (p.lse && wg == 0 && c4 == 0)
       p.lse[int64_t(q) * p.num_heads + h] = final_lse(f.run_m[hh], f.run_l[hh]);
   }
@@ -442,7 +441,8 @@ __global__ void __launch_bounds__(wgp::kThreads, 1)
   const int t_end = split_begin(qs, split + 1);
   const int wn = p.window_len[q];
   const int seq = p.query_seq[q];
-  const Consumer c = make_consumer(p, smem, kOffP, kOffStat, tid, q, blockIdx.z * kHeads, split == 0);
+  const Consumer c =
+      make_consumer(p, smem, kOffP, kOffStat, tid, q, blockIdx.z * kHeads, split == 0);
   load_q(p, q, c.h0, tid, smem + kOffQ);
 
   // Copy / dequantize role: warp w4 of warpgroup wg owns entries [16 w4, 16 w4 + 16) of a tile;

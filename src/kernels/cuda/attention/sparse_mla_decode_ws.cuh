@@ -16,6 +16,13 @@
 //     the 256 consumer threads.
 // Same arithmetic in the same order as v7: the bits are v7's (tests), whatever the split count.
 
+// Timing experiments only (NOTES.md v9), 0 in every real build: 1 skips the producer's
+// conversion (the tiles keep whatever they held), 2 the consumers' tile math (they only wait and
+// release), 3 the producer's copies, 4 its L2 prefetch of the next tile.
+#ifndef DS_SPARSE_MLA_WS_ABLATE
+#define DS_SPARSE_MLA_WS_ABLATE 0
+#endif
+
 namespace wsp {
 
 constexpr int kConsumerThreads = 256;  // warpgroups 0-1 (= wgp::kThreads: v7's consumer code)
@@ -72,7 +79,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
   uint8_t* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   uint8_t* valid = smem + wsp::kOffValid;
   const uint32_t bar_full = smem_addr(smem + wsp::kOffBar);  // full[b] at + 8 b
-  const uint32_t bar_empty = bar_full + 16;                   // empty[b] at + 8 b
+  const uint32_t bar_empty = bar_full + 16;                  // empty[b] at + 8 b
 
   const int split = blockIdx.x;
   const int q = blockIdx.y;
@@ -106,7 +113,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
     // pj < 4 and, for pj == 4, the entry's 8 scale bytes.
     auto issue = [&](int t, int c0, int sub, int st) {
       const int2 a = addr[(t - c0) * kKeys + wsp::kChunkKeys * sub + pe];
-      if (a.x < 0) return;
+      if (a.x < 0 || DS_SPARSE_MLA_WS_ABLATE == 3) return;
       int slot, page_size;
       const uint8_t* page_ptr = kv_page_of(p, a, slot, page_size);
       const uint8_t* data = page_ptr + int64_t(slot) * kDataBytes;
@@ -116,9 +123,8 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
       if (pj < 4)
         cp_async16(dst + 16 * (32 + pj), data + 16 * (32 + pj));
       else if (pj == 4)
-        wsp::cp_async8(
-            raw + st * wsp::kRawStageBytes + wsp::kChunkKeys * wsp::kRawStride + pe * 8,
-            page_ptr + int64_t(page_size) * kDataBytes + int64_t(slot) * kScaleBytes);
+        wsp::cp_async8(raw + st * wsp::kRawStageBytes + wsp::kChunkKeys * wsp::kRawStride + pe * 8,
+                       page_ptr + int64_t(page_size) * kDataBytes + int64_t(slot) * kScaleBytes);
     };
     // Chunk `sub` of tile t (stage st) -> rows [8 sub, 8 sub + 8) of the bf16 tile kv: thread
     // (pe, pj) converts e4m3 pieces pj and pj + 16 (< 28) and copies rope piece 28 + pj (pj < 8);
@@ -159,7 +165,8 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
     for (int c0 = t_begin; c0 < t_end; c0 += kAddrTiles) {
       const int c1 = min(t_end, c0 + kAddrTiles);
       wsp::producer_bar();  // the previous chunk's readers of addr are done
-      resolve_addresses<kKeys, wsp::kProducerThreads, wsp::kResolveIters>(p, q, seq, wn, qs.n, c0, c1, pt, addr);
+      resolve_addresses<kKeys, wsp::kProducerThreads, wsp::kResolveIters>(p, q, seq, wn, qs.n, c0,
+                                                                          c1, pt, addr);
       wsp::producer_bar();
       const int n = (c1 - c0) * wsp::kChunks;
       // Chunks k + 1 .. k + kStages - 1 in flight while chunk k is converted.
@@ -172,7 +179,8 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
         const int k2 = k + wsp::kStages - 1;  // its stage held chunk k - 1, converted already
         if (k2 < n) issue(c0 + k2 / wsp::kChunks, c0, k2 % wsp::kChunks, k2 % wsp::kStages);
         cp_async_commit();
-        if (sub == 0 && t + 1 < c1 && pt < kKeys) {  // the next tile's entries into L2
+        if (DS_SPARSE_MLA_WS_ABLATE != 4 && sub == 0 && t + 1 < c1 && pt < kKeys) {
+          // the next tile's entries into L2
           const int2 a = addr[(t + 1 - c0) * kKeys + pt];
           if (a.x >= 0) {
             int slot, page_size;
@@ -189,7 +197,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
           if (n_tile >= 2) mbar_wait(bar_empty + 8 * buf, uint32_t((n_tile >> 1) - 1) & 1u);
           if (pt < kKeys) valid[buf * kKeys + pt] = addr[(t - c0) * kKeys + pt].x >= 0 ? 1 : 0;
         }
-        convert(t, c0, sub, st, kv);
+        if (DS_SPARSE_MLA_WS_ABLATE != 1) convert(t, c0, sub, st, kv);
         if (sub == wsp::kChunks - 1) {
           fence_proxy_async();  // the tile for the consumers' wgmma
           mbar_arrive(bar_full + 8 * buf);
@@ -216,9 +224,10 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
     const int j = t - t_begin, buf = j & 1;
     mbar_wait(bar_full + 8 * buf, uint32_t(j >> 1) & 1u);
     const uint8_t* vld = valid + buf * kKeys;
-    consume_tile<32>(
-        p, c, t, kv_base + uint32_t(buf * kTileBytes), [&](int key) { return vld[key] != 0; },
-        [] { wsp::consumer_bar(); }, f);
+    if (DS_SPARSE_MLA_WS_ABLATE != 2)
+      consume_tile<32>(
+          p, c, t, kv_base + uint32_t(buf * kTileBytes), [&](int key) { return vld[key] != 0; },
+          [] { wsp::consumer_bar(); }, f);
     mbar_arrive(bar_empty + 8 * buf);  // this thread's wgmma on the buffer are complete
   }
   finish(p, c, q, qs, f);
