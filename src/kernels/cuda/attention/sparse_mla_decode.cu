@@ -41,13 +41,13 @@
 #ifndef DS_SPARSE_MLA_TILES_PER_STEP16
 #define DS_SPARSE_MLA_TILES_PER_STEP16 1
 #endif
-// 1: the combine kernel is a programmatic dependent of the attention kernel (v5); 0: plain
-// stream order (v4), kept for timing comparisons.
 // 1: the wgmma plan runs v9 (a producer warpgroup copies and dequantizes); 0: v7, the default
-// until v9 measures faster (NOTES.md v9: its first form, call 1, was 4-20% slower).
+// until v9 measures faster (NOTES.md v9: 2-22% slower in session 32's calls 1-2, H100).
 #ifndef DS_SPARSE_MLA_WARP_SPECIALIZED
 #define DS_SPARSE_MLA_WARP_SPECIALIZED 0
 #endif
+// 1: the combine kernel is a programmatic dependent of the attention kernel (v5); 0: plain
+// stream order (v4), kept for timing comparisons.
 #ifndef DS_SPARSE_MLA_COMBINE_PDL
 #define DS_SPARSE_MLA_COMBINE_PDL 1
 #endif
