@@ -6,7 +6,8 @@
 #   2. compute-sanitizer memcheck / racecheck of SANITIZE_FILTER (SANITIZE=0 skips);
 #   3. bench_sparse_mla quick (FULL=1: whole) -> OUT/mla.json, ROUNDS=n more quick rounds;
 #   4. the ablation benches found in build/carry (bench_sparse_mla_wsN) -> OUT/mla_wsN.json;
-#   5. test_cuda_ops (TESTS_OPS=0 skips); 6. spills of the v9 kernel (cuobjdump).
+#   5. test_cuda_ops (TESTS_OPS=0 skips); 6. NCU=1: ncu of v9's first launch in FlashBatch128
+#      (B = 128, one split) -> OUT/ncu.txt; 7. spills of the v9 kernel (cuobjdump).
 # Tables by scripts/gpu/h_s32/summary.py into OUT/table.txt. At most 8 files in OUT.
 #   scripts/gpu/h_s33/call.sh OUT
 set -uo pipefail
@@ -55,6 +56,15 @@ if [ $rc -ne 124 ]; then
     s+=("test_cuda_ops rc=$? $(res "$out/logs/test_cuda_ops.log") $(el)")
     grep -E '^\[  FAILED  \]|Failure' "$out/logs/test_cuda_ops.log" | head -10
   fi
+fi
+if [ "${NCU:-0}" = 1 ] && [ $rc -ne 124 ]; then
+  mkdir -p "$out/logs/ncu"
+  timeout 200 ncu --clock-control none --kernel-name regex:ws_kernel --launch-count 1 --set full \
+    --import-source yes --warp-sampling-interval 5 -f -o /tmp/ws_prof "$c/test_sparse_mla_cuda" \
+    --gtest_filter=SparseMlaCuda.FlashBatch128 >"$out/logs/ncu/ncu.log" 2>&1
+  s+=("ncu rc=$? $(el)")
+  scripts/gpu/ncu_summary.sh /tmp/ws_prof.ncu-rep "$out/logs/ncu" 60 >"$out/ncu.txt" 2>&1
+  rm -f "$out/logs/ncu/source.csv"
 fi
 cuobjdump -sass "$c/test_sparse_mla_cuda" 2>/dev/null |
   awk '/Function : .*sparse_mla_decode_ws_kernel/{f=1} /Function : /&&!/ws_kernel/{f=0} f' >/tmp/ws.sass

@@ -41,10 +41,10 @@
 #ifndef DS_SPARSE_MLA_TILES_PER_STEP16
 #define DS_SPARSE_MLA_TILES_PER_STEP16 1
 #endif
-// 1: the wgmma plan runs v9 (a producer warpgroup copies and dequantizes); 0: v7, the default
-// until v9 measures faster (NOTES.md v9: 2-22% slower in session 32's calls 1-2, H100).
+// 1: the wgmma plan runs v9 (a producer warpgroup copies and dequantizes; the default since its
+// in-place producer: 6-12% faster than v7 at batch 16-128, NOTES.md v9); 0: v7.
 #ifndef DS_SPARSE_MLA_WARP_SPECIALIZED
-#define DS_SPARSE_MLA_WARP_SPECIALIZED 0
+#define DS_SPARSE_MLA_WARP_SPECIALIZED 1
 #endif
 // 1: the combine kernel is a programmatic dependent of the attention kernel (v5); 0: plain
 // stream order (v4), kept for timing comparisons.
