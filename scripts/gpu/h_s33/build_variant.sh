@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Session 33: binaries of build/full-cuda with sparse_mla_decode.cu rebuilt under extra defines,
+# copied to build/carry/BIN_NAME (run after scripts/gpu/h_s29/pack.sh, which recreates build/carry).
+#   scripts/gpu/h_s33/build_variant.sh NAME "-DDS_...=1 ..." [BIN ...]   (default BINs:
+#   test_sparse_mla_cuda bench_sparse_mla)
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+name="${1:?usage: build_variant.sh NAME DEFINES [BIN ...]}"
+defs="${2:?usage: build_variant.sh NAME DEFINES [BIN ...]}"
+shift 2
+bins="${*:-test_sparse_mla_cuda bench_sparse_mla}"
+b=build/full-cuda
+obj=src/kernels/cuda/CMakeFiles/ds_kernels_cuda.dir/attention/sparse_mla_decode.cu.o
+cc=$(ninja -C $b -t commands $obj | tail -1)
+(cd $b && eval "${cc/-o $obj/$defs -o /tmp/smla_$name.o}")
+for bin in $bins; do
+  out=$(ninja -C $b -t targets all | sed -n "s|^\([^:]*/$bin\): .*|\1|p" | head -1)
+  link=$(ninja -C $b -t commands "$out" | tail -1)
+  (cd $b && eval "${link/-o $out/-o /tmp/${bin}_$name /tmp/smla_$name.o}")
+  strip "/tmp/${bin}_$name"
+  cp "/tmp/${bin}_$name" build/carry/
+done
+ls -la build/carry
