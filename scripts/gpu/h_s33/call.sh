@@ -5,7 +5,8 @@
 #   1. smoke test (FlashBatch1, 60 s: a deadlock stops here), test_sparse_mla_cuda whole;
 #   2. compute-sanitizer memcheck / racecheck of SANITIZE_FILTER (SANITIZE=0 skips);
 #   3. bench_sparse_mla quick (FULL=1: whole) -> OUT/mla.json, ROUNDS=n more quick rounds;
-#   4. the ablation benches found in build/carry (bench_sparse_mla_wsN) -> OUT/mla_wsN.json;
+#   4. the variant tests (test_sparse_mla_cuda_V) and benches (bench_sparse_mla_V, V = wsN for
+#      the ablations) found in build/carry -> OUT/mla_V.json;
 #   5. test_cuda_ops (TESTS_OPS=0 skips); 6. NCU=1: ncu of v9's first launch in FlashBatch128
 #      (B = 128, one split) -> OUT/ncu.txt; 7. spills of the v9 kernel (cuobjdump).
 # Tables by scripts/gpu/h_s32/summary.py into OUT/table.txt. At most 8 files in OUT.
@@ -44,12 +45,19 @@ if [ $rc -ne 124 ]; then
     timeout 90 "$c/bench_sparse_mla" "$out/logs/mla_r$r.json" quick >"$out/logs/bench_r$r.log" 2>&1
     { echo "== tree, round $r"; python3 scripts/gpu/h_s32/summary.py "$out/logs/mla_r$r.json"; } >>"$out/table.txt" 2>&1
   done
-  for b in build/carry/bench_sparse_mla_ws*; do
+  for tb in build/carry/test_sparse_mla_cuda_*; do  # variants (build_variant.sh)
+    [ -x "$tb" ] || continue
+    v=${tb##*/test_sparse_mla_cuda_}
+    timeout 120 "$tb" >"$out/logs/test_$v.log" 2>&1
+    s+=("test_sparse_mla_cuda_$v rc=$? $(res "$out/logs/test_$v.log") $(el)")
+    grep -E '^\[  FAILED  \]|Failure' "$out/logs/test_$v.log" | head -10
+  done
+  for b in build/carry/bench_sparse_mla_*; do  # ablations (wsN) and variants
     [ -x "$b" ] || continue
-    v=${b##*_ws}
-    timeout 90 "$b" "$out/mla_ws$v.json" quick >"$out/logs/bench_ws$v.log" 2>&1
-    s+=("bench ws$v rc=$? $(el)")
-    { echo "== ablation $v"; python3 scripts/gpu/h_s32/summary.py "$out/mla_ws$v.json"; } >>"$out/table.txt" 2>&1
+    v=${b##*/bench_sparse_mla_}
+    timeout 90 "$b" "$out/mla_$v.json" quick >"$out/logs/bench_$v.log" 2>&1
+    s+=("bench $v rc=$? $(el)")
+    { echo "== variant $v"; python3 scripts/gpu/h_s32/summary.py "$out/mla_$v.json"; } >>"$out/table.txt" 2>&1
   done
   if [ "${TESTS_OPS:-1}" = 1 ]; then
     timeout 200 "$c/test_cuda_ops" >"$out/logs/test_cuda_ops.log" 2>&1
