@@ -702,7 +702,7 @@ TEST(SparseMlaCuda, ProgrammaticLaunchWaitsForTheProducer) {
   }
 }
 
-TEST(SparseMlaCuda, WgmmaRejectsMisalignedQ) {
+TEST(SparseMlaCuda, WgmmaRejectsMisalignedQOrOut) {
   DS_REQUIRE_GPU();
   Shape s;
   s.num_seqs = 2;
@@ -714,9 +714,15 @@ TEST(SparseMlaCuda, WgmmaRejectsMisalignedQ) {
   const cuda::SparseMlaPlan plan = cuda::plan_sparse_mla_decode(
       pr.num_queries, s.num_heads, s.window_width, s.compressed_width, sm_count(), 1, true);
   cuda::SparseMlaParams p = dp.params(pr, plan, nullptr, 0);
-  p.q += 2;  // 4-byte aligned (what the mma.sync kernel needs), not 16
   p.num_queries = 1;
-  EXPECT_EQ(cuda::launch_sparse_mla_decode(p, nullptr).code(), StatusCode::kInvalidArgument);
+  cuda::SparseMlaParams misaligned_q = p;
+  misaligned_q.q += 2;  // 4-byte aligned (what the mma.sync kernel needs), not 16
+  EXPECT_EQ(cuda::launch_sparse_mla_decode(misaligned_q, nullptr).code(),
+            StatusCode::kInvalidArgument);
+  cuda::SparseMlaParams misaligned_out = p;
+  misaligned_out.out += 2;  // the output is written in 16-byte pieces
+  EXPECT_EQ(cuda::launch_sparse_mla_decode(misaligned_out, nullptr).code(),
+            StatusCode::kInvalidArgument);
   DS_CUDA_ASSERT(cudaDeviceSynchronize());
 }
 

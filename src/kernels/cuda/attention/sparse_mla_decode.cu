@@ -1163,8 +1163,9 @@ Status launch_sparse_mla_decode(const SparseMlaParams& p, cudaStream_t stream) {
       return invalid_argument(
           "sparse_mla_decode: the wgmma plan needs head_dim 512, a multiple of 64 heads, 64 "
           "heads per CTA and one tile per step");
-    if ((reinterpret_cast<uintptr_t>(p.q) & 15u) != 0)
-      return invalid_argument("sparse_mla_decode: the wgmma plan needs a 16-byte aligned q");
+    if (((reinterpret_cast<uintptr_t>(p.q) | reinterpret_cast<uintptr_t>(p.out)) & 15u) != 0)
+      return invalid_argument(
+          "sparse_mla_decode: the wgmma plan needs a 16-byte aligned q and out");
     if (!sparse_mla_wgmma_available())
       return invalid_argument("sparse_mla_decode: the wgmma plan needs an sm_90 device");
   }

@@ -44,8 +44,8 @@ struct SparseMlaKvSource {
 struct SparseMlaPlan {
   // The sm_90a kernel (v7, NOTES.md): 64 heads per CTA on wgmma, 64-key tiles (the fold unit, so
   // its outputs differ in the last bits from the mma.sync kernel's, and are split-invariant
-  // among themselves). Needs head_dim 512, a multiple of 64 heads, a 16-byte aligned q and a
-  // compute capability 9.0 device (sparse_mla_wgmma_supported).
+  // among themselves). Needs head_dim 512, a multiple of 64 heads, a 16-byte aligned q and out,
+  // and a compute capability 9.0 device (sparse_mla_wgmma_supported).
   bool wgmma = false;
   // With `wgmma`: v9 (NOTES.md), v7's tile math in two consumer warpgroups with a third that
   // copies and dequantizes the next tiles meanwhile (384 threads, ~226 KB of shared memory).

@@ -399,9 +399,14 @@ __device__ __forceinline__ void consume_tile(const SparseMlaParams& p, const Con
 }
 
 // After the last tile: split 0 of a split query stores its fold state as slot 0 (continued by
-// the combine kernel); a single split normalizes and writes the output and the lse.
+// the combine kernel); a single split normalizes its output into `stage` (64 KB of shared memory
+// that no wgmma reads any more once `bar`, a barrier of the 256 consumer threads, has passed: q's)
+// and writes it from there in 16-byte pieces, whole 1 KB head rows per warp instruction group,
+// instead of 64 scattered 4-byte stores per thread.
+template <typename Bar>
 __device__ __forceinline__ void finish(const SparseMlaParams& p, const Consumer& c, int q,
-                                       const QuerySplit& qs, const Fold& f) {
+                                       const QuerySplit& qs, const Fold& f, uint8_t* stage,
+                                       Bar bar) {
   if (!c.fold) return;
   const int wg = c.wg, c4 = c.c4, r0 = c.r0;
   if (qs.splits > 1) {
@@ -426,19 +431,42 @@ __device__ __forceinline__ void finish(const SparseMlaParams& p, const Consumer&
       }
     return;
   }
+  // Head row r of the stage: 64 pieces of 8 dims, piece k at (k ^ (r % 8)) * 16: the 8 rows of a
+  // warp's store fall on distinct banks. 32-bit shared addresses (fewer registers than pointers).
+  const uint32_t st = smem_addr(stage);
+  bar();  // both warpgroups' last QK^T no longer reads q
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    const int h = c.h0 + r0 + 8 * hh;
-    const float inv = final_scale(f.run_m[hh], f.run_l[hh], p.sink, h);
-    uint16_t* dst = p.out + (int64_t(q) * p.num_heads + h) * kD + 256 * wg + 2 * c4;
+    const int row = r0 + 8 * hh;  // row % 8 = g
+    const float inv = final_scale(f.run_m[hh], f.run_l[hh], p.sink, c.h0 + row);
+    const uint32_t row_addr = st + uint32_t(row * 1024 + 512 * wg + 4 * c4);
 #pragma unroll
     for (int cc = 0; cc < 4; ++cc)
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        *reinterpret_cast<uint32_t*>(dst + 64 * cc + 8 * j) = pack_bf16x2(
-            __fmul_rn(f.o[cc][4 * j + 2 * hh], inv), __fmul_rn(f.o[cc][4 * j + 2 * hh + 1], inv));
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t v = pack_bf16x2(__fmul_rn(f.o[cc][4 * j + 2 * hh], inv),
+                                       __fmul_rn(f.o[cc][4 * j + 2 * hh + 1], inv));
+        asm volatile(
+            "st.shared.b32 [%0], %1;\n" ::"r"(row_addr + uint32_t((8 * cc + (j ^ c.g)) << 4)),
+            "r"(v)
+            : "memory");
+      }
     if (p.lse && wg == 0 && c4 == 0)
-      p.lse[int64_t(q) * p.num_heads + h] = final_lse(f.run_m[hh], f.run_l[hh]);
+      p.lse[int64_t(q) * p.num_heads + c.h0 + row] = final_lse(f.run_m[hh], f.run_l[hh]);
+  }
+  bar();
+  const int tid = 128 * wg + 32 * c.w4 + 4 * c.g + c4;
+  uint16_t* out = p.out + (int64_t(q) * p.num_heads + c.h0) * kD;
+  constexpr int kPieces = kHeads * kD / 8;  // 16-byte pieces of the 64 x 512 output
+#pragma unroll 4
+  for (int k = 0; k < kPieces / kThreads; ++k) {
+    const int i = tid + k * kThreads, row = i / 64, piece = i % 64;
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(st + uint32_t(row * 1024 + ((piece ^ (row & 7)) << 4)))
+                 : "memory");
+    *reinterpret_cast<uint4*>(out + int64_t(row) * kD + 8 * piece) = v;
   }
 }
 
@@ -574,7 +602,7 @@ __global__ void __launch_bounds__(wgp::kThreads, 1)
     }
   }
   cp_async_wait<0>();
-  finish(p, c, q, qs, f);
+  finish(p, c, q, qs, f, smem + kOffQ, [] { __syncthreads(); });
 #else
   __trap();  // launched only on sm_90 devices (sparse_mla_wgmma_available)
 #endif  // DS_SPARSE_MLA_WGMMA_PATH

@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
           p, c, t, kv_base + uint32_t(buf * kTileBytes), valid_key, bar, f);
     mbar_arrive(bar_empty + 8 * buf);  // this thread's wgmma on the buffer are complete
   }
-  finish(p, c, q, qs, f);
+  finish(p, c, q, qs, f, smem + wsp::kOffQ, [] { wsp::consumer_bar(); });
 #else
   __trap();  // launched only on sm_90 devices (sparse_mla_wgmma_available)
 #endif  // DS_SPARSE_MLA_WGMMA_PATH
