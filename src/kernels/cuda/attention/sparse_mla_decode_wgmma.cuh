@@ -124,20 +124,6 @@ __device__ __forceinline__ void mma_pv(float (&d)[16], uint64_t da, uint64_t db,
         "+f"(d[14]), "+f"(d[15])
       : "l"(da), "l"(db), "r"(scale_d));
 }
-// O_t[64 x 32] (+)= P[64 x 16] V[16 x 32] with P in registers (the A fragments of mma.m16n8k16,
-// one 16-row slice per warp): V's shared-memory bytes only.
-__device__ __forceinline__ void mma_pv_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t db,
-                                          int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "{%16, %17, %18, %19}, %20, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
-}
 #endif  // DS_SPARSE_MLA_WGMMA_PATH
 
 }  // namespace wgp
@@ -229,9 +215,8 @@ __device__ __forceinline__ void load_q(const SparseMlaParams& p, int q, int h0, 
 // file comment): QK^T, the softmax with the other consumer warpgroup (two exchanges through
 // shared memory, each closed by `bar`, a barrier of both consumer warpgroups), then PV and the
 // fold (split 0) or the tile's partial (other splits). valid(key): whether key `key` of the tile
-// exists (missing keys score -inf; their bf16 rows are zeros). kPRegs (kPvN = 32 only): PV reads
-// P from registers (ldmatrix once per tile) instead of from shared memory in every wgmma.
-template <int kPvN, typename Valid, typename Bar, bool kPRegs = false>
+// exists (missing keys score -inf; their bf16 rows are zeros).
+template <int kPvN, typename Valid, typename Bar>
 __device__ __forceinline__ void consume_tile(const SparseMlaParams& p, const Consumer& c, int t,
                                              uint32_t kv_addr, Valid valid, Bar bar, Fold& f) {
   const int wg = c.wg, c4 = c.c4, r0 = c.r0;
@@ -335,15 +320,6 @@ __device__ __forceinline__ void consume_tile(const SparseMlaParams& p, const Con
   constexpr int kAcc = kPvN / 2;        // accumulators per thread and chunk
   constexpr int kPerBlock = 64 / kPvN;  // chunks per 64-dim column block
   constexpr int kN = 4 * kPerBlock;     // chunks per warpgroup
-  static_assert(!kPRegs || kPvN == 32, "P in registers: m64n32k16 only");
-  uint32_t pa[kPRegs ? 4 : 1][4];  // P's A fragments per 16-key step (rows 16 w4 .. + 16)
-  if constexpr (kPRegs) {
-    const int lane = 4 * c.g + c4, mat = lane >> 3;
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      ldmatrix_x4(pa[kk],
-                  c.p_addr + swz(16 * c.w4 + (lane & 7) + 8 * (mat & 1), 2 * kk + (mat >> 1)));
-  }
   float ot2[2][kAcc];
   auto issue_pv = [&](int n) {
     float(&ot)[kAcc] = ot2[n & 1];
@@ -353,14 +329,10 @@ __device__ __forceinline__ void consume_tile(const SparseMlaParams& p, const Con
     const int blk = 4 * wg + n / kPerBlock;
     const uint32_t col = uint32_t(2 * kPvN * (n % kPerBlock));  // byte offset in the block row
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const uint64_t dv = desc(kv_addr + uint32_t(blk * kBlockBytes + 2048 * kk) + col, 1024);
-      if constexpr (kPRegs) {
-        mma_pv_rs(ot, pa[kk], dv, kk != 0);
-      } else if (DS_SPARSE_MLA_WG_ABLATE != 3) {
-        mma_pv(ot, desc(c.p_addr + uint32_t(32 * kk), 16), dv, kk != 0);
-      }
-    }
+    for (int kk = 0; kk < 4; ++kk)
+      if (DS_SPARSE_MLA_WG_ABLATE != 3)
+        mma_pv(ot, desc(c.p_addr + uint32_t(32 * kk), 16),
+               desc(kv_addr + uint32_t(blk * kBlockBytes + 2048 * kk) + col, 1024), kk != 0);
     commit();
   };
   issue_pv(0);

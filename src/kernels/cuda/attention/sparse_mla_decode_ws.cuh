@@ -27,11 +27,6 @@
 #ifndef DS_SPARSE_MLA_WS_ABLATE
 #define DS_SPARSE_MLA_WS_ABLATE 0
 #endif
-// 1: the consumers' PV reads P from registers (ldmatrix once per tile, wgmma with A in
-// registers) instead of from shared memory in each of its 32 wgmma per warpgroup (experiment).
-#ifndef DS_SPARSE_MLA_WS_PV_RS
-#define DS_SPARSE_MLA_WS_PV_RS 0
-#endif
 
 namespace wsp {
 
@@ -223,18 +218,17 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
   fence_proxy_async();  // q for the tensor cores
   wsp::consumer_bar();
   const uint32_t kv_base = smem_addr(smem + wsp::kOffKv);
+  auto bar = [] { wsp::consumer_bar(); };
   for (int t = t_begin; t < t_end; ++t) {
     const int j = t - t_begin, buf = j & 1;
     mbar_wait(bar_full + 8 * buf, uint32_t(j >> 1) & 1u);
     const uint8_t* vld = valid + buf * kKeys;
     auto valid_key = [&](int key) { return vld[key] != 0; };
-    auto bar = [] { wsp::consumer_bar(); };
     if (DS_SPARSE_MLA_WS_ABLATE != 2)
-      consume_tile<32, decltype(valid_key), decltype(bar), DS_SPARSE_MLA_WS_PV_RS != 0>(
-          p, c, t, kv_base + uint32_t(buf * kTileBytes), valid_key, bar, f);
+      consume_tile<32>(p, c, t, kv_base + uint32_t(buf * kTileBytes), valid_key, bar, f);
     mbar_arrive(bar_empty + 8 * buf);  // this thread's wgmma on the buffer are complete
   }
-  finish(p, c, q, qs, f, smem + wsp::kOffQ, [] { wsp::consumer_bar(); });
+  finish(p, c, q, qs, f, smem + wsp::kOffQ, bar);
 #else
   __trap();  // launched only on sm_90 devices (sparse_mla_wgmma_available)
 #endif  // DS_SPARSE_MLA_WGMMA_PATH
