@@ -13,9 +13,9 @@
 //     over them; the rope block is copied to its final place. So a whole tile (37 KB) is in
 //     flight at once, no staging ring, and no producer barrier per chunk. Two bf16 tiles, with an
 //     mbarrier pair each: "full" (128 producer arrivals, after a generic-to-async proxy fence) and
-//     "empty" (256 consumer arrivals, after their last wgmma on the tile). The copies of a tile
-//     are issued as soon as its buffer is empty, in four commit groups (one per block of the
-//     thread), and each group is converted when it lands;
+//     "empty" (256 consumer arrivals, after their last wgmma on the tile). A tile's copies go out
+//     in four commit groups (one per block of the thread), each converted when it lands; the
+//     next tile's go out before this tile's conversion whenever its buffer is already free;
 //   - consumers (warpgroups 0-1, 208 registers): v7's consume_tile on the full tile with PV in
 //     32-dim chunks (32 accumulator registers fewer), their two exchanges closed by a barrier of
 //     the 256 consumer threads.
@@ -187,17 +187,20 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
       for (int t = c0; t < c1; ++t) {
         const int buf = n_tile & 1;
         uint8_t* kv = smem + wsp::kOffKv + buf * kTileBytes;
-        // While the first tile converts, the second buffer is still unused: the next tile's
-        // copies go out with the first's instead of after its conversion.
-        const int last = n_tile == 0 && t + 1 < c1 ? t + 1 : t;
+        // The next tile's copies go out before this tile's conversion when its buffer is
+        // already free (always at the start; later whenever the consumers are ahead), so their
+        // latency overlaps the conversion. Each thread decides for its own copies.
+        const int nb = n_tile + 1;
+        const bool ahead = t + 1 < c1 && (nb < 2 || mbar_test(bar_empty + 8 * (nb & 1),
+                                                              uint32_t((nb >> 1) - 1) & 1u));
 #pragma unroll 1
-        for (int u = issued ? t + 1 : t; u <= last; ++u) {
+        for (int u = issued ? t + 1 : t; u <= (ahead ? t + 1 : t); ++u) {
           // The consumers' last use of this buffer (tile n_tile - 2) is done.
           if (u == t && n_tile >= 2)
             mbar_wait(bar_empty + 8 * buf, uint32_t((n_tile >> 1) - 1) & 1u);
           issue(u, smem + wsp::kOffKv + (buf ^ (u - t)) * kTileBytes);
         }
-        issued = last > t;
+        issued = ahead;
         if (h == 0) valid[buf * kKeys + e] = addr[(t - c0) * kKeys + e].x >= 0 ? 1 : 0;
         convert(issued, t, kv);
         fence_proxy_async();  // the tile for the consumers' wgmma
