@@ -27,6 +27,10 @@
 #ifndef DS_SPARSE_MLA_WS_ABLATE
 #define DS_SPARSE_MLA_WS_ABLATE 0
 #endif
+// 0: the next tile's copies go out early only at the start (session 33's first form), for A/B.
+#ifndef DS_SPARSE_MLA_WS_AHEAD
+#define DS_SPARSE_MLA_WS_AHEAD 1
+#endif
 
 namespace wsp {
 
