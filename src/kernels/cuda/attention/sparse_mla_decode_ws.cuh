@@ -15,7 +15,7 @@
 //     mbarrier pair each: "full" (128 producer arrivals, after a generic-to-async proxy fence) and
 //     "empty" (256 consumer arrivals, after their last wgmma on the tile). A tile's copies go out
 //     in four commit groups (one per block of the thread), each converted when it lands; the
-//     next tile's go out before this tile's conversion whenever its buffer is already free;
+//     second tile's go out before the first tile's conversion;
 //   - consumers (warpgroups 0-1, 208 registers): v7's consume_tile on the full tile with PV in
 //     32-dim chunks (32 accumulator registers fewer), their two exchanges closed by a barrier of
 //     the 256 consumer threads.
@@ -26,10 +26,6 @@
 // release), 3 the producer's copies.
 #ifndef DS_SPARSE_MLA_WS_ABLATE
 #define DS_SPARSE_MLA_WS_ABLATE 0
-#endif
-// 0: the next tile's copies go out early only at the start (session 33's first form), for A/B.
-#ifndef DS_SPARSE_MLA_WS_AHEAD
-#define DS_SPARSE_MLA_WS_AHEAD 1
 #endif
 
 namespace wsp {
@@ -191,12 +187,10 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
       for (int t = c0; t < c1; ++t) {
         const int buf = n_tile & 1;
         uint8_t* kv = smem + wsp::kOffKv + buf * kTileBytes;
-        // The next tile's copies go out before this tile's conversion when its buffer is
-        // already free (always at the start; later whenever the consumers are ahead), so their
-        // latency overlaps the conversion. Each thread decides for its own copies.
-        const int nb = n_tile + 1;
-        const bool ahead = t + 1 < c1 && (nb < 2 || mbar_test(bar_empty + 8 * (nb & 1),
-                                                              uint32_t((nb >> 1) - 1) & 1u));
+        // While the first tile converts, the second buffer is still unused: the next tile's
+        // copies go out with the first's instead of after its conversion. (Doing the same later
+        // whenever the next buffer is already free measured no gain: NOTES.md v9.)
+        const bool ahead = n_tile == 0 && t + 1 < c1;
 #pragma unroll 1
         for (int u = issued ? t + 1 : t; u <= (ahead ? t + 1 : t); ++u) {
           // The consumers' last use of this buffer (tile n_tile - 2) is done.
