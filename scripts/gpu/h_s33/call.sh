@@ -6,7 +6,8 @@
 #   2. compute-sanitizer memcheck / racecheck of SANITIZE_FILTER (SANITIZE=0 skips);
 #   3. bench_sparse_mla quick (FULL=1: whole) -> OUT/mla.json, ROUNDS=n more quick rounds;
 #   4. the variant tests (test_sparse_mla_cuda_V) and benches (bench_sparse_mla_V, V = wsN for
-#      the ablations) found in build/carry -> OUT/mla_V.json;
+#      the ablations) found in build/carry -> OUT/mla_V.json; bench_sparse_mla_trace*: the phase
+#      table of trace_summary.py;
 #   5. test_cuda_ops (TESTS_OPS=0 skips); 6. NCU=1: ncu of v9's first launch in FlashBatch128
 #      (B = 128, one split) -> OUT/ncu.txt; 7. spills of the v9 kernel (cuobjdump).
 # Tables by scripts/gpu/h_s32/summary.py into OUT/table.txt. At most 8 files in OUT.
@@ -55,6 +56,12 @@ if [ $rc -ne 124 ]; then
   for b in build/carry/bench_sparse_mla_*; do  # ablations (wsN) and variants
     [ -x "$b" ] || continue
     v=${b##*/bench_sparse_mla_}
+    if [[ $v == trace* ]]; then  # DS_SPARSE_MLA_WS_TRACE builds: phase stamps of one CTA
+      timeout 90 "$b" "$out/logs/mla_$v.json" quick >"$out/logs/bench_$v.log" 2>&1
+      s+=("bench $v rc=$? $(el)")
+      { echo "== $v"; python3 scripts/gpu/h_s33/trace_summary.py <"$out/logs/bench_$v.log"; } >>"$out/table.txt" 2>&1
+      continue
+    fi
     timeout 90 "$b" "$out/mla_$v.json" quick >"$out/logs/bench_$v.log" 2>&1
     s+=("bench $v rc=$? $(el)")
     { echo "== variant $v"; python3 scripts/gpu/h_s32/summary.py "$out/mla_$v.json"; } >>"$out/table.txt" 2>&1

@@ -28,6 +28,35 @@
 #define DS_SPARSE_MLA_WS_ABLATE 0
 #endif
 
+// N > 0: CTA (0, 0, 0) of the first launch with N queries records clock64() stamps of its phases
+// (consumer threads 0 and 128, producer thread 256) and prints them at its end (timing
+// experiments only; scripts/gpu/h_s33/trace_summary.py reads them).
+#ifndef DS_SPARSE_MLA_WS_TRACE
+#define DS_SPARSE_MLA_WS_TRACE 0
+#endif
+#if DS_SPARSE_MLA_WS_TRACE
+__device__ unsigned int g_ws_trace_once = 0;
+__device__ long long g_ws_trace[3][256];  // [consumer wg 0, consumer wg 1, producer][stamp]
+#define DS_WS_STAMP(row, k)                      \
+  do {                                           \
+    if (tracing) g_ws_trace[row][k] = clock64(); \
+  } while (0)
+#define DS_WS_PRINT(row)                                                \
+  do {                                                                  \
+    if (tracing)                                                        \
+      for (int k_ = 0; k_ < 256; ++k_)                                  \
+        if (g_ws_trace[row][k_] != 0)                                   \
+          printf("wstrace %d %d %lld\n", row, k_, g_ws_trace[row][k_]); \
+  } while (0)
+#else
+#define DS_WS_STAMP(row, k) \
+  do {                      \
+  } while (0)
+#define DS_WS_PRINT(row) \
+  do {                   \
+  } while (0)
+#endif
+
 namespace wsp {
 
 constexpr int kConsumerThreads = 256;  // warpgroups 0-1 (= wgp::kThreads: v7's consumer code)
@@ -92,6 +121,12 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
   const int q = blockIdx.y;
   const int tid = threadIdx.x;
 
+#if DS_SPARSE_MLA_WS_TRACE
+  __shared__ int trace_flag;
+  if (tid == 0)
+    trace_flag = blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 &&
+                 p.num_queries == DS_SPARSE_MLA_WS_TRACE && atomicAdd(&g_ws_trace_once, 1u) == 0;
+#endif
   if (tid == 0) {
     for (int b = 0; b < 2; ++b) {
       mbar_init(bar_full + 8 * b, wsp::kProducerThreads);
@@ -99,6 +134,10 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
     }
   }
   __syncthreads();
+#if DS_SPARSE_MLA_WS_TRACE
+  const bool tracing = trace_flag && (tid == 0 || tid == 128 || tid == 256);
+  const int trow = tid >> 7;
+#endif
   if (p.pdl || fast_combine(p)) pdl_wait_then_trigger();
   const QuerySplit qs = query_split<kKeys>(p, q);
   if (split >= qs.splits) return;
@@ -108,6 +147,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
   if (tid >= wsp::kConsumerThreads) {
     // ---------------- producer ----------------
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(wsp::kProducerRegs));
+    DS_WS_STAMP(trow, 0);
     const int pt = tid - wsp::kConsumerThreads;
     // Entry e of every tile, column blocks h + 2 i (i < 4). A warp holds 32 consecutive entries of
     // one block: its rows' 16-byte pieces fall on distinct banks under the swizzle.
@@ -123,6 +163,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
       resolve_addresses<kKeys, wsp::kProducerThreads, wsp::kResolveIters>(p, q, seq, wn, qs.n, c0,
                                                                           c1, pt, addr);
       wsp::producer_bar();
+      DS_WS_STAMP(trow, 1);
       // Tile t's copies: block b's e4m3 bytes into pieces 0-3 of its bf16 row, the scale word
       // into piece 4; the rope (b = 7) to its place. One commit group per block.
       auto issue = [&](int t, uint8_t* kv) {
@@ -191,6 +232,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
         // copies go out with the first's instead of after its conversion. (Doing the same later
         // whenever the next buffer is already free measured no gain: NOTES.md v9.)
         const bool ahead = n_tile == 0 && t + 1 < c1;
+        DS_WS_STAMP(trow, 2 + 3 * n_tile);
 #pragma unroll 1
         for (int u = issued ? t + 1 : t; u <= (ahead ? t + 1 : t); ++u) {
           // The consumers' last use of this buffer (tile n_tile - 2) is done.
@@ -199,18 +241,22 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
           issue(u, smem + wsp::kOffKv + (buf ^ (u - t)) * kTileBytes);
         }
         issued = ahead;
+        DS_WS_STAMP(trow, 3 + 3 * n_tile);
         if (h == 0) valid[buf * kKeys + e] = addr[(t - c0) * kKeys + e].x >= 0 ? 1 : 0;
         convert(issued, t, kv);
+        DS_WS_STAMP(trow, 4 + 3 * n_tile);
         fence_proxy_async();  // the tile for the consumers' wgmma
         mbar_arrive(bar_full + 8 * buf);
         ++n_tile;
       }
     }
+    DS_WS_PRINT(trow);
     return;
   }
 
   // ---------------- consumers ----------------
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(wsp::kConsumerRegs));
+  DS_WS_STAMP(trow, 0);
   const Consumer c =
       make_consumer(p, smem, wsp::kOffP, wsp::kOffStat, tid, q, blockIdx.z * kHeads, split == 0);
   load_q(p, q, c.h0, tid, smem + wsp::kOffQ);
@@ -218,18 +264,41 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
   clear_fold(f);
   fence_proxy_async();  // q for the tensor cores
   wsp::consumer_bar();
+  DS_WS_STAMP(trow, 1);
   const uint32_t kv_base = smem_addr(smem + wsp::kOffKv);
+#if DS_SPARSE_MLA_WS_TRACE
+  int bk = 0;  // the stamp of the next barrier call
+  auto bar = [&] {
+    DS_WS_STAMP(trow, bk);
+    wsp::consumer_bar();
+    DS_WS_STAMP(trow, bk + 1);
+    bk += 2;
+  };
+#else
   auto bar = [] { wsp::consumer_bar(); };
+#endif
   for (int t = t_begin; t < t_end; ++t) {
     const int j = t - t_begin, buf = j & 1;
+    DS_WS_STAMP(trow, 2 + 7 * j);
+#if DS_SPARSE_MLA_WS_TRACE
+    bk = 4 + 7 * j;
+#endif
     mbar_wait(bar_full + 8 * buf, uint32_t(j >> 1) & 1u);
+    DS_WS_STAMP(trow, 3 + 7 * j);
     const uint8_t* vld = valid + buf * kKeys;
     auto valid_key = [&](int key) { return vld[key] != 0; };
     if (DS_SPARSE_MLA_WS_ABLATE != 2)
       consume_tile<32>(p, c, t, kv_base + uint32_t(buf * kTileBytes), valid_key, bar, f);
+    DS_WS_STAMP(trow, 8 + 7 * j);
     mbar_arrive(bar_empty + 8 * buf);  // this thread's wgmma on the buffer are complete
   }
+#if DS_SPARSE_MLA_WS_TRACE
+  bk = 200;
+#endif
+  DS_WS_STAMP(trow, 199);
   finish(p, c, q, qs, f, smem + wsp::kOffQ, bar);
+  DS_WS_STAMP(trow, 210);
+  DS_WS_PRINT(trow);
 #else
   __trap();  // launched only on sm_90 devices (sparse_mla_wgmma_available)
 #endif  // DS_SPARSE_MLA_WGMMA_PATH
