@@ -42,7 +42,7 @@
 #define DS_SPARSE_MLA_TILES_PER_STEP16 1
 #endif
 // 1: the wgmma plan runs v9 (a producer warpgroup copies and dequantizes; the default since its
-// in-place producer: 6-12% faster than v7 at batch 16-128, NOTES.md v9); 0: v7.
+// in-place producer: 5-12% faster than v7 at batch 16-128, NOTES.md v9); 0: v7.
 #ifndef DS_SPARSE_MLA_WARP_SPECIALIZED
 #define DS_SPARSE_MLA_WARP_SPECIALIZED 1
 #endif

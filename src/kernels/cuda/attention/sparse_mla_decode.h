@@ -48,8 +48,8 @@ struct SparseMlaPlan {
   // and a compute capability 9.0 device (sparse_mla_wgmma_supported).
   bool wgmma = false;
   // With `wgmma`: v9 (NOTES.md), v7's tile math in two consumer warpgroups with a third that
-  // copies and dequantizes the next tiles meanwhile (384 threads, ~226 KB of shared memory).
-  // Same bits as v7. plan_sparse_mla_decode leaves it off (v7) for now.
+  // copies and dequantizes the next tiles meanwhile (384 threads, ~207 KB of shared memory).
+  // Same bits as v7. plan_sparse_mla_decode sets it with `wgmma` (DS_SPARSE_MLA_WARP_SPECIALIZED).
   bool warp_specialized = false;
   int32_t heads_per_cta = 64;  // 16, 32 or 64: heads sharing one dequantized KV tile
   int32_t max_splits = 1;      // key splits per query; a query of T tiles uses min(max_splits, T)
