@@ -1032,6 +1032,10 @@ Status launch_wgmma(const SparseMlaParams& p, cudaStream_t stream) {
         ensure_max_dynamic_smem(sparse_mla_decode_ws_kernel, int(wsp::kSmemBytes)));
     DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_decode_ws_kernel, grid, wsp::kThreads,
                                           wsp::kSmemBytes, p.pdl, p, stream));
+#if DS_SPARSE_MLA_WS_TRACE
+    sparse_mla_ws_trace_print_kernel<<<1, 1, 0, stream>>>();
+    DS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+#endif
   } else {
     DS_CUDA_RETURN_IF_ERROR(
         ensure_max_dynamic_smem(sparse_mla_decode_wgmma_kernel, int(wgp::kSmemBytes)));

@@ -29,7 +29,7 @@
 #endif
 
 // N > 0: CTA (0, 0, 0) of the first launch with N queries records clock64() stamps of its phases
-// (consumer threads 0 and 128, producer thread 256) and prints them at its end (timing
+// (consumer threads 0 and 128, producer thread 256); a kernel launched after it prints them (timing
 // experiments only; scripts/gpu/h_s33/trace_summary.py reads them).
 #ifndef DS_SPARSE_MLA_WS_TRACE
 #define DS_SPARSE_MLA_WS_TRACE 0
@@ -41,19 +41,18 @@ __device__ long long g_ws_trace[3][256];  // [consumer wg 0, consumer wg 1, prod
   do {                                           \
     if (tracing) g_ws_trace[row][k] = clock64(); \
   } while (0)
-#define DS_WS_PRINT(row)                                                \
-  do {                                                                  \
-    if (tracing)                                                        \
-      for (int k_ = 0; k_ < 256; ++k_)                                  \
-        if (g_ws_trace[row][k_] != 0)                                   \
-          printf("wstrace %d %d %lld\n", row, k_, g_ws_trace[row][k_]); \
-  } while (0)
+// Printed by a kernel of its own after v9's launch: a printf inside v9 is a function call, and
+// ptxas then serializes every wgmma of the kernel (C7510), which would distort what is timed.
+__device__ unsigned int g_ws_trace_printed = 0;
+__global__ void sparse_mla_ws_trace_print_kernel() {
+  if (g_ws_trace_once == 0 || atomicAdd(&g_ws_trace_printed, 1u) != 0) return;
+  for (int row = 0; row < 3; ++row)
+    for (int k = 0; k < 256; ++k)
+      if (g_ws_trace[row][k] != 0) printf("wstrace %d %d %lld\n", row, k, g_ws_trace[row][k]);
+}
 #else
 #define DS_WS_STAMP(row, k) \
   do {                      \
-  } while (0)
-#define DS_WS_PRINT(row) \
-  do {                   \
   } while (0)
 #endif
 
@@ -250,7 +249,6 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
         ++n_tile;
       }
     }
-    DS_WS_PRINT(trow);
     return;
   }
 
@@ -298,7 +296,6 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
   DS_WS_STAMP(trow, 199);
   finish(p, c, q, qs, f, smem + wsp::kOffQ, bar);
   DS_WS_STAMP(trow, 210);
-  DS_WS_PRINT(trow);
 #else
   __trap();  // launched only on sm_90 devices (sparse_mla_wgmma_available)
 #endif  // DS_SPARSE_MLA_WGMMA_PATH
