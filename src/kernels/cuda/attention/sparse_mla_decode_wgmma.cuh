@@ -211,18 +211,9 @@ __device__ __forceinline__ void load_q(const SparseMlaParams& p, int q, int h0, 
   }
 }
 
-// One 64-key tile t whose bf16 entries are in the swizzled tile at kv_addr (steps 2-4 of the
-// file comment): QK^T, the softmax with the other consumer warpgroup (two exchanges through
-// shared memory, each closed by `bar`, a barrier of both consumer warpgroups), then PV and the
-// fold (split 0) or the tile's partial (other splits). valid(key): whether key `key` of the tile
-// exists (missing keys score -inf; their bf16 rows are zeros).
-template <int kPvN, typename Valid, typename Bar>
-__device__ __forceinline__ void consume_tile(const SparseMlaParams& p, const Consumer& c, int t,
-                                             uint32_t kv_addr, Valid valid, Bar bar, Fold& f) {
-  const int wg = c.wg, c4 = c.c4, r0 = c.r0;
-  float* x_sum = c.x_max + 2 * kHeads;
-  // ---- QK^T: keys [32 wg, 32 wg + 32) x 64 heads over 512 dims ----
-  float s[16];
+// QK^T of the tile at kv_addr, issued as one wgmma group (not waited for): keys [32 wg, 32 wg + 32)
+// x 64 heads over 512 dims into s.
+__device__ __forceinline__ void issue_qk(const Consumer& c, uint32_t kv_addr, float (&s)[16]) {
 #pragma unroll
   for (int i = 0; i < 16; ++i) s[i] = 0.0f;
   fence();
@@ -232,12 +223,23 @@ __device__ __forceinline__ void consume_tile(const SparseMlaParams& p, const Con
     for (int kk = 0; kk < 4; ++kk)
       if (DS_SPARSE_MLA_WG_ABLATE != 2)
         mma_qk(s, desc(c.q_addr + uint32_t(b * kBlockBytes + 32 * kk), 16),
-               desc(kv_addr + uint32_t(b * kBlockBytes + 4096 * wg + 32 * kk), 16), (b | kk) != 0);
+               desc(kv_addr + uint32_t(b * kBlockBytes + 4096 * c.wg + 32 * kk), 16),
+               (b | kk) != 0);
   commit();
-  wait0();
+}
+
+// The rest of tile t once its scores s (issue_qk) have landed: the softmax with the other
+// consumer warpgroup (two exchanges through shared memory, each closed by `bar`, a barrier of both
+// consumer warpgroups), then PV and the fold (split 0) or the tile's partial (other splits).
+// Any wgmma group issued after s's (the next tile's QK^T) completes before this returns.
+template <int kPvN, typename Valid, typename Bar>
+__device__ __forceinline__ void softmax_pv_tile(const SparseMlaParams& p, const Consumer& c, int t,
+                                                uint32_t kv_addr, float (&s)[16], Valid valid,
+                                                Bar bar, Fold& f) {
+  const int wg = c.wg, c4 = c.c4, r0 = c.r0;
+  float* x_sum = c.x_max + 2 * kHeads;
 #pragma unroll
   for (int i = 0; i < 16; ++i) fence_operand(s[i]);
-
   // ---- softmax: masks, tile max over both warpgroups, P, partial sums ----
   float mloc[2] = {kNegInf, kNegInf};
 #pragma unroll
@@ -368,6 +370,18 @@ __device__ __forceinline__ void consume_tile(const SparseMlaParams& p, const Con
       }
     }
   }
+}
+
+// One 64-key tile t whose bf16 entries are in the swizzled tile at kv_addr (steps 2-4 of the
+// file comment). valid(key): whether key `key` of the tile exists (missing keys score -inf;
+// their bf16 rows are zeros).
+template <int kPvN, typename Valid, typename Bar>
+__device__ __forceinline__ void consume_tile(const SparseMlaParams& p, const Consumer& c, int t,
+                                             uint32_t kv_addr, Valid valid, Bar bar, Fold& f) {
+  float s[16];
+  issue_qk(c, kv_addr, s);
+  wait0();
+  softmax_pv_tile<kPvN>(p, c, t, kv_addr, s, valid, bar, f);
 }
 
 // After the last tile: split 0 of a split query stores its fold state as slot 0 (continued by

@@ -31,6 +31,11 @@
 // N > 0: CTA (0, 0, 0) of the first launch with N queries records clock64() stamps of its phases
 // (consumer threads 0 and 128, producer thread 256); a kernel launched after it prints them (timing
 // experiments only; scripts/gpu/h_s33/trace_summary.py reads them).
+// 1: the consumers issue tile t + 1's QK^T before tile t's softmax (NOTES.md v9, session 34).
+#ifndef DS_SPARSE_MLA_WS_PIPE
+#define DS_SPARSE_MLA_WS_PIPE 0
+#endif
+
 #ifndef DS_SPARSE_MLA_WS_TRACE
 #define DS_SPARSE_MLA_WS_TRACE 0
 #endif
@@ -275,18 +280,43 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
 #else
   auto bar = [] { wsp::consumer_bar(); };
 #endif
+#if DS_SPARSE_MLA_WS_PIPE
+  // Tile t + 1's QK^T goes to the tensor cores before tile t's softmax, so it runs while the
+  // softmax and its two exchanges do (the PV groups' waits also wait for it).
+  float s_cur[16], s_nxt[16];
+  if (t_begin < t_end && DS_SPARSE_MLA_WS_ABLATE != 2) {
+    mbar_wait(bar_full, 0u);
+    issue_qk(c, kv_base, s_cur);
+    wait0();
+  }
+#endif
   for (int t = t_begin; t < t_end; ++t) {
     const int j = t - t_begin, buf = j & 1;
     DS_WS_STAMP(trow, 2 + 7 * j);
 #if DS_SPARSE_MLA_WS_TRACE
     bk = 4 + 7 * j;
 #endif
+#if DS_SPARSE_MLA_WS_PIPE
+    if (t + 1 < t_end) {
+      mbar_wait(bar_full + 8 * (buf ^ 1), uint32_t((j + 1) >> 1) & 1u);
+      if (DS_SPARSE_MLA_WS_ABLATE != 2)
+        issue_qk(c, kv_base + uint32_t((buf ^ 1) * kTileBytes), s_nxt);
+    }
+#else
     mbar_wait(bar_full + 8 * buf, uint32_t(j >> 1) & 1u);
+#endif
     DS_WS_STAMP(trow, 3 + 7 * j);
     const uint8_t* vld = valid + buf * kKeys;
     auto valid_key = [&](int key) { return vld[key] != 0; };
+#if DS_SPARSE_MLA_WS_PIPE
+    if (DS_SPARSE_MLA_WS_ABLATE != 2)
+      softmax_pv_tile<32>(p, c, t, kv_base + uint32_t(buf * kTileBytes), s_cur, valid_key, bar, f);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) s_cur[i] = s_nxt[i];
+#else
     if (DS_SPARSE_MLA_WS_ABLATE != 2)
       consume_tile<32>(p, c, t, kv_base + uint32_t(buf * kTileBytes), valid_key, bar, f);
+#endif
     DS_WS_STAMP(trow, 8 + 7 * j);
     mbar_arrive(bar_empty + 8 * buf);  // this thread's wgmma on the buffer are complete
   }
