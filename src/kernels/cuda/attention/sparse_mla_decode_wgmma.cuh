@@ -211,20 +211,30 @@ __device__ __forceinline__ void load_q(const SparseMlaParams& p, int q, int h0, 
   }
 }
 
+// A tile hook that does nothing (v7, and v9 with whole-tile barriers).
+struct NoBlockHook {
+  __device__ __forceinline__ void operator()(int) const {}
+};
+
 // QK^T of the tile at kv_addr, issued as one wgmma group (not waited for): keys [32 wg, 32 wg + 32)
-// x 64 heads over 512 dims into s.
-__device__ __forceinline__ void issue_qk(const Consumer& c, uint32_t kv_addr, float (&s)[16]) {
+// x 64 heads over 512 dims into s. before_block(b) runs before column block b's wgmma are issued
+// (v9 with per-block barriers waits there for the block to be converted).
+template <typename BeforeBlock = NoBlockHook>
+__device__ __forceinline__ void issue_qk(const Consumer& c, uint32_t kv_addr, float (&s)[16],
+                                         BeforeBlock before_block = {}) {
 #pragma unroll
   for (int i = 0; i < 16; ++i) s[i] = 0.0f;
   fence();
 #pragma unroll
-  for (int b = 0; b < 8; ++b)
+  for (int b = 0; b < 8; ++b) {
+    before_block(b);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
       if (DS_SPARSE_MLA_WG_ABLATE != 2)
         mma_qk(s, desc(c.q_addr + uint32_t(b * kBlockBytes + 32 * kk), 16),
                desc(kv_addr + uint32_t(b * kBlockBytes + 4096 * c.wg + 32 * kk), 16),
                (b | kk) != 0);
+  }
   commit();
 }
 
@@ -232,10 +242,12 @@ __device__ __forceinline__ void issue_qk(const Consumer& c, uint32_t kv_addr, fl
 // consumer warpgroup (two exchanges through shared memory, each closed by `bar`, a barrier of both
 // consumer warpgroups), then PV and the fold (split 0) or the tile's partial (other splits).
 // Any wgmma group issued after s's (the next tile's QK^T) completes before this returns.
-template <int kPvN, typename Valid, typename Bar>
+// block_done(b) runs once this warpgroup's last read of column block b is complete (its PV
+// chunks; both warpgroups' QK^T reads ended before the exchanges).
+template <int kPvN, typename Valid, typename Bar, typename BlockDone = NoBlockHook>
 __device__ __forceinline__ void softmax_pv_tile(const SparseMlaParams& p, const Consumer& c, int t,
                                                 uint32_t kv_addr, float (&s)[16], Valid valid,
-                                                Bar bar, Fold& f) {
+                                                Bar bar, Fold& f, BlockDone block_done = {}) {
   const int wg = c.wg, c4 = c.c4, r0 = c.r0;
   float* x_sum = c.x_max + 2 * kHeads;
 #pragma unroll
@@ -346,6 +358,7 @@ __device__ __forceinline__ void softmax_pv_tile(const SparseMlaParams& p, const 
     } else {
       wait0();
     }
+    if (n % kPerBlock == kPerBlock - 1) block_done(4 * wg + n / kPerBlock);
     float(&ot)[kAcc] = ot2[n & 1];
     const int cc = n / kPerBlock;           // 64-dim chunk of o
     const int i0 = kAcc * (n % kPerBlock);  // its first accumulator in o[cc]

@@ -36,6 +36,16 @@
 #define DS_SPARSE_MLA_WS_PIPE 0
 #endif
 
+// 1: an empty barrier per column block of each tile buffer instead of one per buffer: the
+// producer copies block b of the next tile as soon as the consumers' PV no longer reads it;
+// 2: also a full barrier per block: the consumers' QK^T starts on a block as soon as it is
+// converted (NOTES.md v9, session 34).
+#ifndef DS_SPARSE_MLA_WS_BLOCKBAR
+#define DS_SPARSE_MLA_WS_BLOCKBAR 0
+#endif
+static_assert(!(DS_SPARSE_MLA_WS_BLOCKBAR && (DS_SPARSE_MLA_WS_PIPE || DS_SPARSE_MLA_WS_ABLATE)),
+              "the per-block barriers are written for the plain consumer loop");
+
 #ifndef DS_SPARSE_MLA_WS_TRACE
 #define DS_SPARSE_MLA_WS_TRACE 0
 #endif
@@ -73,8 +83,11 @@ constexpr int kOffKv = kOffQ + wgp::kTileBytes;  // two bf16 tiles
 constexpr int kOffP = kOffKv + 2 * wgp::kTileBytes;
 constexpr int kOffStat = kOffP + wgp::kBlockBytes;
 constexpr int kOffValid = kOffStat + 4 * wgp::kHeads * 4;  // [tile buffer][key]: 1 = key exists
-constexpr int kOffBar = kOffValid + 2 * wgp::kKeys;        // full[2], empty[2]
-constexpr int kOffAddr = kOffBar + 4 * 8;
+// Barriers per tile buffer: one per column block, or one for the whole tile.
+constexpr int kFullBars = DS_SPARSE_MLA_WS_BLOCKBAR == 2 ? 8 : 1;
+constexpr int kEmptyBars = DS_SPARSE_MLA_WS_BLOCKBAR ? 8 : 1;
+constexpr int kOffBar = kOffValid + 2 * wgp::kKeys;  // full[2][kFullBars], empty[2][kEmptyBars]
+constexpr int kOffAddr = kOffBar + 2 * (kFullBars + kEmptyBars) * 8;
 constexpr int kSmemBytes = 1024 + kOffAddr + wgp::kAddrKeys * 8;  // + 1024: base alignment
 static_assert(kOffQ == wgp::kOffQ, "make_consumer reads q at wgp::kOffQ");
 static_assert(kConsumerThreads == wgp::kThreads, "consumers run v7's consume_tile");
@@ -83,8 +96,8 @@ static_assert(kUnits * kProducerThreads == 8 * wgp::kKeys && kProducerThreads ==
 static_assert(kSmemBytes <= 227 * 1024, "sm_90: at most 227 KB of shared memory per CTA");
 // setmaxnreg: 2 x 208 + 80 = 496 registers per thread triple <= 3 x 168, what the launch allocates
 // (a warpgroup's increase is served by the others' decreases within the CTA).
-constexpr int kConsumerRegs = 208;
-constexpr int kProducerRegs = 80;
+constexpr int kConsumerRegs = DS_SPARSE_MLA_WS_BLOCKBAR ? 200 : 208;
+constexpr int kProducerRegs = DS_SPARSE_MLA_WS_BLOCKBAR ? 96 : 80;  // per-block waits: 80 spills
 static_assert(2 * kConsumerRegs + kProducerRegs <= 3 * (65536 / kThreads / 8 * 8),
               "setmaxnreg: the consumers' increase must come from the producer's decrease");
 
@@ -118,8 +131,10 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   uint8_t* valid = smem + wsp::kOffValid;
-  const uint32_t bar_full = smem_addr(smem + wsp::kOffBar);  // full[b] at + 8 b
-  const uint32_t bar_empty = bar_full + 16;                  // empty[b] at + 8 b
+  // full[buf][k] at bar_full + 8 (kNf buf + k), empty[buf][k] at bar_empty + 8 (kNe buf + k)
+  constexpr int kNf = wsp::kFullBars, kNe = wsp::kEmptyBars;
+  const uint32_t bar_full = smem_addr(smem + wsp::kOffBar);
+  const uint32_t bar_empty = bar_full + 2 * kNf * 8;
 
   const int split = blockIdx.x;
   const int q = blockIdx.y;
@@ -132,10 +147,12 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
                  p.num_queries == DS_SPARSE_MLA_WS_TRACE && atomicAdd(&g_ws_trace_once, 1u) == 0;
 #endif
   if (tid == 0) {
-    for (int b = 0; b < 2; ++b) {
-      mbar_init(bar_full + 8 * b, wsp::kProducerThreads);
-      mbar_init(bar_empty + 8 * b, wsp::kConsumerThreads);
-    }
+    // Per block: its 64 converting producer threads, the 128 threads of the warpgroup whose PV
+    // reads it last.
+    for (int b = 0; b < 2 * kNf; ++b)
+      mbar_init(bar_full + 8 * b, wsp::kProducerThreads / (kNf > 1 ? 2 : 1));
+    for (int b = 0; b < 2 * kNe; ++b)
+      mbar_init(bar_empty + 8 * b, wsp::kConsumerThreads / (kNe > 1 ? 2 : 1));
   }
   __syncthreads();
 #if DS_SPARSE_MLA_WS_TRACE
@@ -169,8 +186,10 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
       wsp::producer_bar();
       DS_WS_STAMP(trow, 1);
       // Tile t's copies: block b's e4m3 bytes into pieces 0-3 of its bf16 row, the scale word
-      // into piece 4; the rope (b = 7) to its place. One commit group per block.
-      auto issue = [&](int t, uint8_t* kv) {
+      // into piece 4; the rope (b = 7) to its place. One commit group per block. wait_parity >= 0
+      // (per-block barriers): each block waits for the consumers to free it first.
+      auto issue = [&](int t, int bi, int wait_parity) {
+        uint8_t* kv = smem + wsp::kOffKv + bi * kTileBytes;
         const int2 a = addr[(t - c0) * kKeys + e];
         const bool ok = a.x >= 0 && DS_SPARSE_MLA_WS_ABLATE != 3;
         const uint8_t* data = nullptr;
@@ -185,6 +204,8 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
         for (int i = 0; i < wsp::kUnits; ++i) {
           const int b = 2 * i + h;
           uint8_t* row = kv + b * kBlockBytes;
+          if (kNe > 1 && wait_parity >= 0)
+            mbar_wait(bar_empty + 8 * (kNe * bi + b), uint32_t(wait_parity));
           if (ok) {
             if (b < 7) {
 #pragma unroll
@@ -201,7 +222,9 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
       // Block b of tile t once its group has landed (this thread's own copies only, so no
       // barrier); `later`: the next tile's groups were committed after this tile's. Zeros for a
       // missing key (its P is 0, and 0 x NaN would poison the output).
-      auto convert = [&](bool later, int t, uint8_t* kv) {
+      // Per-block barriers: each block is handed to the consumers as soon as it is converted.
+      auto convert = [&](bool later, int t, int bi) {
+        uint8_t* kv = smem + wsp::kOffKv + bi * kTileBytes;
         const bool ok = addr[(t - c0) * kKeys + e].x >= 0;
 #pragma unroll
         for (int i = 0; i < wsp::kUnits; ++i) {
@@ -226,12 +249,15 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
                   e4m3x8_to_bf16x8(w[c].z, w[c].w, scale);
             }
           }
+          if (kNf > 1) {
+            fence_proxy_async();  // the block for the consumers' wgmma
+            mbar_arrive(bar_full + 8 * (kNf * bi + b));
+          }
         }
       };
       bool issued = false;  // tile t's copies are on their way (issued with tile t - 1's)
       for (int t = c0; t < c1; ++t) {
         const int buf = n_tile & 1;
-        uint8_t* kv = smem + wsp::kOffKv + buf * kTileBytes;
         // While the first tile converts, the second buffer is still unused: the next tile's
         // copies go out with the first's instead of after its conversion. (Doing the same later
         // whenever the next buffer is already free measured no gain: NOTES.md v9.)
@@ -239,18 +265,21 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
         DS_WS_STAMP(trow, 2 + 3 * n_tile);
 #pragma unroll 1
         for (int u = issued ? t + 1 : t; u <= (ahead ? t + 1 : t); ++u) {
-          // The consumers' last use of this buffer (tile n_tile - 2) is done.
-          if (u == t && n_tile >= 2)
-            mbar_wait(bar_empty + 8 * buf, uint32_t((n_tile >> 1) - 1) & 1u);
-          issue(u, smem + wsp::kOffKv + (buf ^ (u - t)) * kTileBytes);
+          // The consumers' last use of this buffer (tile n_tile - 2) is done (per block: in
+          // issue).
+          const int parity = u == t && n_tile >= 2 ? ((n_tile >> 1) - 1) & 1 : -1;
+          if (kNe == 1 && parity >= 0) mbar_wait(bar_empty + 8 * buf, uint32_t(parity));
+          issue(u, buf ^ (u - t), parity);
         }
         issued = ahead;
         DS_WS_STAMP(trow, 3 + 3 * n_tile);
         if (h == 0) valid[buf * kKeys + e] = addr[(t - c0) * kKeys + e].x >= 0 ? 1 : 0;
-        convert(issued, t, kv);
+        convert(issued, t, buf);
         DS_WS_STAMP(trow, 4 + 3 * n_tile);
-        fence_proxy_async();  // the tile for the consumers' wgmma
-        mbar_arrive(bar_full + 8 * buf);
+        if (kNf == 1) {
+          fence_proxy_async();  // the tile for the consumers' wgmma
+          mbar_arrive(bar_full + 8 * buf);
+        }
         ++n_tile;
       }
     }
@@ -303,7 +332,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
         issue_qk(c, kv_base + uint32_t((buf ^ 1) * kTileBytes), s_nxt);
     }
 #else
-    mbar_wait(bar_full + 8 * buf, uint32_t(j >> 1) & 1u);
+    if (kNf == 1) mbar_wait(bar_full + 8 * buf, uint32_t(j >> 1) & 1u);
 #endif
     DS_WS_STAMP(trow, 3 + 7 * j);
     const uint8_t* vld = valid + buf * kKeys;
@@ -313,12 +342,25 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
       softmax_pv_tile<32>(p, c, t, kv_base + uint32_t(buf * kTileBytes), s_cur, valid_key, bar, f);
 #pragma unroll
     for (int i = 0; i < 16; ++i) s_cur[i] = s_nxt[i];
+#elif DS_SPARSE_MLA_WS_BLOCKBAR
+    {
+      const uint32_t kv = kv_base + uint32_t(buf * kTileBytes);
+      const uint32_t parity = uint32_t(j >> 1) & 1u;
+      float s[16];
+      issue_qk(c, kv, s, [&](int b) {
+        if (kNf > 1) mbar_wait(bar_full + 8 * (kNf * buf + b), parity);
+      });
+      wait0();
+      softmax_pv_tile<32>(p, c, t, kv, s, valid_key, bar, f,
+                          [&](int b) { mbar_arrive(bar_empty + 8 * (kNe * buf + b)); });
+    }
 #else
     if (DS_SPARSE_MLA_WS_ABLATE != 2)
       consume_tile<32>(p, c, t, kv_base + uint32_t(buf * kTileBytes), valid_key, bar, f);
 #endif
     DS_WS_STAMP(trow, 8 + 7 * j);
-    mbar_arrive(bar_empty + 8 * buf);  // this thread's wgmma on the buffer are complete
+    // This thread's wgmma on the buffer are complete (per block: in softmax_pv_tile).
+    if (kNe == 1) mbar_arrive(bar_empty + 8 * buf);
   }
 #if DS_SPARSE_MLA_WS_TRACE
   bk = 200;
