@@ -4,5 +4,19 @@
 # 64 MiB a call carries.   scripts/gpu/h_s34/call.sh OUT
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
+out="${1:?usage: call.sh OUT}"
 [ -f build/carry/variants.tar.xz ] && tar -C build/carry -xJf build/carry/variants.tar.xz
-exec bash scripts/gpu/h_s33/call.sh "$@"
+# compute-sanitizer of the variant tests named in SANITIZE_VARIANTS (e.g. "blk1 blk2"), first
+# (call.sh packs OUT/logs at its end); their lines go to OUT/extra.txt.
+mkdir -p "$out/logs"
+for v in ${SANITIZE_VARIANTS:-}; do
+  for tool in memcheck racecheck; do
+    timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 9 build/carry/test_sparse_mla_cuda_$v \
+      --gtest_filter="SparseMlaCuda.FlashSpeculativeBatch4:SparseMlaCuda.FlashShortLengthsAndMasks" \
+      >"$out/logs/${tool}_$v.log" 2>&1
+    echo "$v $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/logs/${tool}_$v.log" | tr '\n' ' ')" \
+      >>"$out/extra.txt"
+  done
+done
+bash scripts/gpu/h_s33/call.sh "$@"
+[ -f "$out/extra.txt" ] && cat "$out/extra.txt"
