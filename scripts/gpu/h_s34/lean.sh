@@ -15,7 +15,7 @@ t0=$(date +%s)
 say "gpu: $(nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader) commit $(cat build/carry/COMMIT)"
 timeout 60 "$c/test_sparse_mla_cuda" >/tmp/t.log 2>&1
 say "test tree rc=$? $(res /tmp/t.log) ($(( $(date +%s) - t0 )) s)"; grep -E 'Failure' /tmp/t.log | head -5 | tee -a "$sum"
-for v in ${LEAN_TESTS:-blk1 blk2 pipe}; do
+for v in ${LEAN_TESTS:-pp blk1 blk2 pipe}; do
   timeout 60 "build/carry/test_sparse_mla_cuda_$v" >/tmp/t.log 2>&1
   say "test $v rc=$? $(res /tmp/t.log) ($(( $(date +%s) - t0 )) s)"; grep -E 'Failure' /tmp/t.log | head -5 | tee -a "$sum"
 done
@@ -24,7 +24,7 @@ for v in ${LEAN_TRACES:-trace128 trace128blk1 trace16 trace128pipe}; do
   { echo "== $v rc=$?"; python3 scripts/gpu/h_s33/trace_summary.py </tmp/tr.log; } >>"$out/traces.txt" 2>&1
   say "trace $v done ($(( $(date +%s) - t0 )) s)"
 done
-for v in "" ${LEAN_BENCHES:-_blk1 _pipe _blk2}; do
+for v in "" ${LEAN_BENCHES:-_pp _blk1 _pipe _blk2}; do
   b="$c/bench_sparse_mla"; [ -n "$v" ] && b="build/carry/bench_sparse_mla$v"
   timeout 60 "$b" "$out/mla$v.json" quick >/tmp/b.log 2>&1
   { echo "== bench$v rc=$?"; python3 scripts/gpu/h_s32/summary.py "$out/mla$v.json"; } >>"$out/table.txt" 2>&1

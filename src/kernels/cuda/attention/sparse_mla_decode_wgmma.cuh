@@ -124,6 +124,36 @@ __device__ __forceinline__ void mma_pv(float (&d)[16], uint64_t da, uint64_t db,
         "+f"(d[14]), "+f"(d[15])
       : "l"(da), "l"(db), "r"(scale_d));
 }
+// O_t[64 x 32] (+)= P[64 x 16] V[16 x 32] with P in registers (the A fragments of one 16-key step:
+// rows r0 / r0 + 8 x keys 2 c4 / 8 + 2 c4, bf16 pairs): V's shared-memory bytes only.
+__device__ __forceinline__ void mma_pv_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t db,
+                                          int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+// S[64 x 64] (+)= A[64 x 16] B[16 x 64]: QK^T of a whole 64-key tile by one warpgroup (v9's
+// ping-pong consumers), both operands K-major in shared memory.
+__device__ __forceinline__ void mma_qk64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
 #endif  // DS_SPARSE_MLA_WGMMA_PATH
 
 }  // namespace wgp
@@ -238,6 +268,98 @@ __device__ __forceinline__ void issue_qk(const Consumer& c, uint32_t kv_addr, fl
   commit();
 }
 
+// PV and the fold of tile t once its P (shared memory at c.p_addr, or the A fragments `pa` of
+// each 16-key step when kPRegs) and its statistics (m_t, l_t) are known: the fold coefficients
+// (split 0) or the tile's statistics (other splits; stored by the threads with store_ml), then
+// dims [256 wg, + 256) of P V. block_done as in softmax_pv_tile.
+template <int kPvN, bool kPRegs, typename BlockDone>
+__device__ __forceinline__ void pv_tile(const SparseMlaParams& p, const Consumer& c, int t,
+                                        uint32_t kv_addr, const uint32_t (*pa)[4],
+                                        const float (&m_t)[2], const float (&l_t)[2], bool store_ml,
+                                        Fold& f, BlockDone block_done) {
+  const int wg = c.wg, c4 = c.c4, r0 = c.r0;
+  static_assert(!kPRegs || kPvN == 32, "P in registers: m64n32k16 only");
+  // ---- fold coefficients (split 0) or the tile's statistics (other splits) ----
+  float ca[2] = {0.0f, 0.0f}, cb[2] = {1.0f, 1.0f};
+  if (c.fold) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float m_new;
+      merge_coeffs(f.run_m[hh], m_t[hh], m_new, ca[hh], cb[hh]);
+      f.run_l[hh] = merge_value(f.run_l[hh], ca[hh], l_t[hh], cb[hh]);
+      f.run_m[hh] = m_new;
+    }
+  } else if (store_ml) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int h = c.h0 + r0 + 8 * hh;
+      float* ml = ws_ml_of(p) + ((c.slot_base + t) * p.num_heads + h) * 2;
+      ml[0] = m_t[hh];
+      ml[1] = l_t[hh];
+    }
+  }
+
+  // ---- PV: dims [256 wg + kPvN n, + kPvN) from zero per tile, then fold or store. Two
+  // chunks in flight: chunk n + 1's wgmma run while chunk n is folded. kPvN = 64 (v7) or 32
+  // (v9: 32 accumulator registers fewer, the same sums per output element). ----
+  constexpr int kAcc = kPvN / 2;        // accumulators per thread and chunk
+  constexpr int kPerBlock = 64 / kPvN;  // chunks per 64-dim column block
+  constexpr int kN = 4 * kPerBlock;     // chunks per warpgroup
+  float ot2[2][kAcc];
+  auto issue_pv = [&](int n) {
+    float(&ot)[kAcc] = ot2[n & 1];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) ot[i] = 0.0f;
+    fence();
+    const int blk = 4 * wg + n / kPerBlock;
+    const uint32_t col = uint32_t(2 * kPvN * (n % kPerBlock));  // byte offset in the block row
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint64_t dv = desc(kv_addr + uint32_t(blk * kBlockBytes + 2048 * kk) + col, 1024);
+      if constexpr (kPRegs) {
+        mma_pv_rs(ot, pa[kk], dv, kk != 0);
+      } else if (DS_SPARSE_MLA_WG_ABLATE != 3) {
+        mma_pv(ot, desc(c.p_addr + uint32_t(32 * kk), 16), dv, kk != 0);
+      }
+    }
+    commit();
+  };
+  issue_pv(0);
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+    if (n + 1 < kN) {
+      issue_pv(n + 1);
+      wait1();
+    } else {
+      wait0();
+    }
+    if (n % kPerBlock == kPerBlock - 1) block_done(4 * wg + n / kPerBlock);
+    float(&ot)[kAcc] = ot2[n & 1];
+    const int cc = n / kPerBlock;           // 64-dim chunk of o
+    const int i0 = kAcc * (n % kPerBlock);  // its first accumulator in o[cc]
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) fence_operand(ot[i]);
+    if (c.fold) {
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) {
+        const int hh = (i >> 1) & 1;
+        f.o[cc][i0 + i] = merge_value(f.o[cc][i0 + i], ca[hh], ot[i], cb[hh]);
+      }
+    } else {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int h = c.h0 + r0 + 8 * hh;
+        float* dst = p.workspace + ((c.slot_base + t) * p.num_heads + h) * kD + (4 * wg + cc) * 64 +
+                     2 * i0 + 2 * c4;
+#pragma unroll
+        for (int j = 0; j < kAcc / 4; ++j)
+          *reinterpret_cast<float2*>(dst + 8 * j) =
+              make_float2(ot[4 * j + 2 * hh], ot[4 * j + 2 * hh + 1]);
+      }
+    }
+  }
+}
+
 // The rest of tile t once its scores s (issue_qk) have landed: the softmax with the other
 // consumer warpgroup (two exchanges through shared memory, each closed by `bar`, a barrier of both
 // consumer warpgroups), then PV and the fold (split 0) or the tile's partial (other splits).
@@ -308,81 +430,7 @@ __device__ __forceinline__ void softmax_pv_tile(const SparseMlaParams& p, const 
   for (int hh = 0; hh < 2; ++hh)
     l_t[hh] = __fadd_rn(x_sum[r0 + 8 * hh], x_sum[kHeads + r0 + 8 * hh]);
 
-  // ---- fold coefficients (split 0) or the tile's statistics (other splits) ----
-  float ca[2] = {0.0f, 0.0f}, cb[2] = {1.0f, 1.0f};
-  if (c.fold) {
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float m_new;
-      merge_coeffs(f.run_m[hh], m_t[hh], m_new, ca[hh], cb[hh]);
-      f.run_l[hh] = merge_value(f.run_l[hh], ca[hh], l_t[hh], cb[hh]);
-      f.run_m[hh] = m_new;
-    }
-  } else if (wg == 0 && c4 == 0) {
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int h = c.h0 + r0 + 8 * hh;
-      float* ml = ws_ml_of(p) + ((c.slot_base + t) * p.num_heads + h) * 2;
-      ml[0] = m_t[hh];
-      ml[1] = l_t[hh];
-    }
-  }
-
-  // ---- PV: dims [256 wg + kPvN n, + kPvN) from zero per tile, then fold or store. Two
-  // chunks in flight: chunk n + 1's wgmma run while chunk n is folded. kPvN = 64 (v7) or 32
-  // (v9: 32 accumulator registers fewer, the same sums per output element). ----
-  constexpr int kAcc = kPvN / 2;        // accumulators per thread and chunk
-  constexpr int kPerBlock = 64 / kPvN;  // chunks per 64-dim column block
-  constexpr int kN = 4 * kPerBlock;     // chunks per warpgroup
-  float ot2[2][kAcc];
-  auto issue_pv = [&](int n) {
-    float(&ot)[kAcc] = ot2[n & 1];
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) ot[i] = 0.0f;
-    fence();
-    const int blk = 4 * wg + n / kPerBlock;
-    const uint32_t col = uint32_t(2 * kPvN * (n % kPerBlock));  // byte offset in the block row
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      if (DS_SPARSE_MLA_WG_ABLATE != 3)
-        mma_pv(ot, desc(c.p_addr + uint32_t(32 * kk), 16),
-               desc(kv_addr + uint32_t(blk * kBlockBytes + 2048 * kk) + col, 1024), kk != 0);
-    commit();
-  };
-  issue_pv(0);
-#pragma unroll
-  for (int n = 0; n < kN; ++n) {
-    if (n + 1 < kN) {
-      issue_pv(n + 1);
-      wait1();
-    } else {
-      wait0();
-    }
-    if (n % kPerBlock == kPerBlock - 1) block_done(4 * wg + n / kPerBlock);
-    float(&ot)[kAcc] = ot2[n & 1];
-    const int cc = n / kPerBlock;           // 64-dim chunk of o
-    const int i0 = kAcc * (n % kPerBlock);  // its first accumulator in o[cc]
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) fence_operand(ot[i]);
-    if (c.fold) {
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) {
-        const int hh = (i >> 1) & 1;
-        f.o[cc][i0 + i] = merge_value(f.o[cc][i0 + i], ca[hh], ot[i], cb[hh]);
-      }
-    } else {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int h = c.h0 + r0 + 8 * hh;
-        float* dst = p.workspace + ((c.slot_base + t) * p.num_heads + h) * kD + (4 * wg + cc) * 64 +
-                     2 * i0 + 2 * c4;
-#pragma unroll
-        for (int j = 0; j < kAcc / 4; ++j)
-          *reinterpret_cast<float2*>(dst + 8 * j) =
-              make_float2(ot[4 * j + 2 * hh], ot[4 * j + 2 * hh + 1]);
-      }
-    }
-  }
+  pv_tile<kPvN, false>(p, c, t, kv_addr, nullptr, m_t, l_t, wg == 0 && c4 == 0, f, block_done);
 }
 
 // One 64-key tile t whose bf16 entries are in the swizzled tile at kv_addr (steps 2-4 of the

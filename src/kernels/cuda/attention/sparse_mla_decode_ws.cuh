@@ -20,6 +20,7 @@
 //     32-dim chunks (32 accumulator registers fewer), their two exchanges closed by a barrier of
 //     the 256 consumer threads.
 // Same arithmetic in the same order as v7: the bits are v7's (tests), whatever the split count.
+// Variants, off (NOTES.md v9, session 34): DS_SPARSE_MLA_WS_PIPE, _BLOCKBAR, _PINGPONG.
 
 // Timing experiments only (NOTES.md v9), 0 in every real build: 1 skips the producer's
 // conversion (the tiles keep whatever they held), 2 the consumers' tile math (they only wait and
@@ -45,6 +46,19 @@
 #endif
 static_assert(!(DS_SPARSE_MLA_WS_BLOCKBAR && (DS_SPARSE_MLA_WS_PIPE || DS_SPARSE_MLA_WS_ABLATE)),
               "the per-block barriers are written for the plain consumer loop");
+// 1: ping-pong consumers (NOTES.md v9, session 34): warpgroup w owns the tiles t = w mod 2 of
+// the CTA's sequence: it runs their QK^T alone (m64n64: q read once per 64 keys) and their
+// softmax (no max exchange), hands P and (m, l) over through shared memory (a P buffer and an
+// mbarrier per tile buffer), and both warpgroups run PV over their 256 dims of every tile in
+// tile order with P in registers (its own from the scores, the other's by ldmatrix). A warpgroup
+// runs its own tile's QK^T and softmax before the PV of the pair's first tile, so the two
+// warpgroups' QK^T overlap. The same arithmetic in the same order as v7 (the bits are v7's).
+#ifndef DS_SPARSE_MLA_WS_PINGPONG
+#define DS_SPARSE_MLA_WS_PINGPONG 0
+#endif
+static_assert(!(DS_SPARSE_MLA_WS_PINGPONG &&
+                (DS_SPARSE_MLA_WS_BLOCKBAR || DS_SPARSE_MLA_WS_PIPE || DS_SPARSE_MLA_WS_ABLATE)),
+              "the ping-pong consumers are written with whole-tile barriers only");
 
 #ifndef DS_SPARSE_MLA_WS_TRACE
 #define DS_SPARSE_MLA_WS_TRACE 0
@@ -81,13 +95,15 @@ constexpr int kResolveIters = (wgp::kAddrKeys + kProducerThreads - 1) / kProduce
 constexpr int kOffQ = 0;
 constexpr int kOffKv = kOffQ + wgp::kTileBytes;  // two bf16 tiles
 constexpr int kOffP = kOffKv + 2 * wgp::kTileBytes;
-constexpr int kOffStat = kOffP + wgp::kBlockBytes;
+constexpr int kPBuffers = DS_SPARSE_MLA_WS_PINGPONG ? 2 : 1;    // P per tile buffer (ping-pong)
+constexpr int kOffStat = kOffP + kPBuffers * wgp::kBlockBytes;  // ping-pong: (m, l)[buf][64]
 constexpr int kOffValid = kOffStat + 4 * wgp::kHeads * 4;  // [tile buffer][key]: 1 = key exists
 // Barriers per tile buffer: one per column block, or one for the whole tile.
 constexpr int kFullBars = DS_SPARSE_MLA_WS_BLOCKBAR == 2 ? 8 : 1;
 constexpr int kEmptyBars = DS_SPARSE_MLA_WS_BLOCKBAR ? 8 : 1;
 constexpr int kOffBar = kOffValid + 2 * wgp::kKeys;  // full[2][kFullBars], empty[2][kEmptyBars]
-constexpr int kOffAddr = kOffBar + 2 * (kFullBars + kEmptyBars) * 8;
+constexpr int kPReadyBars = DS_SPARSE_MLA_WS_PINGPONG ? 2 : 0;  // "P of tile buffer b is out"
+constexpr int kOffAddr = kOffBar + (2 * (kFullBars + kEmptyBars) + kPReadyBars) * 8;
 constexpr int kSmemBytes = 1024 + kOffAddr + wgp::kAddrKeys * 8;  // + 1024: base alignment
 static_assert(kOffQ == wgp::kOffQ, "make_consumer reads q at wgp::kOffQ");
 static_assert(kConsumerThreads == wgp::kThreads, "consumers run v7's consume_tile");
@@ -96,8 +112,11 @@ static_assert(kUnits * kProducerThreads == 8 * wgp::kKeys && kProducerThreads ==
 static_assert(kSmemBytes <= 227 * 1024, "sm_90: at most 227 KB of shared memory per CTA");
 // setmaxnreg: 2 x 208 + 80 = 496 registers per thread triple <= 3 x 168, what the launch allocates
 // (a warpgroup's increase is served by the others' decreases within the CTA).
-constexpr int kConsumerRegs = DS_SPARSE_MLA_WS_BLOCKBAR ? 200 : 208;
-constexpr int kProducerRegs = DS_SPARSE_MLA_WS_BLOCKBAR ? 96 : 80;  // per-block waits: 80 spills
+constexpr int kConsumerRegs = DS_SPARSE_MLA_WS_BLOCKBAR   ? 200
+                              : DS_SPARSE_MLA_WS_PINGPONG ? 216
+                                                          : 208;
+// The per-block waits spill at 80 producer registers, the ping-pong consumers at 208.
+constexpr int kProducerRegs = DS_SPARSE_MLA_WS_BLOCKBAR ? 96 : DS_SPARSE_MLA_WS_PINGPONG ? 72 : 80;
 static_assert(2 * kConsumerRegs + kProducerRegs <= 3 * (65536 / kThreads / 8 * 8),
               "setmaxnreg: the consumers' increase must come from the producer's decrease");
 
@@ -153,6 +172,8 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
       mbar_init(bar_full + 8 * b, wsp::kProducerThreads / (kNf > 1 ? 2 : 1));
     for (int b = 0; b < 2 * kNe; ++b)
       mbar_init(bar_empty + 8 * b, wsp::kConsumerThreads / (kNe > 1 ? 2 : 1));
+    for (int b = 0; b < wsp::kPReadyBars; ++b)
+      mbar_init(bar_empty + 2 * kNe * 8 + 8 * b, wsp::kConsumerThreads / 2);
   }
   __syncthreads();
 #if DS_SPARSE_MLA_WS_TRACE
@@ -309,7 +330,111 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
 #else
   auto bar = [] { wsp::consumer_bar(); };
 #endif
-#if DS_SPARSE_MLA_WS_PIPE
+#if DS_SPARSE_MLA_WS_PINGPONG
+  {
+    const uint32_t bar_pready = bar_empty + 2 * kNe * 8;           // [buf]: 128 owner arrivals
+    float* stat = reinterpret_cast<float*>(smem + wsp::kOffStat);  // [buf][m, l][64 heads]
+    const int wg = c.wg, c4 = c.c4, r0 = c.r0;
+    const int n = t_end - t_begin;
+    for (int jp = 0; jp < n; jp += 2) {
+      const int own = jp + wg;  // this warpgroup's tile of the pair (tile buffer wg)
+      if (own < n) {
+        float m_own[2], l_own[2];
+        const uint32_t kv = kv_base + uint32_t(wg * kTileBytes);
+        mbar_wait(bar_full + 8 * wg, uint32_t(own >> 1) & 1u);
+        // QK^T of all 64 keys: the k-steps of v7's two m64n32 halves, in the same order.
+        float s[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+        fence();
+#pragma unroll
+        for (int b = 0; b < 8; ++b)
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+            mma_qk64(s, desc(c.q_addr + uint32_t(b * kBlockBytes + 32 * kk), 16),
+                     desc(kv + uint32_t(b * kBlockBytes + 32 * kk), 16), (b | kk) != 0);
+        commit();
+        wait0();
+#pragma unroll
+        for (int i = 0; i < 32; ++i) fence_operand(s[i]);
+        // The softmax of v7 over both halves at once: key 8 j + 2 c4 + e is s[4 j + 2 hh + e]
+        // (row r0 + 8 hh); half j / 4 is what v7's warpgroup j / 4 summed.
+        const uint8_t* vld = valid + wg * kKeys;
+        float mloc[2] = {kNegInf, kNegInf};
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const bool ok = vld[8 * j + 2 * c4 + e] != 0;
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+              float& x = s[4 * j + 2 * hh + e];
+              x = ok ? __fmul_rn(x, c.scale_log2) : kNegInf;
+              mloc[hh] = fmaxf(mloc[hh], x);
+            }
+          }
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          mloc[hh] = fmaxf(mloc[hh], __shfl_xor_sync(0xFFFFFFFFu, mloc[hh], 1));
+          m_own[hh] = fmaxf(mloc[hh], __shfl_xor_sync(0xFFFFFFFFu, mloc[hh], 2));
+        }
+        uint8_t* p_s = smem + wsp::kOffP + wg * kBlockBytes;
+        float lsum[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [half][hh]
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const float e0 = m_own[hh] == kNegInf ? 0.0f : exp2f(s[4 * j + 2 * hh] - m_own[hh]);
+            const float e1 = m_own[hh] == kNegInf ? 0.0f : exp2f(s[4 * j + 2 * hh + 1] - m_own[hh]);
+            const __nv_bfloat162 pb = __floats2bfloat162_rn(e0, e1);
+            const float2 pr = __bfloat1622float2(pb);
+            lsum[j >> 2][hh] = __fadd_rn(__fadd_rn(lsum[j >> 2][hh], pr.x), pr.y);
+            *reinterpret_cast<__nv_bfloat162*>(p_s + swz(r0 + 8 * hh, j) + 4 * c4) = pb;
+          }
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            lsum[hf][hh] = __fadd_rn(lsum[hf][hh], __shfl_xor_sync(0xFFFFFFFFu, lsum[hf][hh], 1));
+            lsum[hf][hh] = __fadd_rn(lsum[hf][hh], __shfl_xor_sync(0xFFFFFFFFu, lsum[hf][hh], 2));
+          }
+          l_own[hh] = __fadd_rn(lsum[0][hh], lsum[1][hh]);
+        }
+        if (c4 == 0)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            stat[(wg * 2 + 0) * kHeads + r0 + 8 * hh] = m_own[hh];
+            stat[(wg * 2 + 1) * kHeads + r0 + 8 * hh] = l_own[hh];
+          }
+        mbar_arrive(bar_pready + 8 * wg);  // P and (m, l) of tile buffer wg are out
+      }
+      for (int j = jp; j < jp + 2 && j < n; ++j) {
+        const int buf = j & 1;
+        const uint32_t kv = kv_base + uint32_t(buf * kTileBytes);
+        // P as the A fragments of the 4 16-key steps, from shared memory for either tile (own
+        // fragments kept in registers across the other tile's PV would spill).
+        mbar_wait(bar_full + 8 * buf, uint32_t(j >> 1) & 1u);  // (already complete)
+        mbar_wait(bar_pready + 8 * buf, uint32_t(j >> 1) & 1u);
+        uint32_t pa[4][4];
+        const int lane = 4 * c.g + c4, mat = lane >> 3;
+        const uint32_t pb = smem_addr(smem + wsp::kOffP + buf * kBlockBytes);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          ldmatrix_x4(pa[kk],
+                      pb + swz(16 * c.w4 + (lane & 7) + 8 * (mat & 1), 2 * kk + (mat >> 1)));
+        float m_t[2], l_t[2];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          m_t[hh] = stat[(buf * 2 + 0) * kHeads + r0 + 8 * hh];
+          l_t[hh] = stat[(buf * 2 + 1) * kHeads + r0 + 8 * hh];
+        }
+        pv_tile<32, true>(p, c, t_begin + j, kv, pa, m_t, l_t, j == own && c4 == 0, f,
+                          NoBlockHook{});
+        mbar_arrive(bar_empty + 8 * buf);  // this warpgroup's reads of tile buffer buf are done
+      }
+    }
+  }
+#elif DS_SPARSE_MLA_WS_PIPE
   // Tile t + 1's QK^T goes to the tensor cores before tile t's softmax, so it runs while the
   // softmax and its two exchanges do (the PV groups' waits also wait for it).
   float s_cur[16], s_nxt[16];
@@ -319,6 +444,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
     wait0();
   }
 #endif
+#if !DS_SPARSE_MLA_WS_PINGPONG
   for (int t = t_begin; t < t_end; ++t) {
     const int j = t - t_begin, buf = j & 1;
     DS_WS_STAMP(trow, 2 + 7 * j);
@@ -362,6 +488,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
     // This thread's wgmma on the buffer are complete (per block: in softmax_pv_tile).
     if (kNe == 1) mbar_arrive(bar_empty + 8 * buf);
   }
+#endif  // !DS_SPARSE_MLA_WS_PINGPONG
 #if DS_SPARSE_MLA_WS_TRACE
   bk = 200;
 #endif
