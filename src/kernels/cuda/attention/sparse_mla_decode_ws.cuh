@@ -29,9 +29,6 @@
 #define DS_SPARSE_MLA_WS_ABLATE 0
 #endif
 
-// N > 0: CTA (0, 0, 0) of the first launch with N queries records clock64() stamps of its phases
-// (consumer threads 0 and 128, producer thread 256); a kernel launched after it prints them (timing
-// experiments only; scripts/gpu/h_s33/trace_summary.py reads them).
 // 1: the consumers issue tile t + 1's QK^T before tile t's softmax (NOTES.md v9, session 34).
 #ifndef DS_SPARSE_MLA_WS_PIPE
 #define DS_SPARSE_MLA_WS_PIPE 0
@@ -50,7 +47,7 @@ static_assert(!(DS_SPARSE_MLA_WS_BLOCKBAR && (DS_SPARSE_MLA_WS_PIPE || DS_SPARSE
 // the CTA's sequence: it runs their QK^T alone (m64n64: q read once per 64 keys) and their
 // softmax (no max exchange), hands P and (m, l) over through shared memory (a P buffer and an
 // mbarrier per tile buffer), and both warpgroups run PV over their 256 dims of every tile in
-// tile order with P in registers (its own from the scores, the other's by ldmatrix). A warpgroup
+// tile order with P in registers (ldmatrix from the P buffer, once per tile). A warpgroup
 // runs its own tile's QK^T and softmax before the PV of the pair's first tile, so the two
 // warpgroups' QK^T overlap. The same arithmetic in the same order as v7 (the bits are v7's).
 #ifndef DS_SPARSE_MLA_WS_PINGPONG
@@ -60,6 +57,9 @@ static_assert(!(DS_SPARSE_MLA_WS_PINGPONG &&
                 (DS_SPARSE_MLA_WS_BLOCKBAR || DS_SPARSE_MLA_WS_PIPE || DS_SPARSE_MLA_WS_ABLATE)),
               "the ping-pong consumers are written with whole-tile barriers only");
 
+// N > 0: CTA (0, 0, 0) of the first launch with N queries records clock64() stamps of its phases
+// (consumer threads 0 and 128, producer thread 256); a kernel launched after it prints them (timing
+// experiments only; scripts/gpu/h_s33/trace_summary.py reads them).
 #ifndef DS_SPARSE_MLA_WS_TRACE
 #define DS_SPARSE_MLA_WS_TRACE 0
 #endif
@@ -413,7 +413,9 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
         const uint32_t kv = kv_base + uint32_t(buf * kTileBytes);
         // P as the A fragments of the 4 16-key steps, from shared memory for either tile (own
         // fragments kept in registers across the other tile's PV would spill).
-        mbar_wait(bar_full + 8 * buf, uint32_t(j >> 1) & 1u);  // (already complete)
+        // Already complete (the owner waited for it); it orders the producer's tile before this
+        // warpgroup's own wgmma reads of it.
+        mbar_wait(bar_full + 8 * buf, uint32_t(j >> 1) & 1u);
         mbar_wait(bar_pready + 8 * buf, uint32_t(j >> 1) & 1u);
         uint32_t pa[4][4];
         const int lane = 4 * c.g + c4, mat = lane >> 3;
