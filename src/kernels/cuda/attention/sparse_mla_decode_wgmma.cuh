@@ -97,20 +97,27 @@ __device__ __forceinline__ void mma_qk(float (&d)[16], uint64_t da, uint64_t db,
       : "l"(da), "l"(db), "r"(scale_d));
 }
 
-// O_t[64 x 64] (+)= P[64 x 16] V[16 x 64]: P K-major, V MN-major (transposed B), shared memory.
-__device__ __forceinline__ void mma_pv(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+// D[64 x 64] (+)= A[64 x 16] B[16 x 64], both from shared memory: B K-major, or MN-major
+// (transposed) with kTransB.
+template <int kTransB>
+__device__ __forceinline__ void mma_m64n64k16(float (&d)[32], uint64_t da, uint64_t db,
+                                              int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 1;\n}\n"
+      "%32, %33, p, 1, 1, 0, %35;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
         "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
         "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
         "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(da), "l"(db), "r"(scale_d));
+      : "l"(da), "l"(db), "r"(scale_d), "n"(kTransB));
+}
+// O_t[64 x 64] (+)= P[64 x 16] V[16 x 64]: P K-major, V MN-major (transposed B), shared memory.
+__device__ __forceinline__ void mma_pv(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+  mma_m64n64k16<1>(d, da, db, scale_d);
 }
 // O_t[64 x 32] (+)= P[64 x 16] V[16 x 32]: half a column block of V (v9's narrower PV chunks).
 __device__ __forceinline__ void mma_pv(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
@@ -141,18 +148,7 @@ __device__ __forceinline__ void mma_pv_rs(float (&d)[16], const uint32_t (&a)[4]
 // S[64 x 64] (+)= A[64 x 16] B[16 x 64]: QK^T of a whole 64-key tile by one warpgroup (v9's
 // ping-pong consumers), both operands K-major in shared memory.
 __device__ __forceinline__ void mma_qk64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(da), "l"(db), "r"(scale_d));
+  mma_m64n64k16<0>(d, da, db, scale_d);
 }
 #endif  // DS_SPARSE_MLA_WGMMA_PATH
 
@@ -360,6 +356,62 @@ __device__ __forceinline__ void pv_tile(const SparseMlaParams& p, const Consumer
   }
 }
 
+// The softmax pieces over kJ 8-key groups of scores s, where s[4 j + 2 hh + e] is key
+// key0 + 8 j + 2 c4 + e of row r0 + 8 hh (the wgmma accumulator layout): scaled to log2 units
+// (missing keys -inf), and the row maxima over the quad of threads sharing the rows.
+template <int kJ, typename Valid>
+__device__ __forceinline__ void scale_mask_rowmax(float (&s)[4 * kJ], Valid valid, int key0, int c4,
+                                                  float scale_log2, float (&mloc)[2]) {
+  mloc[0] = mloc[1] = kNegInf;
+#pragma unroll
+  for (int j = 0; j < kJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const bool ok = valid(key0 + 8 * j + 2 * c4 + e);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float& x = s[4 * j + 2 * hh + e];
+        x = ok ? __fmul_rn(x, scale_log2) : kNegInf;
+        mloc[hh] = fmaxf(mloc[hh], x);
+      }
+    }
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    mloc[hh] = fmaxf(mloc[hh], __shfl_xor_sync(0xFFFFFFFFu, mloc[hh], 1));
+    mloc[hh] = fmaxf(mloc[hh], __shfl_xor_sync(0xFFFFFFFFu, mloc[hh], 2));
+  }
+}
+
+// P = bf16(2^(s - m)) of the same scores into the P tile at p_s (16-byte chunk chunk0 + j of
+// rows r0, r0 + 8), and the sums of its bf16 values per 32 keys (4 groups), each in key order
+// and then over the quad: lsum[half][hh].
+template <int kJ>
+__device__ __forceinline__ void exp_store_p(const float (&s)[4 * kJ], const float (&m)[2],
+                                            uint8_t* p_s, int chunk0, int r0, int c4,
+                                            float (&lsum)[kJ / 4][2]) {
+#pragma unroll
+  for (int hf = 0; hf < kJ / 4; ++hf) lsum[hf][0] = lsum[hf][1] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kJ; ++j)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float e0 = m[hh] == kNegInf ? 0.0f : exp2f(s[4 * j + 2 * hh] - m[hh]);
+      const float e1 = m[hh] == kNegInf ? 0.0f : exp2f(s[4 * j + 2 * hh + 1] - m[hh]);
+      const __nv_bfloat162 pb = __floats2bfloat162_rn(e0, e1);
+      const float2 pr = __bfloat1622float2(pb);
+      float& l = lsum[j / 4][hh];
+      l = __fadd_rn(__fadd_rn(l, pr.x), pr.y);
+      *reinterpret_cast<__nv_bfloat162*>(p_s + swz(r0 + 8 * hh, chunk0 + j) + 4 * c4) = pb;
+    }
+#pragma unroll
+  for (int hf = 0; hf < kJ / 4; ++hf)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      lsum[hf][hh] = __fadd_rn(lsum[hf][hh], __shfl_xor_sync(0xFFFFFFFFu, lsum[hf][hh], 1));
+      lsum[hf][hh] = __fadd_rn(lsum[hf][hh], __shfl_xor_sync(0xFFFFFFFFu, lsum[hf][hh], 2));
+    }
+}
+
 // The rest of tile t once its scores s (issue_qk) have landed: the softmax with the other
 // consumer warpgroup (two exchanges through shared memory, each closed by `bar`, a barrier of both
 // consumer warpgroups), then PV and the fold (split 0) or the tile's partial (other splits).
@@ -375,24 +427,8 @@ __device__ __forceinline__ void softmax_pv_tile(const SparseMlaParams& p, const 
 #pragma unroll
   for (int i = 0; i < 16; ++i) fence_operand(s[i]);
   // ---- softmax: masks, tile max over both warpgroups, P, partial sums ----
-  float mloc[2] = {kNegInf, kNegInf};
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const bool ok = valid(32 * wg + 8 * j + 2 * c4 + e);
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        float& x = s[4 * j + 2 * hh + e];
-        x = ok ? __fmul_rn(x, c.scale_log2) : kNegInf;
-        mloc[hh] = fmaxf(mloc[hh], x);
-      }
-    }
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    mloc[hh] = fmaxf(mloc[hh], __shfl_xor_sync(0xFFFFFFFFu, mloc[hh], 1));
-    mloc[hh] = fmaxf(mloc[hh], __shfl_xor_sync(0xFFFFFFFFu, mloc[hh], 2));
-  }
+  float mloc[2];
+  scale_mask_rowmax<4>(s, valid, 32 * wg, c4, c.scale_log2, mloc);
   if (c4 == 0) {
     c.x_max[wg * kHeads + r0] = mloc[0];
     c.x_max[wg * kHeads + r0 + 8] = mloc[1];
@@ -402,27 +438,11 @@ __device__ __forceinline__ void softmax_pv_tile(const SparseMlaParams& p, const 
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh)
     m_t[hh] = fmaxf(c.x_max[r0 + 8 * hh], c.x_max[kHeads + r0 + 8 * hh]);
-  float lsum[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const float e0 = m_t[hh] == kNegInf ? 0.0f : exp2f(s[4 * j + 2 * hh] - m_t[hh]);
-      const float e1 = m_t[hh] == kNegInf ? 0.0f : exp2f(s[4 * j + 2 * hh + 1] - m_t[hh]);
-      const __nv_bfloat162 pb = __floats2bfloat162_rn(e0, e1);
-      const float2 pr = __bfloat1622float2(pb);
-      lsum[hh] = __fadd_rn(__fadd_rn(lsum[hh], pr.x), pr.y);
-      const int row = r0 + 8 * hh;
-      *reinterpret_cast<__nv_bfloat162*>(c.p_s + swz(row, 4 * wg + j) + 4 * c4) = pb;
-    }
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    lsum[hh] = __fadd_rn(lsum[hh], __shfl_xor_sync(0xFFFFFFFFu, lsum[hh], 1));
-    lsum[hh] = __fadd_rn(lsum[hh], __shfl_xor_sync(0xFFFFFFFFu, lsum[hh], 2));
-  }
+  float lsum[1][2];
+  exp_store_p<4>(s, m_t, c.p_s, 4 * wg, r0, c4, lsum);
   if (c4 == 0) {
-    x_sum[wg * kHeads + r0] = lsum[0];
-    x_sum[wg * kHeads + r0 + 8] = lsum[1];
+    x_sum[wg * kHeads + r0] = lsum[0][0];
+    x_sum[wg * kHeads + r0 + 8] = lsum[0][1];
   }
   fence_proxy_async();  // P for the tensor cores
   bar();

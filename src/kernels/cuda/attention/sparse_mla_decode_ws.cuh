@@ -357,49 +357,15 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
         wait0();
 #pragma unroll
         for (int i = 0; i < 32; ++i) fence_operand(s[i]);
-        // The softmax of v7 over both halves at once: key 8 j + 2 c4 + e is s[4 j + 2 hh + e]
-        // (row r0 + 8 hh); half j / 4 is what v7's warpgroup j / 4 summed.
+        // The softmax of v7 over both 32-key halves at once: the max over all 64 keys, the two
+        // halves' sums added as v7 adds its warpgroups'.
         const uint8_t* vld = valid + wg * kKeys;
-        float mloc[2] = {kNegInf, kNegInf};
+        scale_mask_rowmax<8>(
+            s, [&](int key) { return vld[key] != 0; }, 0, c4, c.scale_log2, m_own);
+        float lsum[2][2];  // [half][hh]
+        exp_store_p<8>(s, m_own, smem + wsp::kOffP + wg * kBlockBytes, 0, r0, c4, lsum);
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const bool ok = vld[8 * j + 2 * c4 + e] != 0;
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-              float& x = s[4 * j + 2 * hh + e];
-              x = ok ? __fmul_rn(x, c.scale_log2) : kNegInf;
-              mloc[hh] = fmaxf(mloc[hh], x);
-            }
-          }
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          mloc[hh] = fmaxf(mloc[hh], __shfl_xor_sync(0xFFFFFFFFu, mloc[hh], 1));
-          m_own[hh] = fmaxf(mloc[hh], __shfl_xor_sync(0xFFFFFFFFu, mloc[hh], 2));
-        }
-        uint8_t* p_s = smem + wsp::kOffP + wg * kBlockBytes;
-        float lsum[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [half][hh]
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const float e0 = m_own[hh] == kNegInf ? 0.0f : exp2f(s[4 * j + 2 * hh] - m_own[hh]);
-            const float e1 = m_own[hh] == kNegInf ? 0.0f : exp2f(s[4 * j + 2 * hh + 1] - m_own[hh]);
-            const __nv_bfloat162 pb = __floats2bfloat162_rn(e0, e1);
-            const float2 pr = __bfloat1622float2(pb);
-            lsum[j >> 2][hh] = __fadd_rn(__fadd_rn(lsum[j >> 2][hh], pr.x), pr.y);
-            *reinterpret_cast<__nv_bfloat162*>(p_s + swz(r0 + 8 * hh, j) + 4 * c4) = pb;
-          }
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            lsum[hf][hh] = __fadd_rn(lsum[hf][hh], __shfl_xor_sync(0xFFFFFFFFu, lsum[hf][hh], 1));
-            lsum[hf][hh] = __fadd_rn(lsum[hf][hh], __shfl_xor_sync(0xFFFFFFFFu, lsum[hf][hh], 2));
-          }
-          l_own[hh] = __fadd_rn(lsum[0][hh], lsum[1][hh]);
-        }
+        for (int hh = 0; hh < 2; ++hh) l_own[hh] = __fadd_rn(lsum[0][hh], lsum[1][hh]);
         if (c4 == 0)
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
