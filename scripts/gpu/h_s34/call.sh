@@ -9,7 +9,9 @@ out="${1:?usage: call.sh OUT}"
 # compute-sanitizer of the variant tests named in SANITIZE_VARIANTS (e.g. "blk1 blk2"), first
 # (call.sh packs OUT/logs at its end); their lines go to OUT/extra.txt.
 mkdir -p "$out/logs"
-. scripts/gpu/unpack_bins.sh && unpack_bins build/carry/backend.tar.xz /tmp/carry_s34 || exit 2
+if [ -n "${SANITIZE_VARIANTS:-}" ]; then  # the libraries of the variant binaries
+  . scripts/gpu/unpack_bins.sh && unpack_bins build/carry/backend.tar.xz /tmp/carry_s34 || exit 2
+fi
 for v in ${SANITIZE_VARIANTS:-}; do
   for tool in memcheck racecheck; do
     timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 9 build/carry/test_sparse_mla_cuda_$v \

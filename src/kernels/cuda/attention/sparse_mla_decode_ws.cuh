@@ -154,6 +154,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
   constexpr int kNf = wsp::kFullBars, kNe = wsp::kEmptyBars;
   const uint32_t bar_full = smem_addr(smem + wsp::kOffBar);
   const uint32_t bar_empty = bar_full + 2 * kNf * 8;
+  const uint32_t bar_pready = bar_empty + 2 * kNe * 8;  // ping-pong: pready[buf]
 
   const int split = blockIdx.x;
   const int q = blockIdx.y;
@@ -173,7 +174,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
     for (int b = 0; b < 2 * kNe; ++b)
       mbar_init(bar_empty + 8 * b, wsp::kConsumerThreads / (kNe > 1 ? 2 : 1));
     for (int b = 0; b < wsp::kPReadyBars; ++b)
-      mbar_init(bar_empty + 2 * kNe * 8 + 8 * b, wsp::kConsumerThreads / 2);
+      mbar_init(bar_pready + 8 * b, wsp::kConsumerThreads / 2);  // the owner warpgroup
   }
   __syncthreads();
 #if DS_SPARSE_MLA_WS_TRACE
@@ -332,7 +333,6 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
 #endif
 #if DS_SPARSE_MLA_WS_PINGPONG
   {
-    const uint32_t bar_pready = bar_empty + 2 * kNe * 8;           // [buf]: 128 owner arrivals
     float* stat = reinterpret_cast<float*>(smem + wsp::kOffStat);  // [buf][m, l][64 heads]
     const int wg = c.wg, c4 = c.c4, r0 = c.r0;
     const int n = t_end - t_begin;
