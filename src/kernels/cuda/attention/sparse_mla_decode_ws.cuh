@@ -20,19 +20,14 @@
 //     32-dim chunks (32 accumulator registers fewer), their two exchanges closed by a barrier of
 //     the 256 consumer threads.
 // Same arithmetic in the same order as v7: the bits are v7's (tests), whatever the split count.
-// Variants, off (NOTES.md v9, sessions 34-35): DS_SPARSE_MLA_WS_PIPE, _BLOCKBAR, _PINGPONG, _FIRST,
-// _KVHINT.
+// Variants, off (NOTES.md v9, sessions 34-35): DS_SPARSE_MLA_WS_BLOCKBAR, _PINGPONG, _FIRST, _KVHINT
+// (session 34's _PIPE measured slower and removed).
 
 // Timing experiments only (NOTES.md v9), 0 in every real build: 1 skips the producer's
 // conversion (the tiles keep whatever they held), 2 the consumers' tile math (they only wait and
 // release), 3 the producer's copies.
 #ifndef DS_SPARSE_MLA_WS_ABLATE
 #define DS_SPARSE_MLA_WS_ABLATE 0
-#endif
-
-// 1: the consumers issue tile t + 1's QK^T before tile t's softmax (NOTES.md v9, session 34).
-#ifndef DS_SPARSE_MLA_WS_PIPE
-#define DS_SPARSE_MLA_WS_PIPE 0
 #endif
 
 // 1: an empty barrier per column block of each tile buffer instead of one per buffer: the
@@ -42,7 +37,7 @@
 #ifndef DS_SPARSE_MLA_WS_BLOCKBAR
 #define DS_SPARSE_MLA_WS_BLOCKBAR 0
 #endif
-static_assert(!(DS_SPARSE_MLA_WS_BLOCKBAR && (DS_SPARSE_MLA_WS_PIPE || DS_SPARSE_MLA_WS_ABLATE)),
+static_assert(!(DS_SPARSE_MLA_WS_BLOCKBAR && DS_SPARSE_MLA_WS_ABLATE),
               "the per-block barriers are written for the plain consumer loop");
 // 1: ping-pong consumers (NOTES.md v9, session 34): warpgroup w owns the tiles t = w mod 2 of
 // the CTA's sequence: it runs their QK^T alone (m64n64: q read once per 64 keys) and their
@@ -55,7 +50,7 @@ static_assert(!(DS_SPARSE_MLA_WS_BLOCKBAR && (DS_SPARSE_MLA_WS_PIPE || DS_SPARSE
 #define DS_SPARSE_MLA_WS_PINGPONG 0
 #endif
 static_assert(!(DS_SPARSE_MLA_WS_PINGPONG &&
-                (DS_SPARSE_MLA_WS_BLOCKBAR || DS_SPARSE_MLA_WS_PIPE || DS_SPARSE_MLA_WS_ABLATE)),
+                (DS_SPARSE_MLA_WS_BLOCKBAR || DS_SPARSE_MLA_WS_ABLATE)),
               "the ping-pong consumers are written with whole-tile barriers only");
 
 // 1: the first tile's copies land before the second tile's go out (each producer thread waits for
@@ -444,15 +439,6 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
       }
     }
   }
-#elif DS_SPARSE_MLA_WS_PIPE
-  // Tile t + 1's QK^T goes to the tensor cores before tile t's softmax, so it runs while the
-  // softmax and its two exchanges do (the PV groups' waits also wait for it).
-  float s_cur[16], s_nxt[16];
-  if (t_begin < t_end && DS_SPARSE_MLA_WS_ABLATE != 2) {
-    mbar_wait(bar_full, 0u);
-    issue_qk(c, kv_base, s_cur);
-    wait0();
-  }
 #endif
 #if !DS_SPARSE_MLA_WS_PINGPONG
   for (int t = t_begin; t < t_end; ++t) {
@@ -461,24 +447,11 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
 #if DS_SPARSE_MLA_WS_TRACE
     bk = 4 + 7 * j;
 #endif
-#if DS_SPARSE_MLA_WS_PIPE
-    if (t + 1 < t_end) {
-      mbar_wait(bar_full + 8 * (buf ^ 1), uint32_t((j + 1) >> 1) & 1u);
-      if (DS_SPARSE_MLA_WS_ABLATE != 2)
-        issue_qk(c, kv_base + uint32_t((buf ^ 1) * kTileBytes), s_nxt);
-    }
-#else
     if (kNf == 1) mbar_wait(bar_full + 8 * buf, uint32_t(j >> 1) & 1u);
-#endif
     DS_WS_STAMP(trow, 3 + 7 * j);
     const uint8_t* vld = valid + buf * kKeys;
     auto valid_key = [&](int key) { return vld[key] != 0; };
-#if DS_SPARSE_MLA_WS_PIPE
-    if (DS_SPARSE_MLA_WS_ABLATE != 2)
-      softmax_pv_tile<32>(p, c, t, kv_base + uint32_t(buf * kTileBytes), s_cur, valid_key, bar, f);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) s_cur[i] = s_nxt[i];
-#elif DS_SPARSE_MLA_WS_BLOCKBAR
+#if DS_SPARSE_MLA_WS_BLOCKBAR
     {
       const uint32_t kv = kv_base + uint32_t(buf * kTileBytes);
       const uint32_t parity = uint32_t(j >> 1) & 1u;
