@@ -8,20 +8,20 @@
 //   - producer (warpgroup 2, 80 registers): resolves indices and page-table entries (every 10
 //     tiles), then dequantizes in place: thread (h, e) owns entry e of every tile and its column
 //     blocks h, h + 2, h + 4, h + 6 (block 7 = the bf16 rope). It copies block b's 64 e4m3 bytes
-//     (cp.async) into the first half of the bf16 row they become, and the entry's scale word next
-//     to them, waits for its own copies only, then converts the row in registers and writes it
-//     over them; the rope block is copied to its final place. So a whole tile (37 KB) is in
-//     flight at once, no staging ring, and no producer barrier per chunk. Two bf16 tiles, with an
-//     mbarrier pair each: "full" (128 producer arrivals, after a generic-to-async proxy fence) and
-//     "empty" (256 consumer arrivals, after their last wgmma on the tile). A tile's copies go out
-//     in four commit groups (one per block of the thread), each converted when it lands; the
-//     second tile's go out before the first tile's conversion;
+//     (cp.async, L2 evict-first) into the first half of the bf16 row they become, and the entry's
+//     scale word next to them, waits for its own copies only, then converts the row in registers
+//     and writes it over them; the rope block is copied to its final place. So a whole tile
+//     (37 KB) is in flight at once, no staging ring, and no producer barrier per chunk. Two bf16
+//     tiles, with an mbarrier pair each: "full" (128 producer arrivals, after a generic-to-async
+//     proxy fence) and "empty" (256 consumer arrivals, after their last wgmma on the tile). A
+//     tile's copies go out in four commit groups (one per block of the thread), each converted
+//     when it lands; the second tile's go out before the first tile's conversion;
 //   - consumers (warpgroups 0-1, 208 registers): v7's consume_tile on the full tile with PV in
 //     32-dim chunks (32 accumulator registers fewer), their two exchanges closed by a barrier of
 //     the 256 consumer threads.
 // Same arithmetic in the same order as v7: the bits are v7's (tests), whatever the split count.
-// Variants, off (NOTES.md v9, sessions 34-35): DS_SPARSE_MLA_WS_BLOCKBAR, _PINGPONG, _FIRST, _KVHINT
-// (session 34's _PIPE measured slower and removed).
+// Variants, off (NOTES.md v9, sessions 34-35): DS_SPARSE_MLA_WS_BLOCKBAR, _PINGPONG (session 34's
+// _PIPE and session 35's _FIRST measured no faster and removed).
 
 // Timing experiments only (NOTES.md v9), 0 in every real build: 1 skips the producer's
 // conversion (the tiles keep whatever they held), 2 the consumers' tile math (they only wait and
@@ -52,19 +52,6 @@ static_assert(!(DS_SPARSE_MLA_WS_BLOCKBAR && DS_SPARSE_MLA_WS_ABLATE),
 static_assert(!(DS_SPARSE_MLA_WS_PINGPONG &&
                 (DS_SPARSE_MLA_WS_BLOCKBAR || DS_SPARSE_MLA_WS_ABLATE)),
               "the ping-pong consumers are written with whole-tile barriers only");
-
-// 1: the first tile's copies land before the second tile's go out (each producer thread waits for
-// its own), so the first tile does not share the start's burst of requests with the second
-// (NOTES.md v9, session 35).
-#ifndef DS_SPARSE_MLA_WS_FIRST
-#define DS_SPARSE_MLA_WS_FIRST 0
-#endif
-// 1: the producer's KV copies carry an L2 evict-first policy, so the streamed entries do not push
-// the split queries' partials (written, then read by the combine) out of L2 (NOTES.md v9,
-// session 35).
-#ifndef DS_SPARSE_MLA_WS_KVHINT
-#define DS_SPARSE_MLA_WS_KVHINT 0
-#endif
 
 // N > 0: CTA (0, 0, 0) of the first launch with N queries records clock64() stamps of its phases
 // (consumer threads 0 and 128, producer thread 256); a kernel launched after it prints them (timing
@@ -148,7 +135,9 @@ __device__ __forceinline__ void copies_landed(int pending) {
 #undef DS_WS_WAIT
   // clang-format on
 }
-#if DS_SPARSE_MLA_WS_KVHINT
+// The producer's KV copies carry an L2 evict-first policy: each entry is read once per query, so
+// the stream replaces itself in L2 rather than what the kernel and its neighbours reuse (q, out,
+// indices, the split partials): -4.5% at batch 128 / 32K on H100 (NOTES.md v9, session 35).
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t pol;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
@@ -164,7 +153,6 @@ __device__ __forceinline__ void cp_async4_hint(void* dst, const void* src, uint6
                    smem_addr(dst)),
                "l"(src), "l"(pol));
 }
-#endif
 #endif  // DS_SPARSE_MLA_WGMMA_PATH
 
 }  // namespace wsp
@@ -225,9 +213,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
     const int wn = p.window_len[q];
     const int seq = p.query_seq[q];
 
-#if DS_SPARSE_MLA_WS_KVHINT
     const uint64_t kv_policy = wsp::evict_first_policy();
-#endif
     int n_tile = 0;  // tiles of this CTA dequantized so far: buffer n_tile & 1, use n_tile >> 1
     for (int c0 = t_begin; c0 < t_end; c0 += kAddrTiles) {
       const int c1 = min(t_end, c0 + kAddrTiles);
@@ -258,13 +244,8 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
           if (kNe > 1 && wait_parity >= 0)
             mbar_wait(bar_empty + 8 * (kNe * bi + b), uint32_t(wait_parity));
           if (ok) {
-#if DS_SPARSE_MLA_WS_KVHINT
             auto cp16 = [&](void* d, const void* sr) { wsp::cp_async16_hint(d, sr, kv_policy); };
             auto cp4 = [&](void* d, const void* sr) { wsp::cp_async4_hint(d, sr, kv_policy); };
-#else
-            auto cp16 = [](void* d, const void* sr) { cp_async16(d, sr); };
-            auto cp4 = [](void* d, const void* sr) { cp_async4(d, sr); };
-#endif
             if (b < 7) {
 #pragma unroll
               for (int c = 0; c < 4; ++c) cp16(row + swz(e, c), data + 64 * b + 16 * c);
@@ -327,7 +308,6 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
           // issue).
           const int parity = u == t && n_tile >= 2 ? ((n_tile >> 1) - 1) & 1 : -1;
           if (kNe == 1 && parity >= 0) mbar_wait(bar_empty + 8 * buf, uint32_t(parity));
-          if (DS_SPARSE_MLA_WS_FIRST && u != t) wsp::copies_landed(0);  // tile t's, first
           issue(u, buf ^ (u - t), parity);
         }
         issued = ahead;
