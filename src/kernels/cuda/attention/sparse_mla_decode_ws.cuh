@@ -244,15 +244,15 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
           if (kNe > 1 && wait_parity >= 0)
             mbar_wait(bar_empty + 8 * (kNe * bi + b), uint32_t(wait_parity));
           if (ok) {
-            auto cp16 = [&](void* d, const void* sr) { wsp::cp_async16_hint(d, sr, kv_policy); };
-            auto cp4 = [&](void* d, const void* sr) { wsp::cp_async4_hint(d, sr, kv_policy); };
             if (b < 7) {
 #pragma unroll
-              for (int c = 0; c < 4; ++c) cp16(row + swz(e, c), data + 64 * b + 16 * c);
-              cp4(row + swz(e, 4), scales + 4 * (b >> 2));
+              for (int c = 0; c < 4; ++c)
+                wsp::cp_async16_hint(row + swz(e, c), data + 64 * b + 16 * c, kv_policy);
+              wsp::cp_async4_hint(row + swz(e, 4), scales + 4 * (b >> 2), kv_policy);
             } else {
 #pragma unroll
-              for (int c = 0; c < 8; ++c) cp16(row + swz(e, c), data + kNope + 16 * c);
+              for (int c = 0; c < 8; ++c)
+                wsp::cp_async16_hint(row + swz(e, c), data + kNope + 16 * c, kv_policy);
             }
           }
           cp_async_commit();
