@@ -144,14 +144,14 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
   return pol;
 }
 __device__ __forceinline__ void cp_async16_hint(void* dst, const void* src, uint64_t pol) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(
-                   smem_addr(dst)),
-               "l"(src), "l"(pol));
+  asm volatile(
+      "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
+      "l"(src), "l"(pol));
 }
 __device__ __forceinline__ void cp_async4_hint(void* dst, const void* src, uint64_t pol) {
-  asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2;\n" ::"r"(
-                   smem_addr(dst)),
-               "l"(src), "l"(pol));
+  asm volatile(
+      "cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)),
+      "l"(src), "l"(pol));
 }
 #endif  // DS_SPARSE_MLA_WGMMA_PATH
 
