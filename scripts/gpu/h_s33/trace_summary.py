@@ -5,7 +5,9 @@ of phase lengths per tile, in us at GHZ (default 1.98). Stamps (sparse_mla_decod
 consumer 0 start, 1 q in shared memory, per tile j at 2 + 7 j: before the full wait, after it,
 before / after the max exchange's barrier, before / after the P exchange's barrier, after PV;
 199 / 210 around finish. Producer 0 start, 1 addresses resolved, per tile n at 2 + 3 n: loop
-start, copies issued (after the empty wait), tile converted.
+start, copies issued (after the empty wait), tile converted; since session 35, at 226 + 3 (4 n + i)
+for the first two tiles' conversion units i: before / after the wait for the unit's copies,
+unit converted.
    trace_summary.py [GHZ] < LOG"""
 import re
 import sys
@@ -45,3 +47,8 @@ if s:
         print(f"  {n:4d} {us(s[b] - t0):6.2f} {us(s[b + 1] - s[b]):10.2f} {us(s[b + 2] - s[b + 1]):8.2f} "
               f"{us(s[b + 2] - t0):8.2f}")
         n += 1
+    for n in range(2):  # the first two tiles' conversion units (session 35 trace builds)
+        b = [226 + 3 * (4 * n + i) for i in range(4)]
+        if all(k + 2 in s for k in b):
+            print(f"  tile {n} units (wait / convert, us): " + "  ".join(
+                f"{us(s[k + 1] - s[k]):.2f}/{us(s[k + 2] - s[k + 1]):.2f}" for k in b))

@@ -20,8 +20,8 @@
 //     32-dim chunks (32 accumulator registers fewer), their two exchanges closed by a barrier of
 //     the 256 consumer threads.
 // Same arithmetic in the same order as v7: the bits are v7's (tests), whatever the split count.
-// Variants, off (NOTES.md v9, sessions 34-35): DS_SPARSE_MLA_WS_BLOCKBAR, _PINGPONG (session 34's
-// _PIPE and session 35's _FIRST measured no faster and removed).
+// Variants, off (NOTES.md v9, sessions 34-35): DS_SPARSE_MLA_WS_BLOCKBAR, _PINGPONG, _BACKOFF
+// (session 34's _PIPE and session 35's _FIRST measured no faster and removed).
 
 // Timing experiments only (NOTES.md v9), 0 in every real build: 1 skips the producer's
 // conversion (the tiles keep whatever they held), 2 the consumers' tile math (they only wait and
@@ -53,6 +53,16 @@ static_assert(!(DS_SPARSE_MLA_WS_PINGPONG &&
                 (DS_SPARSE_MLA_WS_BLOCKBAR || DS_SPARSE_MLA_WS_ABLATE)),
               "the ping-pong consumers are written with whole-tile barriers only");
 
+// N > 0: the consumers' wait for a full tile sleeps N ns between polls of its barrier, so that
+// polling warps leave the issue slots to the producer's conversion (NOTES.md v9, session 35: the
+// first tile's conversion takes ~3x the steady state's while the consumers wait for it).
+#ifndef DS_SPARSE_MLA_WS_BACKOFF
+#define DS_SPARSE_MLA_WS_BACKOFF 0
+#endif
+static_assert(!(DS_SPARSE_MLA_WS_BACKOFF &&
+                (DS_SPARSE_MLA_WS_BLOCKBAR == 2 || DS_SPARSE_MLA_WS_PINGPONG)),
+              "the back-off is written for the whole-tile full barrier of the plain loop");
+
 // N > 0: CTA (0, 0, 0) of the first launch with N queries records clock64() stamps of its phases
 // (consumer threads 0 and 128, producer thread 256); a kernel launched after it prints them (timing
 // experiments only; scripts/gpu/h_s33/trace_summary.py reads them).
@@ -60,6 +70,7 @@ static_assert(!(DS_SPARSE_MLA_WS_PINGPONG &&
 #define DS_SPARSE_MLA_WS_TRACE 0
 #endif
 #if DS_SPARSE_MLA_WS_TRACE
+constexpr int kTraceUnits = 226;  // producer stamps of the first two tiles' conversion units
 __device__ unsigned int g_ws_trace_once = 0;
 __device__ long long g_ws_trace[3][256];  // [consumer wg 0, consumer wg 1, producer][stamp]
 #define DS_WS_STAMP(row, k)                      \
@@ -152,6 +163,24 @@ __device__ __forceinline__ void cp_async4_hint(void* dst, const void* src, uint6
   asm volatile(
       "cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)),
       "l"(src), "l"(pol));
+}
+// The consumers' wait for full tile buffer `bar` (parity as mbar_wait).
+__device__ __forceinline__ void full_wait(uint32_t bar, uint32_t parity) {
+#if DS_SPARSE_MLA_WS_BACKOFF
+  for (;;) {  // mbar_wait's poll, with a sleep after each failed one
+    uint32_t done;
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (done) return;
+    __nanosleep(DS_SPARSE_MLA_WS_BACKOFF);
+  }
+#else
+  mbar_wait(bar, parity);
+#endif
 }
 #endif  // DS_SPARSE_MLA_WGMMA_PATH
 
@@ -269,7 +298,10 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
         for (int i = 0; i < wsp::kUnits; ++i) {
           const int b = 2 * i + h;
           uint8_t* row = kv + b * kBlockBytes;
+          // Trace: the first two tiles' units, 3 stamps each (before / after the wait, converted).
+          if (n_tile < 2) DS_WS_STAMP(trow, kTraceUnits + 3 * (wsp::kUnits * n_tile + i));
           wsp::copies_landed((later ? 2 * wsp::kUnits : wsp::kUnits) - 1 - i);
+          if (n_tile < 2) DS_WS_STAMP(trow, kTraceUnits + 3 * (wsp::kUnits * n_tile + i) + 1);
           if (!ok) {
 #pragma unroll
             for (int c = 0; c < 8; ++c)
@@ -288,6 +320,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
                   e4m3x8_to_bf16x8(w[c].z, w[c].w, scale);
             }
           }
+          if (n_tile < 2) DS_WS_STAMP(trow, kTraceUnits + 3 * (wsp::kUnits * n_tile + i) + 2);
           if (kNf > 1) {
             fence_proxy_async();  // the block for the consumers' wgmma
             mbar_arrive(bar_full + 8 * (kNf * bi + b));
@@ -427,7 +460,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
 #if DS_SPARSE_MLA_WS_TRACE
     bk = 4 + 7 * j;
 #endif
-    if (kNf == 1) mbar_wait(bar_full + 8 * buf, uint32_t(j >> 1) & 1u);
+    if (kNf == 1) wsp::full_wait(bar_full + 8 * buf, uint32_t(j >> 1) & 1u);
     DS_WS_STAMP(trow, 3 + 7 * j);
     const uint8_t* vld = valid + buf * kKeys;
     auto valid_key = [&](int key) { return vld[key] != 0; };
