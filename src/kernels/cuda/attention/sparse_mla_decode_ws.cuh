@@ -148,7 +148,7 @@ __device__ __forceinline__ void copies_landed(int pending) {
 }
 // The producer's KV copies carry an L2 evict-first policy: each entry is read once per query, so
 // the stream replaces itself in L2 rather than what the kernel and its neighbours reuse (q, out,
-// indices, the split partials): -4.5% at batch 128 / 32K on H100 (NOTES.md v9, session 35).
+// indices, the split partials): -4.3% at batch 128 / 32K on H100 (NOTES.md v9, session 35).
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t pol;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
