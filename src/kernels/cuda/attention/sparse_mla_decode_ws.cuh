@@ -167,17 +167,7 @@ __device__ __forceinline__ void cp_async4_hint(void* dst, const void* src, uint6
 // The consumers' wait for full tile buffer `bar` (parity as mbar_wait).
 __device__ __forceinline__ void full_wait(uint32_t bar, uint32_t parity) {
 #if DS_SPARSE_MLA_WS_BACKOFF
-  for (;;) {  // mbar_wait's poll, with a sleep after each failed one
-    uint32_t done;
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-    if (done) return;
-    __nanosleep(DS_SPARSE_MLA_WS_BACKOFF);
-  }
+  while (!mbar_try_wait(bar, parity)) __nanosleep(DS_SPARSE_MLA_WS_BACKOFF);
 #else
   mbar_wait(bar, parity);
 #endif
