@@ -1,5 +1,6 @@
 """The SASS instructions with the most warp-stall samples in an ncu report's source page, with
-their stall reasons: `ncu --import R.ncu-rep --page source --csv --print-source sass` piped in.
+their stall reasons, after every reason's share of the kernel's samples:
+`ncu --import R.ncu-rep --page source --csv --print-source sass` piped in.
 
   ncu --import R.ncu-rep --page source --csv --print-source sass | ncu_top_sass.py [N]
 """
@@ -35,6 +36,12 @@ def main():
                 return 0.0
         total = sum(num(t[key]) for t in table) or 1.0
         print(f"== {kernel[:100]} ({len(table)} instructions, {total:.0f} samples)")
+        # Every stall reason summed over the kernel (no_instruction: instruction fetch).
+        sums = {c: sum(num(t[c]) for t in table) for c in header
+                if c.startswith("stall_") and "Not Issued" not in c}
+        print("  stall reasons: " + ", ".join(
+            f"{c[6:]} {100 * v / total:.1f}%" for c, v in sorted(sums.items(), key=lambda x: -x[1])
+            if v > 0))
         for t in sorted(table, key=lambda t: -num(t[key]))[:n]:
             reasons = sorted(((num(v), c) for c, v in t.items()
                               if c.startswith("stall_") or "Stall" in c and c != key),

@@ -5,23 +5,28 @@
 //
 // CTA (key split, query, group of 64 heads) = 3 warpgroups, 384 threads, ~207 KB of shared
 // memory, one CTA per SM:
-//   - producer (warpgroup 2, 80 registers): resolves indices and page-table entries (every 10
+//   - producer (warpgroup 2, 96 registers): resolves indices and page-table entries (every 10
 //     tiles), then dequantizes in place: thread (h, e) owns entry e of every tile and its column
 //     blocks h, h + 2, h + 4, h + 6 (block 7 = the bf16 rope). It copies block b's 64 e4m3 bytes
 //     (cp.async, L2 evict-first) into the first half of the bf16 row they become, and the entry's
 //     scale word next to them, waits for its own copies only, then converts the row in registers
 //     and writes it over them; the rope block is copied to its final place. So a whole tile
 //     (37 KB) is in flight at once, no staging ring, and no producer barrier per chunk. Two bf16
-//     tiles, with an mbarrier pair each: "full" (128 producer arrivals, after a generic-to-async
-//     proxy fence) and "empty" (256 consumer arrivals, after their last wgmma on the tile). A
-//     tile's copies go out in four commit groups (one per block of the thread), each converted
-//     when it lands; the second tile's go out before the first tile's conversion;
-//   - consumers (warpgroups 0-1, 208 registers): v7's consume_tile on the full tile with PV in
-//     32-dim chunks (32 accumulator registers fewer), their two exchanges closed by a barrier of
-//     the 256 consumer threads.
+//     tiles, with an mbarrier pair per column block: "full" (its 64 converting producer threads,
+//     after a generic-to-async proxy fence) and "empty" (the 128 threads of the consumer
+//     warpgroup whose PV reads it last, after their last wgmma on it). A tile's copies go out in
+//     four commit groups (one per block of the thread), each converted when it lands; the second
+//     tile's go out before the first tile's conversion;
+//   - consumers (warpgroups 0-1, 200 registers): v7's tile math with PV in 32-dim chunks (32
+//     accumulator registers fewer), their two exchanges closed by a barrier of the 256 consumer
+//     threads; QK^T waits for each block's full barrier before its wgmma.
 // Same arithmetic in the same order as v7: the bits are v7's (tests), whatever the split count.
-// Variants, off (NOTES.md v9, sessions 34-35): DS_SPARSE_MLA_WS_BLOCKBAR, _PINGPONG, _BACKOFF
-// (session 34's _PIPE and session 35's _FIRST measured no faster and removed).
+// Per-block barriers (DS_SPARSE_MLA_WS_BLOCKBAR = 2, the default since session 36): each column
+// block of a tile buffer has its own full and empty barrier, so the consumers' QK^T starts on a
+// block as soon as it is converted and the producer refills a block as soon as its PV is done.
+// Variants (NOTES.md v9, sessions 34-36): DS_SPARSE_MLA_WS_BLOCKBAR 0 / 1, _PINGPONG, _UNITLOOP
+// (session 34's _PIPE, session 35's _FIRST and session 36's _BACKOFF measured no faster and
+// were removed).
 
 // Timing experiments only (NOTES.md v9), 0 in every real build: 1 skips the producer's
 // conversion (the tiles keep whatever they held), 2 the consumers' tile math (they only wait and
@@ -30,15 +35,15 @@
 #define DS_SPARSE_MLA_WS_ABLATE 0
 #endif
 
-// 1: an empty barrier per column block of each tile buffer instead of one per buffer: the
-// producer copies block b of the next tile as soon as the consumers' PV no longer reads it;
-// 2: also a full barrier per block: the consumers' QK^T starts on a block as soon as it is
-// converted (NOTES.md v9, session 34).
+// 0: one full and one empty barrier per tile buffer; 1: an empty barrier per column block of
+// each tile buffer: the producer copies block b of the next tile as soon as the consumers' PV no
+// longer reads it; 2 (default): also a full barrier per block (NOTES.md v9, sessions 34-36).
 #ifndef DS_SPARSE_MLA_WS_BLOCKBAR
-#define DS_SPARSE_MLA_WS_BLOCKBAR 0
+#define DS_SPARSE_MLA_WS_BLOCKBAR 2
 #endif
 static_assert(!(DS_SPARSE_MLA_WS_BLOCKBAR && DS_SPARSE_MLA_WS_ABLATE),
-              "the per-block barriers are written for the plain consumer loop");
+              "the ablations are written for whole-tile barriers: build with "
+              "DS_SPARSE_MLA_WS_BLOCKBAR=0");
 // 1: ping-pong consumers (NOTES.md v9, session 34): warpgroup w owns the tiles t = w mod 2 of
 // the CTA's sequence: it runs their QK^T alone (m64n64: q read once per 64 keys) and their
 // softmax (no max exchange), hands P and (m, l) over through shared memory (a P buffer and an
@@ -51,17 +56,15 @@ static_assert(!(DS_SPARSE_MLA_WS_BLOCKBAR && DS_SPARSE_MLA_WS_ABLATE),
 #endif
 static_assert(!(DS_SPARSE_MLA_WS_PINGPONG &&
                 (DS_SPARSE_MLA_WS_BLOCKBAR || DS_SPARSE_MLA_WS_ABLATE)),
-              "the ping-pong consumers are written with whole-tile barriers only");
+              "the ping-pong consumers are written with whole-tile barriers only: build with "
+              "DS_SPARSE_MLA_WS_BLOCKBAR=0");
 
-// N > 0: the consumers' wait for a full tile sleeps N ns between polls of its barrier, so that
-// polling warps leave the issue slots to the producer's conversion (NOTES.md v9, session 35: the
-// first tile's conversion takes ~3x the steady state's while the consumers wait for it).
-#ifndef DS_SPARSE_MLA_WS_BACKOFF
-#define DS_SPARSE_MLA_WS_BACKOFF 0
+// 1: the producer's conversion loop over its 4 column-block units is not unrolled (one copy of
+// the unit's code instead of four; NOTES.md v9, session 36: is the first tile's 3x slower
+// conversion instruction fetch?).
+#ifndef DS_SPARSE_MLA_WS_UNITLOOP
+#define DS_SPARSE_MLA_WS_UNITLOOP 0
 #endif
-static_assert(!(DS_SPARSE_MLA_WS_BACKOFF &&
-                (DS_SPARSE_MLA_WS_BLOCKBAR == 2 || DS_SPARSE_MLA_WS_PINGPONG)),
-              "the back-off is written for the whole-tile full barrier of the plain loop");
 
 // N > 0: CTA (0, 0, 0) of the first launch with N queries records clock64() stamps of its phases
 // (consumer threads 0 and 128, producer thread 256); a kernel launched after it prints them (timing
@@ -163,14 +166,6 @@ __device__ __forceinline__ void cp_async4_hint(void* dst, const void* src, uint6
   asm volatile(
       "cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)),
       "l"(src), "l"(pol));
-}
-// The consumers' wait for full tile buffer `bar` (parity as mbar_wait).
-__device__ __forceinline__ void full_wait(uint32_t bar, uint32_t parity) {
-#if DS_SPARSE_MLA_WS_BACKOFF
-  while (!mbar_try_wait(bar, parity)) __nanosleep(DS_SPARSE_MLA_WS_BACKOFF);
-#else
-  mbar_wait(bar, parity);
-#endif
 }
 #endif  // DS_SPARSE_MLA_WGMMA_PATH
 
@@ -284,7 +279,11 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
       auto convert = [&](bool later, int t, int bi) {
         uint8_t* kv = smem + wsp::kOffKv + bi * kTileBytes;
         const bool ok = addr[(t - c0) * kKeys + e].x >= 0;
+#if DS_SPARSE_MLA_WS_UNITLOOP
+#pragma unroll 1
+#else
 #pragma unroll
+#endif
         for (int i = 0; i < wsp::kUnits; ++i) {
           const int b = 2 * i + h;
           uint8_t* row = kv + b * kBlockBytes;
@@ -450,7 +449,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
 #if DS_SPARSE_MLA_WS_TRACE
     bk = 4 + 7 * j;
 #endif
-    if (kNf == 1) wsp::full_wait(bar_full + 8 * buf, uint32_t(j >> 1) & 1u);
+    if (kNf == 1) mbar_wait(bar_full + 8 * buf, uint32_t(j >> 1) & 1u);
     DS_WS_STAMP(trow, 3 + 7 * j);
     const uint8_t* vld = valid + buf * kKeys;
     auto valid_key = [&](int key) { return vld[key] != 0; };
