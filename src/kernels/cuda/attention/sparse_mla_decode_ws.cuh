@@ -61,7 +61,7 @@ static_assert(!(DS_SPARSE_MLA_WS_PINGPONG &&
 
 // 1: the producer's conversion loop over its 4 column-block units is not unrolled (one copy of
 // the unit's code instead of four; NOTES.md v9, session 36: is the first tile's 3x slower
-// conversion instruction fetch?).
+// conversion instruction fetch?); 2: its copy-issue loop is not unrolled either.
 #ifndef DS_SPARSE_MLA_WS_UNITLOOP
 #define DS_SPARSE_MLA_WS_UNITLOOP 0
 #endif
@@ -251,7 +251,11 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
           data = page_ptr + int64_t(slot) * kDataBytes;
           scales = page_ptr + int64_t(page_size) * kDataBytes + int64_t(slot) * kScaleBytes;
         }
+#if DS_SPARSE_MLA_WS_UNITLOOP >= 2
+#pragma unroll 1
+#else
 #pragma unroll
+#endif
         for (int i = 0; i < wsp::kUnits; ++i) {
           const int b = 2 * i + h;
           uint8_t* row = kv + b * kBlockBytes;
