@@ -24,9 +24,10 @@
 // Per-block barriers (DS_SPARSE_MLA_WS_BLOCKBAR = 2, the default since session 36): each column
 // block of a tile buffer has its own full and empty barrier, so the consumers' QK^T starts on a
 // block as soon as it is converted and the producer refills a block as soon as its PV is done.
-// Variants (NOTES.md v9, sessions 34-36): DS_SPARSE_MLA_WS_BLOCKBAR 0 / 1, _PINGPONG, _UNITLOOP
-// (session 34's _PIPE, session 35's _FIRST and session 36's _BACKOFF measured no faster and
-// were removed).
+// The producer's conversion units run in a loop, not unrolled (DS_SPARSE_MLA_WS_UNITLOOP = 1,
+// the default since session 36). Variants (NOTES.md v9, sessions 34-36): DS_SPARSE_MLA_WS_BLOCKBAR
+// 0 / 1, _PINGPONG, _UNITLOOP 0 / 2 (session 34's _PIPE, session 35's _FIRST and session 36's
+// _BACKOFF measured no faster and were removed).
 
 // Timing experiments only (NOTES.md v9), 0 in every real build: 1 skips the producer's
 // conversion (the tiles keep whatever they held), 2 the consumers' tile math (they only wait and
@@ -59,11 +60,13 @@ static_assert(!(DS_SPARSE_MLA_WS_PINGPONG &&
               "the ping-pong consumers are written with whole-tile barriers only: build with "
               "DS_SPARSE_MLA_WS_BLOCKBAR=0");
 
-// 1: the producer's conversion loop over its 4 column-block units is not unrolled (one copy of
-// the unit's code instead of four; NOTES.md v9, session 36: is the first tile's 3x slower
-// conversion instruction fetch?); 2: its copy-issue loop is not unrolled either.
+// 1 (default): the producer's conversion loop over its 4 column-block units is not unrolled: one
+// copy of the unit's code instead of four, so the first tile's conversion fetches the code once
+// (a CTA starts with a cold instruction cache while the start's copies load L2 and HBM; the
+// unrolled form's first conversion took ~3x the steady state's). 0: unrolled; 2: the copy-issue
+// loop rolled too (no gain). NOTES.md v9, session 36.
 #ifndef DS_SPARSE_MLA_WS_UNITLOOP
-#define DS_SPARSE_MLA_WS_UNITLOOP 0
+#define DS_SPARSE_MLA_WS_UNITLOOP 1
 #endif
 
 // N > 0: CTA (0, 0, 0) of the first launch with N queries records clock64() stamps of its phases
