@@ -31,6 +31,12 @@
 #define DS_SPARSE_MLA_WG_ABLATE 0
 #endif
 
+// 32-dim PV chunks (v9) in flight per warpgroup: 2, or 3-4 (variant, NOTES.md v9 session 36: is
+// PV + fold, ~1.55 us per tile against ~0.8 us of shared-memory time, latency-bound?).
+#ifndef DS_SPARSE_MLA_PV_DEPTH
+#define DS_SPARSE_MLA_PV_DEPTH 2
+#endif
+
 namespace wgp {
 
 constexpr int kD = 512;
@@ -295,15 +301,17 @@ __device__ __forceinline__ void pv_tile(const SparseMlaParams& p, const Consumer
     }
   }
 
-  // ---- PV: dims [256 wg + kPvN n, + kPvN) from zero per tile, then fold or store. Two
-  // chunks in flight: chunk n + 1's wgmma run while chunk n is folded. kPvN = 64 (v7) or 32
-  // (v9: 32 accumulator registers fewer, the same sums per output element). ----
+  // ---- PV: dims [256 wg + kPvN n, + kPvN) from zero per tile, then fold or store. kDepth
+  // chunks in flight: chunks n + 1 .. n + kDepth - 1's wgmma run while chunk n is folded. kPvN =
+  // 64 (v7) or 32 (v9: 32 accumulator registers fewer, the same sums per output element). ----
   constexpr int kAcc = kPvN / 2;        // accumulators per thread and chunk
   constexpr int kPerBlock = 64 / kPvN;  // chunks per 64-dim column block
   constexpr int kN = 4 * kPerBlock;     // chunks per warpgroup
-  float ot2[2][kAcc];
+  constexpr int kDepth = kPvN == 32 ? DS_SPARSE_MLA_PV_DEPTH : 2;
+  static_assert(kDepth >= 2 && kDepth <= 4, "2-4 PV chunks in flight");
+  float ot2[kDepth][kAcc];
   auto issue_pv = [&](int n) {
-    float(&ot)[kAcc] = ot2[n & 1];
+    float(&ot)[kAcc] = ot2[n % kDepth];
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) ot[i] = 0.0f;
     fence();
@@ -320,17 +328,22 @@ __device__ __forceinline__ void pv_tile(const SparseMlaParams& p, const Consumer
     }
     commit();
   };
-  issue_pv(0);
+#pragma unroll
+  for (int n = 0; n < kDepth - 1; ++n) issue_pv(n);
 #pragma unroll
   for (int n = 0; n < kN; ++n) {
-    if (n + 1 < kN) {
-      issue_pv(n + 1);
+    if (n + kDepth - 1 < kN) {
+      issue_pv(n + kDepth - 1);
+      wgmma::wait<kDepth - 1>();
+    } else if (kDepth >= 4 && n + 3 == kN) {
+      wgmma::wait<2>();
+    } else if (kDepth >= 3 && n + 2 == kN) {
       wait1();
-    } else {
+    } else if (n + 1 == kN) {
       wait0();
     }
     if (n % kPerBlock == kPerBlock - 1) block_done(4 * wg + n / kPerBlock);
-    float(&ot)[kAcc] = ot2[n & 1];
+    float(&ot)[kAcc] = ot2[n % kDepth];
     const int cc = n / kPerBlock;           // 64-dim chunk of o
     const int i0 = kAcc * (n % kPerBlock);  // its first accumulator in o[cc]
 #pragma unroll
