@@ -26,8 +26,8 @@
 // block as soon as it is converted and the producer refills a block as soon as its PV is done.
 // The producer's conversion units run in a loop, not unrolled (DS_SPARSE_MLA_WS_UNITLOOP = 1,
 // the default since session 36). Variants (NOTES.md v9, sessions 34-36): DS_SPARSE_MLA_WS_BLOCKBAR
-// 0 / 1, _PINGPONG, _UNITLOOP 0 / 2 (session 34's _PIPE, session 35's _FIRST and session 36's
-// _BACKOFF measured no faster and were removed).
+// 0 / 1, _PINGPONG, _UNITLOOP 0 (session 34's _PIPE, session 35's _FIRST and session 36's
+// _BACKOFF and rolled copy issue measured no faster and were removed).
 
 // Timing experiments only (NOTES.md v9), 0 in every real build: 1 skips the producer's
 // conversion (the tiles keep whatever they held), 2 the consumers' tile math (they only wait and
@@ -63,8 +63,8 @@ static_assert(!(DS_SPARSE_MLA_WS_PINGPONG &&
 // 1 (default): the producer's conversion loop over its 4 column-block units is not unrolled: one
 // copy of the unit's code instead of four, so the first tile's conversion fetches the code once
 // (a CTA starts with a cold instruction cache while the start's copies load L2 and HBM; the
-// unrolled form's first conversion took ~3x the steady state's). 0: unrolled; 2: the copy-issue
-// loop rolled too (no gain). NOTES.md v9, session 36.
+// unrolled form's first conversion took ~3x the steady state's). 0: unrolled. (Rolling the
+// copy-issue loop as well measured slower and was removed.) NOTES.md v9, session 36.
 #ifndef DS_SPARSE_MLA_WS_UNITLOOP
 #define DS_SPARSE_MLA_WS_UNITLOOP 1
 #endif
@@ -254,11 +254,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
           data = page_ptr + int64_t(slot) * kDataBytes;
           scales = page_ptr + int64_t(page_size) * kDataBytes + int64_t(slot) * kScaleBytes;
         }
-#if DS_SPARSE_MLA_WS_UNITLOOP >= 2
-#pragma unroll 1
-#else
 #pragma unroll
-#endif
         for (int i = 0; i < wsp::kUnits; ++i) {
           const int b = 2 * i + h;
           uint8_t* row = kv + b * kBlockBytes;
