@@ -309,9 +309,9 @@ __device__ __forceinline__ void pv_tile(const SparseMlaParams& p, const Consumer
   constexpr int kN = 4 * kPerBlock;     // chunks per warpgroup
   constexpr int kDepth = kPvN == 32 ? DS_SPARSE_MLA_PV_DEPTH : 2;
   static_assert(kDepth >= 2 && kDepth <= 4, "2-4 PV chunks in flight");
-  float ot2[kDepth][kAcc];
+  float ot_ring[kDepth][kAcc];
   auto issue_pv = [&](int n) {
-    float(&ot)[kAcc] = ot2[n % kDepth];
+    float(&ot)[kAcc] = ot_ring[n % kDepth];
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) ot[i] = 0.0f;
     fence();
@@ -343,7 +343,7 @@ __device__ __forceinline__ void pv_tile(const SparseMlaParams& p, const Consumer
       wait0();
     }
     if (n % kPerBlock == kPerBlock - 1) block_done(4 * wg + n / kPerBlock);
-    float(&ot)[kAcc] = ot2[n % kDepth];
+    float(&ot)[kAcc] = ot_ring[n % kDepth];
     const int cc = n / kPerBlock;           // 64-dim chunk of o
     const int i0 = kAcc * (n % kPerBlock);  // its first accumulator in o[cc]
 #pragma unroll
