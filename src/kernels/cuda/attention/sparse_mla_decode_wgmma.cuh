@@ -369,6 +369,17 @@ __device__ __forceinline__ void pv_tile(const SparseMlaParams& p, const Consumer
   }
 }
 
+// P of a 64 x 64 P tile (shared memory at p_tile, the swizzled block layout of exp_store_p) as
+// the A fragments of PV's four 16-key steps: rows r0 / r0 + 8 of this thread's warp (ldmatrix,
+// 2 KB per warp, once per tile). Read by the generic proxy, so P needs no proxy fence.
+__device__ __forceinline__ void load_p_frags(const Consumer& c, uint32_t p_tile,
+                                             uint32_t (&pa)[4][4]) {
+  const int lane = 4 * c.g + c.c4, mat = lane >> 3;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    ldmatrix_x4(pa[kk], p_tile + swz(16 * c.w4 + (lane & 7) + 8 * (mat & 1), 2 * kk + (mat >> 1)));
+}
+
 // The softmax pieces over kJ 8-key groups of scores s, where s[4 j + 2 hh + e] is key
 // key0 + 8 j + 2 c4 + e of row r0 + 8 hh (the wgmma accumulator layout): scaled to log2 units
 // (missing keys -inf), and the row maxima over the quad of threads sharing the rows.
@@ -430,8 +441,10 @@ __device__ __forceinline__ void exp_store_p(const float (&s)[4 * kJ], const floa
 // consumer warpgroups), then PV and the fold (split 0) or the tile's partial (other splits).
 // Any wgmma group issued after s's (the next tile's QK^T) completes before this returns.
 // block_done(b) runs once this warpgroup's last read of column block b is complete (its PV
-// chunks; both warpgroups' QK^T reads ended before the exchanges).
-template <int kPvN, typename Valid, typename Bar, typename BlockDone = NoBlockHook>
+// chunks; both warpgroups' QK^T reads ended before the exchanges). kPRegs: PV takes P from
+// registers (load_p_frags once per tile; v9 variant DS_SPARSE_MLA_WS_PV_RS).
+template <int kPvN, bool kPRegs = false, typename Valid, typename Bar,
+          typename BlockDone = NoBlockHook>
 __device__ __forceinline__ void softmax_pv_tile(const SparseMlaParams& p, const Consumer& c, int t,
                                                 uint32_t kv_addr, float (&s)[16], Valid valid,
                                                 Bar bar, Fold& f, BlockDone block_done = {}) {
@@ -457,13 +470,19 @@ __device__ __forceinline__ void softmax_pv_tile(const SparseMlaParams& p, const 
     x_sum[wg * kHeads + r0] = lsum[0][0];
     x_sum[wg * kHeads + r0 + 8] = lsum[0][1];
   }
-  fence_proxy_async();  // P for the tensor cores
+  if constexpr (!kPRegs) fence_proxy_async();  // P for the tensor cores
   bar();
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh)
     l_t[hh] = __fadd_rn(x_sum[r0 + 8 * hh], x_sum[kHeads + r0 + 8 * hh]);
 
-  pv_tile<kPvN, false>(p, c, t, kv_addr, nullptr, m_t, l_t, wg == 0 && c4 == 0, f, block_done);
+  if constexpr (kPRegs) {
+    uint32_t pa[4][4];
+    load_p_frags(c, c.p_addr, pa);
+    pv_tile<kPvN, true>(p, c, t, kv_addr, pa, m_t, l_t, wg == 0 && c4 == 0, f, block_done);
+  } else {
+    pv_tile<kPvN, false>(p, c, t, kv_addr, nullptr, m_t, l_t, wg == 0 && c4 == 0, f, block_done);
+  }
 }
 
 // One 64-key tile t whose bf16 entries are in the swizzled tile at kv_addr (steps 2-4 of the

@@ -69,6 +69,16 @@ static_assert(!(DS_SPARSE_MLA_WS_PINGPONG &&
 #define DS_SPARSE_MLA_WS_UNITLOOP 1
 #endif
 
+// 1: PV takes P from registers (ldmatrix of the shared P tile once per tile, then wgmma with A in
+// registers: each PV wgmma reads 1 KB of V instead of 2 KB of P and 1 KB of V), and P needs no
+// proxy fence. Measured no faster in session 33, when the consumers still waited for tiles; tried
+// again now that they never wait (NOTES.md v9, session 37). Per-block barriers only.
+#ifndef DS_SPARSE_MLA_WS_PV_RS
+#define DS_SPARSE_MLA_WS_PV_RS 0
+#endif
+static_assert(!DS_SPARSE_MLA_WS_PV_RS || DS_SPARSE_MLA_WS_BLOCKBAR,
+              "DS_SPARSE_MLA_WS_PV_RS is written for the per-block barriers' consumer loop");
+
 // N > 0: CTA (0, 0, 0) of the first launch with N queries records clock64() stamps of its phases
 // (consumer threads 0 and 128, producer thread 256); a kernel launched after it prints them (timing
 // experiments only; scripts/gpu/h_s33/trace_summary.py reads them).
@@ -125,11 +135,16 @@ static_assert(kUnits * kProducerThreads == 8 * wgp::kKeys && kProducerThreads ==
 static_assert(kSmemBytes <= 227 * 1024, "sm_90: at most 227 KB of shared memory per CTA");
 // setmaxnreg: 2 x 208 + 80 = 496 registers per thread triple <= 3 x 168, what the launch allocates
 // (a warpgroup's increase is served by the others' decreases within the CTA).
-constexpr int kConsumerRegs = DS_SPARSE_MLA_WS_BLOCKBAR   ? 200
+constexpr int kConsumerRegs = DS_SPARSE_MLA_WS_PV_RS     ? 216
+                              : DS_SPARSE_MLA_WS_BLOCKBAR ? 200
                               : DS_SPARSE_MLA_WS_PINGPONG ? 216
                                                           : 208;
-// The per-block waits spill at 80 producer registers, the ping-pong consumers at 208.
-constexpr int kProducerRegs = DS_SPARSE_MLA_WS_BLOCKBAR ? 96 : DS_SPARSE_MLA_WS_PINGPONG ? 72 : 80;
+// The per-block waits spilled at 80 producer registers with the units unrolled (72 is enough
+// with UNITLOOP 1), the ping-pong consumers at 208, the P fragments (DS_SPARSE_MLA_WS_PV_RS) at 208.
+constexpr int kProducerRegs = DS_SPARSE_MLA_WS_PV_RS     ? 72
+                              : DS_SPARSE_MLA_WS_BLOCKBAR ? 96
+                              : DS_SPARSE_MLA_WS_PINGPONG ? 72
+                                                          : 80;
 static_assert(2 * kConsumerRegs + kProducerRegs <= 3 * (65536 / kThreads / 8 * 8),
               "setmaxnreg: the consumers' increase must come from the producer's decrease");
 
@@ -426,12 +441,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
         mbar_wait(bar_full + 8 * buf, uint32_t(j >> 1) & 1u);
         mbar_wait(bar_pready + 8 * buf, uint32_t(j >> 1) & 1u);
         uint32_t pa[4][4];
-        const int lane = 4 * c.g + c4, mat = lane >> 3;
-        const uint32_t pb = smem_addr(smem + wsp::kOffP + buf * kBlockBytes);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          ldmatrix_x4(pa[kk],
-                      pb + swz(16 * c.w4 + (lane & 7) + 8 * (mat & 1), 2 * kk + (mat >> 1)));
+        load_p_frags(c, smem_addr(smem + wsp::kOffP + buf * kBlockBytes), pa);
         float m_t[2], l_t[2];
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
@@ -465,8 +475,9 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
         if (kNf > 1) mbar_wait(bar_full + 8 * (kNf * buf + b), parity);
       });
       wait0();
-      softmax_pv_tile<32>(p, c, t, kv, s, valid_key, bar, f,
-                          [&](int b) { mbar_arrive(bar_empty + 8 * (kNe * buf + b)); });
+      softmax_pv_tile<32, DS_SPARSE_MLA_WS_PV_RS != 0>(
+          p, c, t, kv, s, valid_key, bar, f,
+          [&](int b) { mbar_arrive(bar_empty + 8 * (kNe * buf + b)); });
     }
 #else
     if (DS_SPARSE_MLA_WS_ABLATE != 2)
