@@ -69,27 +69,16 @@ static_assert(!(DS_SPARSE_MLA_WS_PINGPONG &&
 #define DS_SPARSE_MLA_WS_UNITLOOP 1
 #endif
 
-// 1: PV takes P from registers (ldmatrix of the shared P tile once per tile, then wgmma with A in
-// registers: each PV wgmma reads 1 KB of V instead of 2 KB of P and 1 KB of V), and P needs no
-// proxy fence. Measured no faster in session 33, when the consumers still waited for tiles; tried
-// again now that they never wait (NOTES.md v9, session 37). Per-block barriers only.
+// 1 (default with the per-block barriers): PV takes P from registers (ldmatrix of the shared P
+// tile once per tile, then wgmma with A in registers: each PV wgmma reads 1 KB of V instead of
+// 2 KB of P and 1 KB of V), and P needs no proxy fence. H100, sessions 33 and 37: -2 to -2.5% at
+// batch 16, -1% at 64, 0 at 128 (there the producer paces the consumers); the bits are v7's.
+// 0: P from shared memory (NOTES.md v9, session 37).
 #ifndef DS_SPARSE_MLA_WS_PV_RS
-#define DS_SPARSE_MLA_WS_PV_RS 0
+#define DS_SPARSE_MLA_WS_PV_RS (DS_SPARSE_MLA_WS_BLOCKBAR != 0)
 #endif
 static_assert(!DS_SPARSE_MLA_WS_PV_RS || DS_SPARSE_MLA_WS_BLOCKBAR,
               "DS_SPARSE_MLA_WS_PV_RS is written for the per-block barriers' consumer loop");
-
-// 1: the producer issues the next tile's copies while it converts the current one: after each
-// converted unit it polls (mbarrier.test_wait, no suspension) the empty barriers of the next
-// tile's blocks and issues every unit whose block the consumers have released, instead of
-// issuing the whole next tile after the last conversion. On H100 the producer's convert phase
-// (~3 us per steady tile, of which ~1 us waits for copies issued just before it) paces the
-// consumers (NOTES.md v9, session 37). Per-block barriers only.
-#ifndef DS_SPARSE_MLA_WS_EARLY
-#define DS_SPARSE_MLA_WS_EARLY 0
-#endif
-static_assert(!DS_SPARSE_MLA_WS_EARLY || DS_SPARSE_MLA_WS_BLOCKBAR == 2,
-              "DS_SPARSE_MLA_WS_EARLY polls the per-block empty barriers");
 
 // N > 0: CTA (0, 0, 0) of the first launch with N queries records clock64() stamps of its phases
 // (consumer threads 0 and 128, producer thread 256); a kernel launched after it prints them (timing
@@ -302,40 +291,11 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
           cp_async_commit();
         }
       };
-#if DS_SPARSE_MLA_WS_EARLY
-      // One unit of tile t (column block b = 2 i + h) into tile buffer bi, as issue's: one
-      // commit group.
-      auto issue_unit = [&](int t, int bi, int b) {
-        uint8_t* row = smem + wsp::kOffKv + bi * kTileBytes + b * kBlockBytes;
-        const int2 a = addr[(t - c0) * kKeys + e];
-        if (a.x >= 0) {
-          int slot, page_size;
-          const uint8_t* page_ptr = kv_page_of(p, a, slot, page_size);
-          const uint8_t* data = page_ptr + int64_t(slot) * kDataBytes;
-          if (b < 7) {
-#pragma unroll
-            for (int c = 0; c < 4; ++c)
-              wsp::cp_async16_hint(row + swz(e, c), data + 64 * b + 16 * c, kv_policy);
-            wsp::cp_async4_hint(
-                row + swz(e, 4),
-                page_ptr + int64_t(page_size) * kDataBytes + int64_t(slot) * kScaleBytes + 4 * (b >> 2),
-                kv_policy);
-          } else {
-#pragma unroll
-            for (int c = 0; c < 8; ++c)
-              wsp::cp_async16_hint(row + swz(e, c), data + kNope + 16 * c, kv_policy);
-          }
-        }
-        cp_async_commit();
-      };
-#endif
       // Block b of tile t once its group has landed (this thread's own copies only, so no
       // barrier); `later`: the next tile's groups were committed after this tile's. Zeros for a
       // missing key (its P is 0, and 0 x NaN would poison the output).
       // Per-block barriers: each block is handed to the consumers as soon as it is converted.
-      // pending(i): this thread's commit groups after unit i's; after_unit(i) runs once unit i is
-      // converted and handed over.
-      auto convert_units = [&](int t, int bi, auto pending, auto after_unit) {
+      auto convert = [&](bool later, int t, int bi) {
         uint8_t* kv = smem + wsp::kOffKv + bi * kTileBytes;
         const bool ok = addr[(t - c0) * kKeys + e].x >= 0;
 #if DS_SPARSE_MLA_WS_UNITLOOP
@@ -348,7 +308,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
           uint8_t* row = kv + b * kBlockBytes;
           // Trace: the first two tiles' units, 3 stamps each (before / after the wait, converted).
           if (n_tile < 2) DS_WS_STAMP(trow, kTraceUnits + 3 * (wsp::kUnits * n_tile + i));
-          wsp::copies_landed(pending(i));
+          wsp::copies_landed((later ? 2 * wsp::kUnits : wsp::kUnits) - 1 - i);
           if (n_tile < 2) DS_WS_STAMP(trow, kTraceUnits + 3 * (wsp::kUnits * n_tile + i) + 1);
           if (!ok) {
 #pragma unroll
@@ -373,67 +333,8 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
             fence_proxy_async();  // the block for the consumers' wgmma
             mbar_arrive(bar_full + 8 * (kNf * bi + b));
           }
-          after_unit(i);
         }
       };
-      auto convert = [&](bool later, int t, int bi) {
-        convert_units(
-            t, bi, [&](int i) { return (later ? 2 * wsp::kUnits : wsp::kUnits) - 1 - i; },
-            [](int) {});
-      };
-#if DS_SPARSE_MLA_WS_EARLY
-      // This thread's commit groups so far, and the count (mod 256) at the commit of each unit
-      // (byte i: unit i) of the current tile and of the next; which of the next tile's units are
-      // already out.
-      uint32_t ncommit = 0, seq_cur = 0, seq_next = 0, next_out = 0;
-      auto committed = [&](int i) {
-        seq_next = (seq_next & ~(0xFFu << (8 * i))) | ((ncommit & 0xFFu) << (8 * i));
-        ++ncommit;
-      };
-      for (int t = c0; t < c1; ++t) {
-        const int buf = n_tile & 1;
-        DS_WS_STAMP(trow, 2 + 3 * n_tile);
-        // The units of tile t not issued during the previous conversion, each once the
-        // consumers have released its block of this buffer (tile n_tile - 2).
-        const int parity = n_tile >= 2 ? ((n_tile >> 1) - 1) & 1 : -1;
-#pragma unroll 1
-        for (int i = 0; i < wsp::kUnits; ++i) {
-          if ((next_out >> i) & 1u) continue;
-          const int b = 2 * i + h;
-          if (parity >= 0) mbar_wait(bar_empty + 8 * (kNe * buf + b), uint32_t(parity));
-          issue_unit(t, buf, b);
-          committed(i);
-        }
-        seq_cur = seq_next;
-        next_out = 0;
-        // Tile t + 1's units whose blocks are free now (the other buffer's tile n_tile - 1 is
-        // released block by block by the PV running while this tile converts); none waits.
-        const bool has_next = t + 1 < c1;
-        const int nparity = n_tile >= 1 ? (((n_tile + 1) >> 1) - 1) & 1 : -1;
-        auto poll_next = [&](int) {
-          if (!has_next) return;
-#pragma unroll 1
-          for (int j = 0; j < wsp::kUnits; ++j) {
-            const int b = 2 * j + h;
-            if (((next_out >> j) & 1u) ||
-                (nparity >= 0 &&
-                 !mbar_test_wait(bar_empty + 8 * (kNe * (buf ^ 1) + b), uint32_t(nparity))))
-              continue;
-            issue_unit(t + 1, buf ^ 1, b);
-            committed(j);
-            next_out |= 1u << j;
-          }
-        };
-        if (nparity < 0) poll_next(0);  // the other buffer was never used: all of tile t + 1 now
-        DS_WS_STAMP(trow, 3 + 3 * n_tile);
-        if (h == 0) valid[buf * kKeys + e] = addr[(t - c0) * kKeys + e].x >= 0 ? 1 : 0;
-        convert_units(
-            t, buf, [&](int i) { return int((ncommit - 1u - (seq_cur >> (8 * i))) & 0xFFu); },
-            poll_next);
-        DS_WS_STAMP(trow, 4 + 3 * n_tile);
-        ++n_tile;
-      }
-#else
       bool issued = false;  // tile t's copies are on their way (issued with tile t - 1's)
       for (int t = c0; t < c1; ++t) {
         const int buf = n_tile & 1;
@@ -461,7 +362,6 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
         }
         ++n_tile;
       }
-#endif  // DS_SPARSE_MLA_WS_EARLY
     }
     return;
   }
