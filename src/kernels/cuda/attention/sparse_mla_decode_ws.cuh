@@ -80,6 +80,19 @@ static_assert(!(DS_SPARSE_MLA_WS_PINGPONG &&
 static_assert(!DS_SPARSE_MLA_WS_PV_RS || DS_SPARSE_MLA_WS_BLOCKBAR,
               "DS_SPARSE_MLA_WS_PV_RS is written for the per-block barriers' consumer loop");
 
+// k in 1..3: before converting unit k of tile t, a producer thread whose four blocks of the other
+// buffer are already free (mbarrier.test_wait, no suspension) issues tile t + 1's copies as one
+// batch there, instead of after the conversion; otherwise as before. On H100 the producer paces
+// the consumers at batch >= 64, and its convert phase waits ~1.4 us per tile for copies issued
+// just before it (NOTES.md v9, session 37: per-unit polling between the conversions, measured
+// +12%, was removed). 0: off. Per-block barriers only.
+#ifndef DS_SPARSE_MLA_WS_EARLYBATCH
+#define DS_SPARSE_MLA_WS_EARLYBATCH 0
+#endif
+static_assert(DS_SPARSE_MLA_WS_EARLYBATCH >= 0 && DS_SPARSE_MLA_WS_EARLYBATCH < 4 &&
+                  (!DS_SPARSE_MLA_WS_EARLYBATCH || DS_SPARSE_MLA_WS_BLOCKBAR == 2),
+              "DS_SPARSE_MLA_WS_EARLYBATCH: 0, or 1-3 with per-block barriers");
+
 // N > 0: CTA (0, 0, 0) of the first launch with N queries records clock64() stamps of its phases
 // (consumer threads 0 and 128, producer thread 256); a kernel launched after it prints them (timing
 // experiments only; scripts/gpu/h_s33/trace_summary.py reads them).
@@ -295,7 +308,8 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
       // barrier); `later`: the next tile's groups were committed after this tile's. Zeros for a
       // missing key (its P is 0, and 0 x NaN would poison the output).
       // Per-block barriers: each block is handed to the consumers as soon as it is converted.
-      auto convert = [&](bool later, int t, int bi) {
+      // Units [i0, i1).
+      auto convert = [&](bool later, int t, int bi, int i0 = 0, int i1 = wsp::kUnits) {
         uint8_t* kv = smem + wsp::kOffKv + bi * kTileBytes;
         const bool ok = addr[(t - c0) * kKeys + e].x >= 0;
 #if DS_SPARSE_MLA_WS_UNITLOOP
@@ -303,7 +317,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
 #else
 #pragma unroll
 #endif
-        for (int i = 0; i < wsp::kUnits; ++i) {
+        for (int i = i0; i < i1; ++i) {
           const int b = 2 * i + h;
           uint8_t* row = kv + b * kBlockBytes;
           // Trace: the first two tiles' units, 3 stamps each (before / after the wait, converted).
@@ -354,7 +368,27 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
         issued = ahead;
         DS_WS_STAMP(trow, 3 + 3 * n_tile);
         if (h == 0) valid[buf * kKeys + e] = addr[(t - c0) * kKeys + e].x >= 0 ? 1 : 0;
+#if DS_SPARSE_MLA_WS_EARLYBATCH
+        {
+          constexpr int k = DS_SPARSE_MLA_WS_EARLYBATCH;
+          convert(issued, t, buf, 0, k);
+          // Tile t + 1 (the other buffer's use n_tile + 1) goes out now if its blocks are free.
+          if (!issued && t + 1 < c1 && n_tile >= 1) {
+            const uint32_t nparity = uint32_t(((n_tile + 1) >> 1) - 1) & 1u;
+            bool free = true;
+#pragma unroll
+            for (int j = 0; j < wsp::kUnits; ++j)
+              free = free && mbar_test_wait(bar_empty + 8 * (kNe * (buf ^ 1) + 2 * j + h), nparity);
+            if (free) {
+              issue(t + 1, buf ^ 1, -1);
+              issued = true;
+            }
+          }
+          convert(issued, t, buf, k, wsp::kUnits);
+        }
+#else
         convert(issued, t, buf);
+#endif
         DS_WS_STAMP(trow, 4 + 3 * n_tile);
         if (kNf == 1) {
           fence_proxy_async();  // the tile for the consumers' wgmma
