@@ -80,18 +80,14 @@ static_assert(!(DS_SPARSE_MLA_WS_PINGPONG &&
 static_assert(!DS_SPARSE_MLA_WS_PV_RS || DS_SPARSE_MLA_WS_BLOCKBAR,
               "DS_SPARSE_MLA_WS_PV_RS is written for the per-block barriers' consumer loop");
 
-// k in 1..3: before converting unit k of tile t, a producer thread whose four blocks of the other
-// buffer are already free (mbarrier.test_wait, no suspension) issues tile t + 1's copies as one
-// batch there, instead of after the conversion; otherwise as before. On H100 the producer paces
-// the consumers at batch >= 64, and its convert phase waits ~1.4 us per tile for copies issued
-// just before it (NOTES.md v9, session 37: per-unit polling between the conversions, measured
-// +12%, was removed). 0: off. Per-block barriers only.
-#ifndef DS_SPARSE_MLA_WS_EARLYBATCH
-#define DS_SPARSE_MLA_WS_EARLYBATCH 0
+// 1: the producer converts its units in pairs: both units' copies waited for at once, both
+// units' e4m3 pieces and scale words loaded before either is converted, one proxy fence per pair
+// (NOTES.md v9, session 37: on H100 the producer's period does not depend on where the next
+// tile's copies are issued, so its per-unit chain of wait, loads, conversion, stores and fence
+// is the candidate). 0: one unit at a time.
+#ifndef DS_SPARSE_MLA_WS_UNITPAIR
+#define DS_SPARSE_MLA_WS_UNITPAIR 0
 #endif
-static_assert(DS_SPARSE_MLA_WS_EARLYBATCH >= 0 && DS_SPARSE_MLA_WS_EARLYBATCH < 4 &&
-                  (!DS_SPARSE_MLA_WS_EARLYBATCH || DS_SPARSE_MLA_WS_BLOCKBAR == 2),
-              "DS_SPARSE_MLA_WS_EARLYBATCH: 0, or 1-3 with per-block barriers");
 
 // N > 0: CTA (0, 0, 0) of the first launch with N queries records clock64() stamps of its phases
 // (consumer threads 0 and 128, producer thread 256); a kernel launched after it prints them (timing
@@ -308,8 +304,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
       // barrier); `later`: the next tile's groups were committed after this tile's. Zeros for a
       // missing key (its P is 0, and 0 x NaN would poison the output).
       // Per-block barriers: each block is handed to the consumers as soon as it is converted.
-      // Units [i0, i1).
-      auto convert = [&](bool later, int t, int bi, int i0 = 0, int i1 = wsp::kUnits) {
+      auto convert = [&](bool later, int t, int bi) {
         uint8_t* kv = smem + wsp::kOffKv + bi * kTileBytes;
         const bool ok = addr[(t - c0) * kKeys + e].x >= 0;
 #if DS_SPARSE_MLA_WS_UNITLOOP
@@ -317,7 +312,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
 #else
 #pragma unroll
 #endif
-        for (int i = i0; i < i1; ++i) {
+        for (int i = 0; i < wsp::kUnits; ++i) {
           const int b = 2 * i + h;
           uint8_t* row = kv + b * kBlockBytes;
           // Trace: the first two tiles' units, 3 stamps each (before / after the wait, converted).
@@ -349,6 +344,57 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
           }
         }
       };
+#if DS_SPARSE_MLA_WS_UNITPAIR
+      static_assert(kNf > 1 && DS_SPARSE_MLA_WS_ABLATE == 0 && wsp::kUnits % 2 == 0,
+                    "DS_SPARSE_MLA_WS_UNITPAIR: per-block barriers, no ablation");
+      // convert's arithmetic, two units (column blocks 2 i + h and 2 i + 2 + h) at a time.
+      auto convert_pairs = [&](bool later, int t, int bi) {
+        uint8_t* kv = smem + wsp::kOffKv + bi * kTileBytes;
+        const bool ok = addr[(t - c0) * kKeys + e].x >= 0;
+#pragma unroll 1
+        for (int i = 0; i < wsp::kUnits; i += 2) {
+          if (n_tile < 2) DS_WS_STAMP(trow, kTraceUnits + 3 * (wsp::kUnits * n_tile + i));
+          wsp::copies_landed((later ? 2 * wsp::kUnits : wsp::kUnits) - 2 - i);
+          if (n_tile < 2) DS_WS_STAMP(trow, kTraceUnits + 3 * (wsp::kUnits * n_tile + i) + 1);
+          uint4 w[2][4];
+          uint32_t sword[2];
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const int b = 2 * (i + u) + h;
+            const uint8_t* row = kv + b * kBlockBytes;
+            if (ok && b < 7) {
+#pragma unroll
+              for (int c = 0; c < 4; ++c)
+                w[u][c] = *reinterpret_cast<const uint4*>(row + swz(e, c));
+              sword[u] = *reinterpret_cast<const uint32_t*>(row + swz(e, 4));
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const int b = 2 * (i + u) + h;
+            uint8_t* row = kv + b * kBlockBytes;
+            if (!ok) {
+#pragma unroll
+              for (int c = 0; c < 8; ++c)
+                *reinterpret_cast<uint4*>(row + swz(e, c)) = make_uint4(0, 0, 0, 0);
+            } else if (b < 7) {
+              const float scale = __uint_as_float(((sword[u] >> (8 * (b & 3))) & 0xFFu) << 23);
+#pragma unroll
+              for (int c = 0; c < 4; ++c) {
+                *reinterpret_cast<uint4*>(row + swz(e, 2 * c)) =
+                    e4m3x8_to_bf16x8(w[u][c].x, w[u][c].y, scale);
+                *reinterpret_cast<uint4*>(row + swz(e, 2 * c + 1)) =
+                    e4m3x8_to_bf16x8(w[u][c].z, w[u][c].w, scale);
+              }
+            }
+          }
+          if (n_tile < 2) DS_WS_STAMP(trow, kTraceUnits + 3 * (wsp::kUnits * n_tile + i) + 2);
+          fence_proxy_async();  // both blocks for the consumers' wgmma
+          mbar_arrive(bar_full + 8 * (kNf * bi + 2 * i + h));
+          mbar_arrive(bar_full + 8 * (kNf * bi + 2 * i + 2 + h));
+        }
+      };
+#endif
       bool issued = false;  // tile t's copies are on their way (issued with tile t - 1's)
       for (int t = c0; t < c1; ++t) {
         const int buf = n_tile & 1;
@@ -368,24 +414,8 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
         issued = ahead;
         DS_WS_STAMP(trow, 3 + 3 * n_tile);
         if (h == 0) valid[buf * kKeys + e] = addr[(t - c0) * kKeys + e].x >= 0 ? 1 : 0;
-#if DS_SPARSE_MLA_WS_EARLYBATCH
-        {
-          constexpr int k = DS_SPARSE_MLA_WS_EARLYBATCH;
-          convert(issued, t, buf, 0, k);
-          // Tile t + 1 (the other buffer's use n_tile + 1) goes out now if its blocks are free.
-          if (!issued && t + 1 < c1 && n_tile >= 1) {
-            const uint32_t nparity = uint32_t(((n_tile + 1) >> 1) - 1) & 1u;
-            bool free = true;
-#pragma unroll
-            for (int j = 0; j < wsp::kUnits; ++j)
-              free = free && mbar_test_wait(bar_empty + 8 * (kNe * (buf ^ 1) + 2 * j + h), nparity);
-            if (free) {
-              issue(t + 1, buf ^ 1, -1);
-              issued = true;
-            }
-          }
-          convert(issued, t, buf, k, wsp::kUnits);
-        }
+#if DS_SPARSE_MLA_WS_UNITPAIR
+        convert_pairs(issued, t, buf);
 #else
         convert(issued, t, buf);
 #endif
