@@ -80,15 +80,6 @@ static_assert(!(DS_SPARSE_MLA_WS_PINGPONG &&
 static_assert(!DS_SPARSE_MLA_WS_PV_RS || DS_SPARSE_MLA_WS_BLOCKBAR,
               "DS_SPARSE_MLA_WS_PV_RS is written for the per-block barriers' consumer loop");
 
-// 1: the producer converts its units in pairs: both units' copies waited for at once, both
-// units' e4m3 pieces and scale words loaded before either is converted, one proxy fence per pair
-// (NOTES.md v9, session 37: on H100 the producer's period does not depend on where the next
-// tile's copies are issued, so its per-unit chain of wait, loads, conversion, stores and fence
-// is the candidate). 0: one unit at a time.
-#ifndef DS_SPARSE_MLA_WS_UNITPAIR
-#define DS_SPARSE_MLA_WS_UNITPAIR 0
-#endif
-
 // N > 0: CTA (0, 0, 0) of the first launch with N queries records clock64() stamps of its phases
 // (consumer threads 0 and 128, producer thread 256); a kernel launched after it prints them (timing
 // experiments only; scripts/gpu/h_s33/trace_summary.py reads them).
@@ -344,57 +335,6 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
           }
         }
       };
-#if DS_SPARSE_MLA_WS_UNITPAIR
-      static_assert(kNf > 1 && DS_SPARSE_MLA_WS_ABLATE == 0 && wsp::kUnits % 2 == 0,
-                    "DS_SPARSE_MLA_WS_UNITPAIR: per-block barriers, no ablation");
-      // convert's arithmetic, two units (column blocks 2 i + h and 2 i + 2 + h) at a time.
-      auto convert_pairs = [&](bool later, int t, int bi) {
-        uint8_t* kv = smem + wsp::kOffKv + bi * kTileBytes;
-        const bool ok = addr[(t - c0) * kKeys + e].x >= 0;
-#pragma unroll 1
-        for (int i = 0; i < wsp::kUnits; i += 2) {
-          if (n_tile < 2) DS_WS_STAMP(trow, kTraceUnits + 3 * (wsp::kUnits * n_tile + i));
-          wsp::copies_landed((later ? 2 * wsp::kUnits : wsp::kUnits) - 2 - i);
-          if (n_tile < 2) DS_WS_STAMP(trow, kTraceUnits + 3 * (wsp::kUnits * n_tile + i) + 1);
-          uint4 w[2][4];
-          uint32_t sword[2];
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            const int b = 2 * (i + u) + h;
-            const uint8_t* row = kv + b * kBlockBytes;
-            if (ok && b < 7) {
-#pragma unroll
-              for (int c = 0; c < 4; ++c)
-                w[u][c] = *reinterpret_cast<const uint4*>(row + swz(e, c));
-              sword[u] = *reinterpret_cast<const uint32_t*>(row + swz(e, 4));
-            }
-          }
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            const int b = 2 * (i + u) + h;
-            uint8_t* row = kv + b * kBlockBytes;
-            if (!ok) {
-#pragma unroll
-              for (int c = 0; c < 8; ++c)
-                *reinterpret_cast<uint4*>(row + swz(e, c)) = make_uint4(0, 0, 0, 0);
-            } else if (b < 7) {
-              const float scale = __uint_as_float(((sword[u] >> (8 * (b & 3))) & 0xFFu) << 23);
-#pragma unroll
-              for (int c = 0; c < 4; ++c) {
-                *reinterpret_cast<uint4*>(row + swz(e, 2 * c)) =
-                    e4m3x8_to_bf16x8(w[u][c].x, w[u][c].y, scale);
-                *reinterpret_cast<uint4*>(row + swz(e, 2 * c + 1)) =
-                    e4m3x8_to_bf16x8(w[u][c].z, w[u][c].w, scale);
-              }
-            }
-          }
-          if (n_tile < 2) DS_WS_STAMP(trow, kTraceUnits + 3 * (wsp::kUnits * n_tile + i) + 2);
-          fence_proxy_async();  // both blocks for the consumers' wgmma
-          mbar_arrive(bar_full + 8 * (kNf * bi + 2 * i + h));
-          mbar_arrive(bar_full + 8 * (kNf * bi + 2 * i + 2 + h));
-        }
-      };
-#endif
       bool issued = false;  // tile t's copies are on their way (issued with tile t - 1's)
       for (int t = c0; t < c1; ++t) {
         const int buf = n_tile & 1;
@@ -414,11 +354,7 @@ __global__ void __launch_bounds__(wsp::kThreads, 1)
         issued = ahead;
         DS_WS_STAMP(trow, 3 + 3 * n_tile);
         if (h == 0) valid[buf * kKeys + e] = addr[(t - c0) * kKeys + e].x >= 0 ? 1 : 0;
-#if DS_SPARSE_MLA_WS_UNITPAIR
-        convert_pairs(issued, t, buf);
-#else
         convert(issued, t, buf);
-#endif
         DS_WS_STAMP(trow, 4 + 3 * n_tile);
         if (kNf == 1) {
           fence_proxy_async();  // the tile for the consumers' wgmma
