@@ -5,7 +5,7 @@
 //
 // CTA (key split, query, group of 64 heads) = 3 warpgroups, 384 threads, ~207 KB of shared
 // memory, one CTA per SM:
-//   - producer (warpgroup 2, 96 registers): resolves indices and page-table entries (every 10
+//   - producer (warpgroup 2, 72 registers): resolves indices and page-table entries (every 10
 //     tiles), then dequantizes in place: thread (h, e) owns entry e of every tile and its column
 //     blocks h, h + 2, h + 4, h + 6 (block 7 = the bf16 rope). It copies block b's 64 e4m3 bytes
 //     (cp.async, L2 evict-first) into the first half of the bf16 row they become, and the entry's
@@ -17,17 +17,19 @@
 //     warpgroup whose PV reads it last, after their last wgmma on it). A tile's copies go out in
 //     four commit groups (one per block of the thread), each converted when it lands; the second
 //     tile's go out before the first tile's conversion;
-//   - consumers (warpgroups 0-1, 200 registers): v7's tile math with PV in 32-dim chunks (32
-//     accumulator registers fewer), their two exchanges closed by a barrier of the 256 consumer
-//     threads; QK^T waits for each block's full barrier before its wgmma.
+//   - consumers (warpgroups 0-1, 216 registers): v7's tile math with PV in 32-dim chunks (32
+//     accumulator registers fewer) and P taken from registers (DS_SPARSE_MLA_WS_PV_RS), their two
+//     exchanges closed by a barrier of the 256 consumer threads; QK^T waits for each block's full
+//     barrier before its wgmma.
 // Same arithmetic in the same order as v7: the bits are v7's (tests), whatever the split count.
 // Per-block barriers (DS_SPARSE_MLA_WS_BLOCKBAR = 2, the default since session 36): each column
 // block of a tile buffer has its own full and empty barrier, so the consumers' QK^T starts on a
 // block as soon as it is converted and the producer refills a block as soon as its PV is done.
 // The producer's conversion units run in a loop, not unrolled (DS_SPARSE_MLA_WS_UNITLOOP = 1,
-// the default since session 36). Variants (NOTES.md v9, sessions 34-36): DS_SPARSE_MLA_WS_BLOCKBAR
-// 0 / 1, _PINGPONG, _UNITLOOP 0 (session 34's _PIPE, session 35's _FIRST and session 36's
-// _BACKOFF and rolled copy issue measured no faster and were removed).
+// the default since session 36). Variants (NOTES.md v9, sessions 34-37): DS_SPARSE_MLA_WS_BLOCKBAR
+// 0 / 1, _PINGPONG, _UNITLOOP 0, _PV_RS 0 (session 34's _PIPE, session 35's _FIRST, session 36's
+// _BACKOFF and rolled copy issue, and session 37's early copy issue and paired units measured no
+// faster and were removed).
 
 // Timing experiments only (NOTES.md v9), 0 in every real build: 1 skips the producer's
 // conversion (the tiles keep whatever they held), 2 the consumers' tile math (they only wait and
@@ -134,7 +136,7 @@ static_assert(kConsumerThreads == wgp::kThreads, "consumers run v7's consume_til
 static_assert(kUnits * kProducerThreads == 8 * wgp::kKeys && kProducerThreads == 2 * wgp::kKeys,
               "producer thread (h, e): entry e of 64, column blocks h + 2 i of 8");
 static_assert(kSmemBytes <= 227 * 1024, "sm_90: at most 227 KB of shared memory per CTA");
-// setmaxnreg: 2 x 208 + 80 = 496 registers per thread triple <= 3 x 168, what the launch allocates
+// setmaxnreg: 2 x 216 + 72 = 504 registers per thread triple <= 3 x 168, what the launch allocates
 // (a warpgroup's increase is served by the others' decreases within the CTA).
 constexpr int kConsumerRegs = DS_SPARSE_MLA_WS_PV_RS     ? 216
                               : DS_SPARSE_MLA_WS_BLOCKBAR ? 200
