@@ -111,7 +111,9 @@ Pool make_pool(Rng& rng, int seqs, int entries, int page_size) {
 int main(int argc, char** argv) {
   std::string out = argc > 1 ? argv[1] : "bench/results/sparse_mla_decode.json";
   // "quick": batch 1, 16, 64 and 128 at context 32K only, no sweeps (timing experiments).
+  // "small": batch 1 and 4 at both contexts, with their sweeps (batch-1 experiments).
   const bool quick = argc > 2 && std::string(argv[2]) == "quick";
+  const bool small = argc > 2 && std::string(argv[2]) == "small";
   cudaStream_t stream;
   DS_BENCH_CHECK(cudaStreamCreate(&stream));
   bench::DeviceInfo dev = bench::device_info();
@@ -136,7 +138,7 @@ int main(int argc, char** argv) {
     const int comp = std::min(kTopk, ctx / 4);
     const int keys = kWindow + comp;
     for (int batch : {1, 4, 16, 64, 128}) {
-      if (quick && batch == 4) continue;
+      if ((quick && batch == 4) || (small && batch > 4)) continue;
       Rng rng(uint64_t(ctx) * 1000 + uint64_t(batch));
       Pool win = make_pool(rng, batch, kWindowEntries, kPageSize);
       Pool cmp = make_pool(rng, batch, kCompEntries, kPageSize);

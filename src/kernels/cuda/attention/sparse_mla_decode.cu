@@ -28,6 +28,7 @@
 #include <string>
 
 #include "kernels/cuda/attention/sparse_mla_decode.h"
+#include "kernels/cuda/attention/sparse_mla_trace.cuh"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/func_attributes.h"
 
@@ -339,9 +340,48 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
   // Everything this grid reads may come from the previous kernel (p.pdl); the fast combine
   // kernel launched after it may start now (its blocks wait for this grid's partials). Uniform
   // branch: without either, the kernel runs exactly the v4 instructions.
+#if DS_SPARSE_MLA_TRACE
+  // Stamps of thread 0 (sparse_mla_trace.cuh): 0 entry, 1 after the PDL wait, 2 lengths read,
+  // 3 addresses resolved, 4 first tile dequantized, 5 its partial scores summed, 6 all tiles done,
+  // 7 exit.
+  __shared__ unsigned long long tr_s[mla_trace::kStamps];
+  const bool tracing = p.num_queries == 1 && kP == 1 && p.plan.max_splits == mla_trace::kSplits &&
+                       gridDim.x * gridDim.y * gridDim.z <= unsigned(mla_trace::kCtas);
+  if (tracing && tid < mla_trace::kStamps) tr_s[tid] = 0;
+#define DS_MLA_STAMP(k)                                           \
+  do {                                                            \
+    if (tracing && tid == 0) tr_s[k] = mla_trace::now(); \
+  } while (0)
+  DS_MLA_STAMP(0);
+#else
+#define DS_MLA_STAMP(k) \
+  do {                  \
+  } while (0)
+#endif
   if (p.pdl || fast_combine(p)) pdl_wait_then_trigger();
+#if DS_SPARSE_MLA_TRACE
+  const unsigned int tr_gen = tracing ? mla_trace::gen() : 0u;
+  DS_MLA_STAMP(1);
+#endif
   const QuerySplit qs = query_split(p, q);
+#if DS_SPARSE_MLA_TRACE
+  auto tr_flush = [&] {
+    if (!(tracing && tid == 0)) return;
+    tr_s[7] = mla_trace::now();
+    const int slot = int(tr_gen % unsigned(mla_trace::kRing));
+    const int cta = int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+    for (int k = 0; k < mla_trace::kStamps; ++k) mla_trace::g_att[slot][cta][k] = tr_s[k];
+    mla_trace::g_att_meta[slot][cta] = make_int4(mla_trace::smid(), max(qs.n, 1), p.pdl ? 1 : 0,
+                                                 int(tr_gen));
+  };
+  DS_MLA_STAMP(2);
+  if (split >= qs.splits) {
+    tr_flush();
+    return;
+  }
+#else
   if (split >= qs.splits) return;
+#endif
   const int t_begin = split_begin(qs, split);
   const int t_end = split_begin(qs, split + 1);
   const bool fold = split == 0;  // split 0 folds its tiles; the others store one partial per tile
@@ -465,6 +505,7 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
       __syncthreads();  // earlier readers of addr are done
       resolve(c0, c1);
       __syncthreads();
+      if (c0 == t_begin) DS_MLA_STAMP(3);
 #pragma unroll
       for (int s = 0; s < C::kStages - 1; ++s) {
         if (c0 + s < c1) issue_tile(c0 + s, c0, s);
@@ -476,6 +517,7 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
         // tile's columns are done. Other warps never touch this warp's stage bytes or columns.
         __syncwarp();
         dequant_tile(t, c0, (t - c0) % C::kStages, 0);
+        if (t == t_begin) DS_MLA_STAMP(4);
         if (t + C::kStages - 1 < c1)
           issue_tile(t + C::kStages - 1, c0, (t - c0 + C::kStages - 1) % C::kStages);
         cp_async_commit();
@@ -512,6 +554,7 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
           }
         }
         __syncthreads();
+        if (t == t_begin) DS_MLA_STAMP(5);
 
         // ---- softmax of the tile (scores summed in warp order, tile max, P in bf16), then the
         // fold statistics by the first thread of each row: l_t sums P in key order ----
@@ -876,7 +919,15 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
       }
     }
   }
+  DS_MLA_STAMP(6);
+#if DS_SPARSE_MLA_TRACE
+  if (!fold) {
+    tr_flush();
+    return;
+  }
+#else
   if (!fold) return;
+#endif
   __syncthreads();  // run_m / run_l final
 
   if (qs.splits > 1) {  // split 0's fold state -> slot 0, continued by the combine kernel
@@ -898,6 +949,9 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
       ml[0] = run_m[tid];
       ml[1] = run_l[tid];
     }
+#if DS_SPARSE_MLA_TRACE
+    tr_flush();
+#endif
     return;
   }
   // Single split: normalize and write the output directly.
@@ -917,7 +971,11 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
     }
   if (p.lse && tid < C::kHG && h0 + tid < p.num_heads)
     p.lse[int64_t(q) * p.num_heads + h0 + tid] = final_lse(run_m[tid], run_l[tid]);
+#if DS_SPARSE_MLA_TRACE
+  tr_flush();
+#endif
 }
+#undef DS_MLA_STAMP
 
 // Continues split 0's fold over the per-tile partials of the other splits, in tile order.
 // Block (query q, head h); each thread owns 4 output dims; kBatch: tiles whose loads are in flight
@@ -930,8 +988,23 @@ template <int kD, int kBatch, int kTileKeys = kTile>
 __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const SparseMlaParams p) {
   const int q = blockIdx.x;
   const int h = blockIdx.y;
+#if DS_SPARSE_MLA_TRACE
+  // Stamps of thread 0: 0 entry, 1 after the wait for the partials, 2 merged, 3 stored.
+  const bool tracing = kTileKeys == kTile && p.num_queries == 1 && threadIdx.x == 0 &&
+                       p.plan.max_splits == mla_trace::kSplits &&
+                       gridDim.y <= unsigned(mla_trace::kBlocks);
+  unsigned long long tr[mla_trace::kCStamps] = {};
+  unsigned int tr_gen = 0;
+  if (tracing) {
+    tr[0] = mla_trace::now();
+    tr_gen = mla_trace::gen();
+  }
+#endif
   const QuerySplit qs = query_split<kTileKeys>(p, q);
   pdl_wait();
+#if DS_SPARSE_MLA_TRACE
+  if (tracing) tr[1] = mla_trace::now();
+#endif
   if (qs.splits <= 1) return;
   const int d = threadIdx.x * 4;
   const int64_t slot_base = int64_t(q) * p.plan.max_tiles;
@@ -969,12 +1042,24 @@ __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const Sparse
         o.w = merge_value(o.w, a, ot[i].w, b);
       }
   }
+#if DS_SPARSE_MLA_TRACE
+  if (tracing) tr[2] = mla_trace::now();
+#endif
   const float inv = final_scale(m, l, p.sink, h);
   uint16_t* dst = p.out + (int64_t(q) * p.num_heads + h) * kD + d;
   *reinterpret_cast<uint2*>(dst) =
       make_uint2(pack_bf16x2(__fmul_rn(o.x, inv), __fmul_rn(o.y, inv)),
                  pack_bf16x2(__fmul_rn(o.z, inv), __fmul_rn(o.w, inv)));
   if (p.lse && threadIdx.x == 0) p.lse[int64_t(q) * p.num_heads + h] = final_lse(m, l);
+#if DS_SPARSE_MLA_TRACE
+  if (tracing) {
+    tr[3] = mla_trace::now();
+    const int slot = int(tr_gen % unsigned(mla_trace::kRing));
+    for (int k = 0; k < mla_trace::kCStamps; ++k) mla_trace::g_comb[slot][h][k] = tr[k];
+    mla_trace::g_comb_meta[slot][h] = make_int2(mla_trace::smid(), int(tr_gen));
+    if (h == 0) atomicAdd(&mla_trace::g_gen, 1u);  // the next launch's ring slot
+  }
+#endif
 }
 
 #include "kernels/cuda/attention/sparse_mla_decode_wgmma.cuh"
@@ -1157,6 +1242,16 @@ size_t sparse_mla_workspace_bytes(const SparseMlaPlan& plan, int32_t num_queries
 }
 
 Status launch_sparse_mla_decode(const SparseMlaParams& p, cudaStream_t stream) {
+#if DS_SPARSE_MLA_TRACE
+  {  // the batch-1 launches' ring to DS_MLA_TRACE_OUT once a larger batch follows
+    static int last_queries = 0;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(stream, &cs);
+    if (last_queries == 1 && p.num_queries != 1 && cs == cudaStreamCaptureStatusNone)
+      mla_trace::dump(std::getenv("DS_MLA_TRACE_OUT"));
+    last_queries = p.num_queries;
+  }
+#endif
   if (p.num_queries <= 0 || p.num_heads <= 0) return ok_status();
   if (!p.q || !p.out || !p.query_seq || !p.window_len || (p.window_width > 0 && !p.window_idx) ||
       (p.compressed_width > 0 && (!p.compressed_idx || !p.compressed_len)))
