@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Session 38 (issue 6, batch 1): binaries from scripts/gpu/mla_prepare.sh in build/carry.
+#   0. TESTS=1: test_sparse_mla_cuda, SANITIZE="memcheck racecheck" on SANITIZE_FILTER,
+#      TESTS_OPS=1: test_cuda_ops;
 #   1. the tree's bench_sparse_mla in "small" mode (batch 1 and 4, both contexts, with the split
 #      sweeps) ROUNDS times -> OUT/mla_small.json (+ logs), TESTS=1: test_sparse_mla_cuda first;
 #   2. each variant bench_sparse_mla_V in "small" mode -> OUT/mla_small_V.json; a variant named
@@ -23,6 +25,17 @@ rows() { python3 scripts/gpu/h_s38/small.py "$1" 2>&1; }
 if [ "${TESTS:-0}" = 1 ]; then
   timeout 300 "$c/test_sparse_mla_cuda" >"$out/logs/test.log" 2>&1
   echo "test_sparse_mla_cuda rc=$? $(res "$out/logs/test.log") $(el)" >>"$out/table.txt"
+  grep -E '^\[  FAILED  \]|Failure' "$out/logs/test.log" | head -20 >>"$out/table.txt"
+  for tool in ${SANITIZE:-}; do  # e.g. SANITIZE="memcheck racecheck"
+    timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 "$c/test_sparse_mla_cuda" \
+      --gtest_filter="${SANITIZE_FILTER:-SparseMlaCuda.TinyShapes:SparseMlaCuda.FlashBatch1}" \
+      >"$out/logs/$tool.log" 2>&1
+    echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/logs/$tool.log" | tr '\n' ' ') $(el)" >>"$out/table.txt"
+  done
+fi
+if [ "${TESTS_OPS:-0}" = 1 ]; then
+  timeout 300 "$c/test_cuda_ops" >"$out/logs/test_cuda_ops.log" 2>&1
+  echo "test_cuda_ops rc=$? $(res "$out/logs/test_cuda_ops.log") $(el)" >>"$out/table.txt"
 fi
 for r in $(seq 1 "${ROUNDS:-1}"); do
   timeout 120 "$c/bench_sparse_mla" "$out/logs/mla_small_r$r.json" small >"$out/logs/bench_r$r.log" 2>&1

@@ -52,6 +52,11 @@
 #ifndef DS_SPARSE_MLA_COMBINE_PDL
 #define DS_SPARSE_MLA_COMBINE_PDL 1
 #endif
+// 1: the fast combine (batch <= 4 at 64 heads) folds with one thread per dim and the coefficients
+// computed once per block (session 38); 0: session 7's fast combine, 20 tiles deep per thread.
+#ifndef DS_SPARSE_MLA_COMBINE_FAST
+#define DS_SPARSE_MLA_COMBINE_FAST 1
+#endif
 
 #include "kernels/cuda/common/mbarrier.cuh"
 #include "kernels/cuda/common/wgmma.cuh"
@@ -61,6 +66,7 @@ namespace {
 
 constexpr int kTile = kSparseMlaTileKeys;
 constexpr bool kSparseMlaCombinePdl = DS_SPARSE_MLA_COMBINE_PDL != 0;
+constexpr bool kSparseMlaCombineFast = DS_SPARSE_MLA_COMBINE_FAST != 0;
 // The fast combine (programmatic launch, 20 tiles deep) only for a combine grid of at most this
 // many blocks (query x head; batch <= 4 at 64 heads): there it is latency-bound (batch 1: -1.6 us
 // with the one-tile-per-CTA plan). Batch 16 (1024 blocks) ran 3.6 us slower with it (H200, graph;
@@ -989,21 +995,13 @@ __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const Sparse
   const int q = blockIdx.x;
   const int h = blockIdx.y;
 #if DS_SPARSE_MLA_TRACE
-  // Stamps of thread 0: 0 entry, 1 after the wait for the partials, 2 merged, 3 stored.
-  const bool tracing = kTileKeys == kTile && p.num_queries == 1 && threadIdx.x == 0 &&
-                       p.plan.max_splits == mla_trace::kSplits &&
-                       gridDim.y <= unsigned(mla_trace::kBlocks);
-  unsigned long long tr[mla_trace::kCStamps] = {};
-  unsigned int tr_gen = 0;
-  if (tracing) {
-    tr[0] = mla_trace::now();
-    tr_gen = mla_trace::gen();
-  }
+  mla_trace::CombineTrace tr;
+  tr.begin(kTileKeys == kTile && p.num_queries == 1 && p.plan.max_splits == mla_trace::kSplits);
 #endif
   const QuerySplit qs = query_split<kTileKeys>(p, q);
   pdl_wait();
 #if DS_SPARSE_MLA_TRACE
-  if (tracing) tr[1] = mla_trace::now();
+  tr.stamp(1);
 #endif
   if (qs.splits <= 1) return;
   const int d = threadIdx.x * 4;
@@ -1043,7 +1041,7 @@ __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const Sparse
       }
   }
 #if DS_SPARSE_MLA_TRACE
-  if (tracing) tr[2] = mla_trace::now();
+  tr.stamp(2);
 #endif
   const float inv = final_scale(m, l, p.sink, h);
   uint16_t* dst = p.out + (int64_t(q) * p.num_heads + h) * kD + d;
@@ -1052,13 +1050,96 @@ __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const Sparse
                  pack_bf16x2(__fmul_rn(o.z, inv), __fmul_rn(o.w, inv)));
   if (p.lse && threadIdx.x == 0) p.lse[int64_t(q) * p.num_heads + h] = final_lse(m, l);
 #if DS_SPARSE_MLA_TRACE
-  if (tracing) {
-    tr[3] = mla_trace::now();
-    const int slot = int(tr_gen % unsigned(mla_trace::kRing));
-    for (int k = 0; k < mla_trace::kCStamps; ++k) mla_trace::g_comb[slot][h][k] = tr[k];
-    mla_trace::g_comb_meta[slot][h] = make_int2(mla_trace::smid(), int(tr_gen));
-    if (h == 0) atomicAdd(&mla_trace::g_gen, 1u);  // the next launch's ring slot
+  tr.end();
+#endif
+}
+
+// The fast combine since session 38 (fast_combine(p): at most kFastCombineMaxBlocks blocks, i.e.
+// batch <= 4 at 64 heads), where the combine is latency-bound: one thread per output dim, and the
+// fold's coefficients computed once per block instead of by every thread. The serial combine
+// above spent ~0.13 us per tile on a query's coefficient chain (merge_coeffs' two exp2 and
+// branches per tile, four warps per SM): 5.3 us of merging for the 39 partials of a 640-key query
+// (H100 trace, NOTES.md session 38). Per batch of up to 32 tiles, warp 0 takes the running max as
+// a prefix maximum over its lanes (one tile per lane; fmaxf is exact and associative, so each
+// lane gets the serial fold's running max before and after its tile), each lane calls
+// merge_coeffs for its tile, and every lane runs the l chain in tile order; then every thread
+// folds its dim with those coefficients in tile order. Same functions on the same operands in the
+// same order for every value: the serial combine's bits.
+template <int kD, int kTileKeys = kTile>
+__global__ void __launch_bounds__(kD) sparse_mla_combine_fast_kernel(const SparseMlaParams p) {
+  constexpr int kBatch = 32;
+  __shared__ float2 coef[kBatch];  // {a, b} of the batch's tiles
+  __shared__ float2 run;           // the final {m, l}
+  const int q = blockIdx.x;
+  const int h = blockIdx.y;
+  const int d = threadIdx.x;
+  const int lane = d & 31;
+#if DS_SPARSE_MLA_TRACE
+  mla_trace::CombineTrace tr;
+  tr.begin(kTileKeys == kTile && p.num_queries == 1 && p.plan.max_splits == mla_trace::kSplits);
+#endif
+  const QuerySplit qs = query_split<kTileKeys>(p, q);
+  pdl_wait();
+#if DS_SPARSE_MLA_TRACE
+  tr.stamp(1);
+#endif
+  if (qs.splits <= 1) return;
+  const int64_t slot_base = int64_t(q) * p.plan.max_tiles;
+  const float* ws_o = p.workspace;
+  const float* ws_ml = p.workspace + int64_t(p.num_queries) * p.plan.max_tiles * p.num_heads * kD;
+  auto o_at = [&](int t) { return ws_o[((slot_base + t) * p.num_heads + h) * kD + d]; };
+  auto ml_at = [&](int t) {
+    return *reinterpret_cast<const float2*>(ws_ml + ((slot_base + t) * p.num_heads + h) * 2);
+  };
+  float o = o_at(0);
+  float m = 0.0f, l = 0.0f;  // warp 0: split 0's state, continued tile by tile
+  if (d < 32) {
+    const float2 ml = ml_at(0);
+    m = ml.x;
+    l = ml.y;
   }
+  for (int t = split_begin(qs, 1); t < qs.tiles; t += kBatch) {
+    const int nb = min(kBatch, qs.tiles - t);
+    float ot[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+      if (i < nb) ot[i] = o_at(t + i);
+    if (d < 32) {
+      const float2 mlt = lane < nb ? ml_at(t + lane) : make_float2(kNegInf, 0.0f);
+      float run_m = mlt.x;  // max of m and the batch's tile maxima up to this lane
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const float y = __shfl_up_sync(0xFFFFFFFFu, run_m, off);
+        if (lane >= off) run_m = fmaxf(run_m, y);
+      }
+      run_m = fmaxf(m, run_m);
+      float before = __shfl_up_sync(0xFFFFFFFFu, run_m, 1);
+      if (lane == 0) before = m;
+      float m_new, a, b;
+      merge_coeffs(before, mlt.x, m_new, a, b);
+      if (lane < nb) coef[lane] = make_float2(a, b);
+      for (int i = 0; i < nb; ++i)
+        l = merge_value(l, __shfl_sync(0xFFFFFFFFu, a, i), __shfl_sync(0xFFFFFFFFu, mlt.y, i),
+                        __shfl_sync(0xFFFFFFFFu, b, i));
+      m = __shfl_sync(0xFFFFFFFFu, m_new, nb - 1);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+      if (i < nb) o = merge_value(o, coef[i].x, ot[i], coef[i].y);
+    __syncthreads();  // coef is rewritten by the next batch
+  }
+  if (d == 0) run = make_float2(m, l);
+  __syncthreads();
+#if DS_SPARSE_MLA_TRACE
+  tr.stamp(2);
+#endif
+  const float inv = final_scale(run.x, run.y, p.sink, h);
+  p.out[(int64_t(q) * p.num_heads + h) * kD + d] =
+      __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(o, inv)));
+  if (p.lse && d == 0) p.lse[int64_t(q) * p.num_heads + h] = final_lse(run.x, run.y);
+#if DS_SPARSE_MLA_TRACE
+  tr.end();
 #endif
 }
 
@@ -1098,7 +1179,10 @@ Status launch_impl(const SparseMlaParams& p, cudaStream_t stream) {
                                         C::kSmemBytes, p.pdl, p, stream));
   if (p.plan.max_splits > 1) {
     const dim3 cgrid(unsigned(p.num_queries), unsigned(p.num_heads));
-    if (fast_combine(p)) {
+    if (fast_combine(p) && kSparseMlaCombineFast) {
+      DS_CUDA_RETURN_IF_ERROR(
+          launch_kernel(sparse_mla_combine_fast_kernel<kD>, cgrid, kD, 0, true, p, stream));
+    } else if (fast_combine(p)) {
       DS_CUDA_RETURN_IF_ERROR(
           launch_kernel(sparse_mla_combine_kernel<kD, 20>, cgrid, kD / 4, 0, true, p, stream));
     } else {
@@ -1130,7 +1214,10 @@ Status launch_wgmma(const SparseMlaParams& p, cudaStream_t stream) {
   if (p.plan.max_splits > 1) {
     const dim3 cgrid(unsigned(p.num_queries), unsigned(p.num_heads));
     constexpr int kD = wgp::kD, kTK = wgp::kKeys;
-    if (fast_combine(p)) {
+    if (fast_combine(p) && kSparseMlaCombineFast) {
+      DS_CUDA_RETURN_IF_ERROR(
+          launch_kernel(sparse_mla_combine_fast_kernel<kD, kTK>, cgrid, kD, 0, true, p, stream));
+    } else if (fast_combine(p)) {
       DS_CUDA_RETURN_IF_ERROR(
           launch_kernel(sparse_mla_combine_kernel<kD, 20, kTK>, cgrid, kD / 4, 0, true, p, stream));
     } else {

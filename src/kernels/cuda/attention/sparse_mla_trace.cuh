@@ -42,6 +42,33 @@ __device__ __forceinline__ unsigned int gen() {
   return *reinterpret_cast<volatile unsigned int*>(&g_gen);
 }
 
+// A combine block's stamps (thread 0): 0 entry, 1 after the wait for the partials, 2 merged,
+// 3 stored; block (q 0, head 0) advances the launch counter at its end.
+struct CombineTrace {
+  bool on = false;
+  unsigned int gen = 0;
+  unsigned long long t[kCStamps] = {};
+  __device__ void begin(bool traced) {
+    on = traced && threadIdx.x == 0 && gridDim.y <= unsigned(kBlocks);
+    if (on) {
+      t[0] = now();
+      gen = mla_trace::gen();
+    }
+  }
+  __device__ void stamp(int k) {
+    if (on) t[k] = now();
+  }
+  __device__ void end() {
+    if (!on) return;
+    t[3] = now();
+    const int slot = int(gen % unsigned(kRing));
+    const int h = int(blockIdx.y);
+    for (int k = 0; k < kCStamps; ++k) g_comb[slot][h][k] = t[k];
+    g_comb_meta[slot][h] = make_int2(smid(), int(gen));
+    if (h == 0) atomicAdd(&g_gen, 1u);  // the next launch's ring slot
+  }
+};
+
 // Host: the ring to `path` (one line per CTA / block with stamps), then the counter reset.
 inline void dump(const char* path) {
   if (!path) return;
