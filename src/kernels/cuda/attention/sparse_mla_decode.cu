@@ -67,6 +67,9 @@ namespace {
 constexpr int kTile = kSparseMlaTileKeys;
 constexpr bool kSparseMlaCombinePdl = DS_SPARSE_MLA_COMBINE_PDL != 0;
 constexpr bool kSparseMlaCombineFast = DS_SPARSE_MLA_COMBINE_FAST != 0;
+// Dims per block of the fast combine: 128 (four blocks per (query, head) at head_dim 512, so the
+// partials' loads come from every SM) or, with DS_SPARSE_MLA_COMBINE_FAST=2, all of them.
+constexpr int kCombineFastThreads = DS_SPARSE_MLA_COMBINE_FAST == 2 ? 512 : 128;
 // The fast combine (programmatic launch, 20 tiles deep) only for a combine grid of at most this
 // many blocks (query x head; batch <= 4 at 64 heads): there it is latency-bound (batch 1: -1.6 us
 // with the one-tile-per-CTA plan). Batch 16 (1024 blocks) ran 3.6 us slower with it (H200, graph;
@@ -1065,15 +1068,17 @@ __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const Sparse
 // merge_coeffs for its tile, and every lane runs the l chain in tile order; then every thread
 // folds its dim with those coefficients in tile order. Same functions on the same operands in the
 // same order for every value: the serial combine's bits.
-template <int kD, int kTileKeys = kTile>
-__global__ void __launch_bounds__(kD) sparse_mla_combine_fast_kernel(const SparseMlaParams p) {
+// kThreads dims per block, kD / kThreads blocks (blockIdx.z) per (query, head), each computing
+// the coefficients itself.
+template <int kD, int kTileKeys = kTile, int kThreads = kD>
+__global__ void __launch_bounds__(kThreads) sparse_mla_combine_fast_kernel(const SparseMlaParams p) {
   constexpr int kBatch = 32;
   __shared__ float2 coef[kBatch];  // {a, b} of the batch's tiles
   __shared__ float2 run;           // the final {m, l}
   const int q = blockIdx.x;
   const int h = blockIdx.y;
-  const int d = threadIdx.x;
-  const int lane = d & 31;
+  const int d = int(blockIdx.z) * kThreads + threadIdx.x;
+  const int lane = threadIdx.x & 31;
 #if DS_SPARSE_MLA_TRACE
   mla_trace::CombineTrace tr;
   tr.begin(kTileKeys == kTile && p.num_queries == 1 && p.plan.max_splits == mla_trace::kSplits);
@@ -1093,7 +1098,7 @@ __global__ void __launch_bounds__(kD) sparse_mla_combine_fast_kernel(const Spars
   };
   float o = o_at(0);
   float m = 0.0f, l = 0.0f;  // warp 0: split 0's state, continued tile by tile
-  if (d < 32) {
+  if (threadIdx.x < 32) {
     const float2 ml = ml_at(0);
     m = ml.x;
     l = ml.y;
@@ -1104,7 +1109,7 @@ __global__ void __launch_bounds__(kD) sparse_mla_combine_fast_kernel(const Spars
 #pragma unroll
     for (int i = 0; i < kBatch; ++i)
       if (i < nb) ot[i] = o_at(t + i);
-    if (d < 32) {
+    if (threadIdx.x < 32) {
       const float2 mlt = lane < nb ? ml_at(t + lane) : make_float2(kNegInf, 0.0f);
       float run_m = mlt.x;  // max of m and the batch's tile maxima up to this lane
 #pragma unroll
@@ -1129,7 +1134,7 @@ __global__ void __launch_bounds__(kD) sparse_mla_combine_fast_kernel(const Spars
       if (i < nb) o = merge_value(o, coef[i].x, ot[i], coef[i].y);
     __syncthreads();  // coef is rewritten by the next batch
   }
-  if (d == 0) run = make_float2(m, l);
+  if (threadIdx.x == 0) run = make_float2(m, l);
   __syncthreads();
 #if DS_SPARSE_MLA_TRACE
   tr.stamp(2);
@@ -1139,7 +1144,7 @@ __global__ void __launch_bounds__(kD) sparse_mla_combine_fast_kernel(const Spars
       __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(o, inv)));
   if (p.lse && d == 0) p.lse[int64_t(q) * p.num_heads + h] = final_lse(run.x, run.y);
 #if DS_SPARSE_MLA_TRACE
-  tr.end();
+  if (blockIdx.z == 0) tr.end();
 #endif
 }
 
@@ -1180,8 +1185,10 @@ Status launch_impl(const SparseMlaParams& p, cudaStream_t stream) {
   if (p.plan.max_splits > 1) {
     const dim3 cgrid(unsigned(p.num_queries), unsigned(p.num_heads));
     if (fast_combine(p) && kSparseMlaCombineFast) {
-      DS_CUDA_RETURN_IF_ERROR(
-          launch_kernel(sparse_mla_combine_fast_kernel<kD>, cgrid, kD, 0, true, p, stream));
+      constexpr int kT = std::min(kD, kCombineFastThreads);
+      DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_combine_fast_kernel<kD, kTile, kT>,
+                                            dim3(cgrid.x, cgrid.y, kD / kT), kT, 0, true, p,
+                                            stream));
     } else if (fast_combine(p)) {
       DS_CUDA_RETURN_IF_ERROR(
           launch_kernel(sparse_mla_combine_kernel<kD, 20>, cgrid, kD / 4, 0, true, p, stream));
@@ -1215,8 +1222,10 @@ Status launch_wgmma(const SparseMlaParams& p, cudaStream_t stream) {
     const dim3 cgrid(unsigned(p.num_queries), unsigned(p.num_heads));
     constexpr int kD = wgp::kD, kTK = wgp::kKeys;
     if (fast_combine(p) && kSparseMlaCombineFast) {
-      DS_CUDA_RETURN_IF_ERROR(
-          launch_kernel(sparse_mla_combine_fast_kernel<kD, kTK>, cgrid, kD, 0, true, p, stream));
+      constexpr int kT = std::min(kD, kCombineFastThreads);
+      DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_combine_fast_kernel<kD, kTK, kT>,
+                                            dim3(cgrid.x, cgrid.y, kD / kT), kT, 0, true, p,
+                                            stream));
     } else if (fast_combine(p)) {
       DS_CUDA_RETURN_IF_ERROR(
           launch_kernel(sparse_mla_combine_kernel<kD, 20, kTK>, cgrid, kD / 4, 0, true, p, stream));
