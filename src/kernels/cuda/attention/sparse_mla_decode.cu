@@ -1058,22 +1058,21 @@ __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const Sparse
 }
 
 // The fast combine since session 38 (fast_combine(p): at most kFastCombineMaxBlocks blocks, i.e.
-// batch <= 4 at 64 heads), where the combine is latency-bound: one thread per output dim, and the
-// fold's coefficients computed once per block instead of by every thread. The serial combine
-// above spent ~0.13 us per tile on a query's coefficient chain (merge_coeffs' two exp2 and
-// branches per tile, four warps per SM): 5.3 us of merging for the 39 partials of a 640-key query
-// (H100 trace, NOTES.md session 38). Per batch of up to 32 tiles, warp 0 takes the running max as
-// a prefix maximum over its lanes (one tile per lane; fmaxf is exact and associative, so each
-// lane gets the serial fold's running max before and after its tile), each lane calls
-// merge_coeffs for its tile, and every lane runs the l chain in tile order; then every thread
-// folds its dim with those coefficients in tile order. Same functions on the same operands in the
-// same order for every value: the serial combine's bits.
-// kThreads dims per block, kD / kThreads blocks (blockIdx.z) per (query, head), each computing
-// the coefficients itself.
+// batch <= 4 at 64 heads), where the combine is latency-bound. The 20-deep kernel above spent
+// ~5.3 us merging the 39 partials of a 640-key query (H100 trace, NOTES.md session 38): two load
+// round trips, and per tile a serial chain of merge_coeffs' two exp2 and branches in every thread.
+// Here one thread per output dim (kThreads dims per block, kD / kThreads blocks per (query,
+// head)) loads all its partials of up to 64 tiles at once, and warp 0 computes the fold's
+// coefficients once per block: the running max as a prefix maximum over its lanes (two tiles per
+// lane; fmaxf is exact and associative, so each tile gets the serial fold's running max before
+// and after it), merge_coeffs per tile, and the l chain in tile order (merge_value's product per
+// tile first, then its fmaf chain through shuffles); then every thread folds its dim with those
+// coefficients in tile order. Same functions on the same operands in the same order for every
+// value: the serial combine's bits.
 template <int kD, int kTileKeys = kTile, int kThreads = kD>
 __global__ void __launch_bounds__(kThreads) sparse_mla_combine_fast_kernel(const SparseMlaParams p) {
-  constexpr int kBatch = 32;
-  __shared__ float2 coef[kBatch];  // {a, b} of the batch's tiles
+  constexpr int kChunk = 64;       // tiles whose partials are loaded together
+  __shared__ float2 coef[kChunk];  // {a, b} of the chunk's tiles
   __shared__ float2 run;           // the final {m, l}
   const int q = blockIdx.x;
   const int h = blockIdx.y;
@@ -1096,6 +1095,7 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_combine_fast_kernel(const
   auto ml_at = [&](int t) {
     return *reinterpret_cast<const float2*>(ws_ml + ((slot_base + t) * p.num_heads + h) * 2);
   };
+  const float2 none = make_float2(kNegInf, 0.0f);
   float o = o_at(0);
   float m = 0.0f, l = 0.0f;  // warp 0: split 0's state, continued tile by tile
   if (threadIdx.x < 32) {
@@ -1103,36 +1103,49 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_combine_fast_kernel(const
     m = ml.x;
     l = ml.y;
   }
-  for (int t = split_begin(qs, 1); t < qs.tiles; t += kBatch) {
-    const int nb = min(kBatch, qs.tiles - t);
-    float ot[kBatch];
+  for (int t = split_begin(qs, 1); t < qs.tiles; t += kChunk) {
+    const int nb = min(kChunk, qs.tiles - t);
+    float ot[kChunk];
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i)
+    for (int i = 0; i < kChunk; ++i)
       if (i < nb) ot[i] = o_at(t + i);
     if (threadIdx.x < 32) {
-      const float2 mlt = lane < nb ? ml_at(t + lane) : make_float2(kNegInf, 0.0f);
-      float run_m = mlt.x;  // max of m and the batch's tile maxima up to this lane
+      // Tiles t + lane (half 0) and t + 32 + lane (half 1).
+      float2 mlt[2];
+      float before[2], m_new[2], a[2], b[2], lb[2];
 #pragma unroll
-      for (int off = 1; off < 32; off <<= 1) {
-        const float y = __shfl_up_sync(0xFFFFFFFFu, run_m, off);
-        if (lane >= off) run_m = fmaxf(run_m, y);
+      for (int k = 0; k < 2; ++k) mlt[k] = 32 * k + lane < nb ? ml_at(t + 32 * k + lane) : none;
+      float carry = m;
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        float r = mlt[k].x;  // max of the half's tile maxima up to this lane
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+          const float y = __shfl_up_sync(0xFFFFFFFFu, r, off);
+          if (lane >= off) r = fmaxf(r, y);
+        }
+        r = fmaxf(carry, r);
+        before[k] = __shfl_up_sync(0xFFFFFFFFu, r, 1);
+        if (lane == 0) before[k] = carry;
+        carry = __shfl_sync(0xFFFFFFFFu, r, 31);
+        merge_coeffs(before[k], mlt[k].x, m_new[k], a[k], b[k]);
+        coef[32 * k + lane] = make_float2(a[k], b[k]);
+        lb[k] = __fmul_rn(mlt[k].y, b[k]);  // merge_value's product
       }
-      run_m = fmaxf(m, run_m);
-      float before = __shfl_up_sync(0xFFFFFFFFu, run_m, 1);
-      if (lane == 0) before = m;
-      float m_new, a, b;
-      merge_coeffs(before, mlt.x, m_new, a, b);
-      if (lane < nb) coef[lane] = make_float2(a, b);
-      for (int i = 0; i < nb; ++i)
-        l = merge_value(l, __shfl_sync(0xFFFFFFFFu, a, i), __shfl_sync(0xFFFFFFFFu, mlt.y, i),
-                        __shfl_sync(0xFFFFFFFFu, b, i));
-      m = __shfl_sync(0xFFFFFFFFu, m_new, nb - 1);
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+#pragma unroll
+        for (int i = 0; i < 32; ++i)
+          if (32 * k + i < nb)
+            l = __fmaf_rn(l, __shfl_sync(0xFFFFFFFFu, a[k], i),
+                          __shfl_sync(0xFFFFFFFFu, lb[k], i));
+      m = __shfl_sync(0xFFFFFFFFu, nb > 32 ? m_new[1] : m_new[0], (nb - 1) & 31);
     }
     __syncthreads();
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i)
+    for (int i = 0; i < kChunk; ++i)
       if (i < nb) o = merge_value(o, coef[i].x, ot[i], coef[i].y);
-    __syncthreads();  // coef is rewritten by the next batch
+    __syncthreads();  // coef is rewritten by the next chunk
   }
   if (threadIdx.x == 0) run = make_float2(m, l);
   __syncthreads();
