@@ -57,6 +57,10 @@
 #ifndef DS_SPARSE_MLA_COMBINE_FAST
 #define DS_SPARSE_MLA_COMBINE_FAST 1
 #endif
+// 1: the batch-1 plan's CTAs load their keys' indices before the lengths (session 38); 0: after.
+#ifndef DS_SPARSE_MLA_SPEC_INDEX
+#define DS_SPARSE_MLA_SPEC_INDEX 0
+#endif
 
 #include "kernels/cuda/common/mbarrier.cuh"
 #include "kernels/cuda/common/wgmma.cuh"
@@ -67,6 +71,7 @@ namespace {
 constexpr int kTile = kSparseMlaTileKeys;
 constexpr bool kSparseMlaCombinePdl = DS_SPARSE_MLA_COMBINE_PDL != 0;
 constexpr bool kSparseMlaCombineFast = DS_SPARSE_MLA_COMBINE_FAST != 0;
+constexpr bool kSparseMlaSpecIndex = DS_SPARSE_MLA_SPEC_INDEX != 0;
 // Dims per block of the fast combine: 128 (four blocks per (query, head) at head_dim 512, so the
 // partials' loads come from every SM) or, with DS_SPARSE_MLA_COMBINE_FAST=2, all of them.
 constexpr int kCombineFastThreads = DS_SPARSE_MLA_COMBINE_FAST == 2 ? 512 : 128;
@@ -218,15 +223,13 @@ __device__ __forceinline__ const uint8_t* kv_page_of(const SparseMlaParams& p, i
   return pool + int64_t(a.x) * page_bytes;
 }
 
-// Resolves the indices and page-table entries of keys [kTileKeys c0, kTileKeys c1) of query q
-// into `addr` ({page or -1, slot | window << 31}; keys past the query's n keys and -1 indices get
-// page -1), by all kThreads threads of the CTA. All index loads are issued before the page-table
-// loads that depend on them (two memory round trips per chunk). Shared by both kernels.
+// The indices of keys [kTileKeys c0, kTileKeys c1) of query q (keys [0, wn) from the window
+// list, [wn, n) from the compressed list; -1 past n), by all kThreads threads of the CTA: thread
+// tid holds key tid + i kThreads of the chunk in idx[i].
 template <int kTileKeys, int kThreads, int kIters>
-__device__ __forceinline__ void resolve_addresses(const SparseMlaParams& p, int q, int seq, int wn,
-                                                  int n, int c0, int c1, int tid, int2* addr) {
+__device__ __forceinline__ void load_indices(const SparseMlaParams& p, int q, int wn, int n, int c0,
+                                             int c1, int tid, int (&idx)[kIters]) {
   const int count = (c1 - c0) * kTileKeys;
-  int idx[kIters];
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
     const int k = tid + i * kThreads;
@@ -238,6 +241,15 @@ __device__ __forceinline__ void resolve_addresses(const SparseMlaParams& p, int 
     else if (j < n)
       idx[i] = p.compressed_idx[int64_t(q) * p.compressed_width + (j - wn)];
   }
+}
+
+// The page-table entries of those keys into `addr` ({page or -1, slot | window << 31}; keys past
+// the query's n keys and -1 indices get page -1).
+template <int kTileKeys, int kThreads, int kIters>
+__device__ __forceinline__ void resolve_pages(const SparseMlaParams& p, int seq, int wn, int c0,
+                                              int c1, int tid, const int (&idx)[kIters],
+                                              int2* addr) {
+  const int count = (c1 - c0) * kTileKeys;
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
     const int k = tid + i * kThreads;
@@ -255,6 +267,17 @@ __device__ __forceinline__ void resolve_addresses(const SparseMlaParams& p, int 
     }
     addr[k] = a;
   }
+}
+
+// Resolves the indices and page-table entries of keys [kTileKeys c0, kTileKeys c1) of query q
+// into `addr`. All index loads are issued before the page-table loads that depend on them (two
+// memory round trips per chunk). Shared by the kernels.
+template <int kTileKeys, int kThreads, int kIters>
+__device__ __forceinline__ void resolve_addresses(const SparseMlaParams& p, int q, int seq, int wn,
+                                                  int n, int c0, int c1, int tid, int2* addr) {
+  int idx[kIters];
+  load_indices<kTileKeys, kThreads, kIters>(p, q, wn, n, c0, c1, tid, idx);
+  resolve_pages<kTileKeys, kThreads, kIters>(p, seq, wn, c0, c1, tid, idx, addr);
 }
 
 __device__ __forceinline__ int spart_swizzle(int row) {
@@ -372,6 +395,16 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
   const unsigned int tr_gen = tracing ? mla_trace::gen() : 0u;
   DS_MLA_STAMP(1);
 #endif
+  // One tile per CTA (the batch-1 plan): split k works on tile k whatever the query's length, and
+  // with a full window (the case past the window's first tokens) its keys' indices sit at fixed
+  // places. They are loaded before the lengths and used if the window is full (one dependent
+  // round trip less); otherwise resolve() loads them again.
+  const bool spec = kSparseMlaSpecIndex && kP == 1 && p.plan.max_splits >= p.plan.max_tiles;
+  int spec_idx[C::kResolveIters];
+  if (spec)
+    load_indices<kTile, C::kThreads, C::kResolveIters>(p, q, p.window_width,
+                                                       p.window_width + p.compressed_width, split,
+                                                       split + 1, tid, spec_idx);
   const QuerySplit qs = query_split(p, q);
 #if DS_SPARSE_MLA_TRACE
   auto tr_flush = [&] {
@@ -512,7 +545,15 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
     for (int c0 = t_begin; c0 < t_end; c0 += C::kAddrTiles) {
       const int c1 = min(t_end, c0 + C::kAddrTiles);
       __syncthreads();  // earlier readers of addr are done
-      resolve(c0, c1);
+      if (spec && wn == p.window_width && c0 == split && c1 == split + 1) {
+#pragma unroll
+        for (int i = 0; i < C::kResolveIters; ++i)  // keys past the query's n
+          if (c0 * kTile + tid + i * C::kThreads >= qs.n) spec_idx[i] = -1;
+        resolve_pages<kTile, C::kThreads, C::kResolveIters>(p, seq, wn, c0, c1, tid, spec_idx,
+                                                            addr);
+      } else {
+        resolve(c0, c1);
+      }
       __syncthreads();
       if (c0 == t_begin) DS_MLA_STAMP(3);
 #pragma unroll
