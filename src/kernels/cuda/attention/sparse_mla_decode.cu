@@ -1099,22 +1099,21 @@ __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const Sparse
 }
 
 // The fast combine since session 38 (fast_combine(p): at most kFastCombineMaxBlocks blocks, i.e.
-// batch <= 4 at 64 heads), where the combine is latency-bound. The 20-deep kernel above spent
-// ~5.3 us merging the 39 partials of a 640-key query (H100 trace, NOTES.md session 38): two load
-// round trips, and per tile a serial chain of merge_coeffs' two exp2 and branches in every thread.
-// Here one thread per output dim (kThreads dims per block, kD / kThreads blocks per (query,
-// head)) loads all its partials of up to 64 tiles at once, and warp 0 computes the fold's
-// coefficients once per block: the running max as a prefix maximum over its lanes (two tiles per
-// lane; fmaxf is exact and associative, so each tile gets the serial fold's running max before
-// and after it), merge_coeffs per tile, and the l chain in tile order (merge_value's product per
-// tile first, then its fmaf chain through shuffles); then every thread folds its dim with those
-// coefficients in tile order. Same functions on the same operands in the same order for every
-// value: the serial combine's bits.
+// batch <= 4 at 64 heads), where the combine is latency-bound: its warps are few (one per
+// scheduler), so what counts is each thread's chain of dependent instructions. The 20-deep kernel
+// above spent ~5.5 us merging the 39 partials of a 640-key query (H100 trace and ncu, NOTES.md
+// session 38): two load round trips, and per tile merge_coeffs' exp2 behind branches. Here one
+// thread per output dim (kThreads dims per block, kD / kThreads blocks per (query, head)) loads
+// all its partials of up to 64 tiles at once, and every warp computes the fold's coefficients
+// without branches: two tiles per lane, the running max as a prefix maximum over the lanes (fmaxf
+// is exact and associative, so each tile gets the serial fold's running max before and after it),
+// merge_coeffs per tile; then every thread runs the l and o chains in tile order with the
+// coefficients taken from their lanes by shuffles. Tiles past the query's last are padded with
+// a = 1, b = 0 and a -0 product, which leave l and o unchanged bit for bit. Same functions on the
+// same operands in the same order for every value: the serial combine's bits.
 template <int kD, int kTileKeys = kTile, int kThreads = kD>
 __global__ void __launch_bounds__(kThreads) sparse_mla_combine_fast_kernel(const SparseMlaParams p) {
-  constexpr int kChunk = 64;       // tiles whose partials are loaded together
-  __shared__ float2 coef[kChunk];  // {a, b} of the chunk's tiles
-  __shared__ float2 run;           // the final {m, l}
+  constexpr int kChunk = 64;  // tiles whose partials are loaded together
   const int q = blockIdx.x;
   const int h = blockIdx.y;
   const int d = int(blockIdx.z) * kThreads + threadIdx.x;
@@ -1136,67 +1135,59 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_combine_fast_kernel(const
   auto ml_at = [&](int t) {
     return *reinterpret_cast<const float2*>(ws_ml + ((slot_base + t) * p.num_heads + h) * 2);
   };
-  const float2 none = make_float2(kNegInf, 0.0f);
   float o = o_at(0);
-  float m = 0.0f, l = 0.0f;  // warp 0: split 0's state, continued tile by tile
-  if (threadIdx.x < 32) {
-    const float2 ml = ml_at(0);
-    m = ml.x;
-    l = ml.y;
-  }
+  const float2 ml0 = ml_at(0);  // split 0's state, continued tile by tile
+  float m = ml0.x, l = ml0.y;
   for (int t = split_begin(qs, 1); t < qs.tiles; t += kChunk) {
     const int nb = min(kChunk, qs.tiles - t);
     float ot[kChunk];
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i)
-      if (i < nb) ot[i] = o_at(t + i);
-    if (threadIdx.x < 32) {
-      // Tiles t + lane (half 0) and t + 32 + lane (half 1).
-      float2 mlt[2];
-      float before[2], m_new[2], a[2], b[2], lb[2];
+    for (int i = 0; i < kChunk; ++i) ot[i] = i < nb ? o_at(t + i) : -0.0f;
+    // Tiles t + lane (half 0) and t + 32 + lane (half 1).
+    float a[2], b[2], lb[2];
 #pragma unroll
-      for (int k = 0; k < 2; ++k) mlt[k] = 32 * k + lane < nb ? ml_at(t + 32 * k + lane) : none;
-      float carry = m;
+    for (int k = 0; k < 2; ++k) {
+      const bool real = 32 * k + lane < nb;
+      const float2 mlt = real ? ml_at(t + 32 * k + lane) : make_float2(kNegInf, 0.0f);
+      float r = mlt.x;  // max of the half's tile maxima up to this lane
 #pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        float r = mlt[k].x;  // max of the half's tile maxima up to this lane
-#pragma unroll
-        for (int off = 1; off < 32; off <<= 1) {
-          const float y = __shfl_up_sync(0xFFFFFFFFu, r, off);
-          if (lane >= off) r = fmaxf(r, y);
-        }
-        r = fmaxf(carry, r);
-        before[k] = __shfl_up_sync(0xFFFFFFFFu, r, 1);
-        if (lane == 0) before[k] = carry;
-        carry = __shfl_sync(0xFFFFFFFFu, r, 31);
-        merge_coeffs(before[k], mlt[k].x, m_new[k], a[k], b[k]);
-        coef[32 * k + lane] = make_float2(a[k], b[k]);
-        lb[k] = __fmul_rn(mlt[k].y, b[k]);  // merge_value's product
+      for (int off = 1; off < 32; off <<= 1) {
+        const float y = __shfl_up_sync(0xFFFFFFFFu, r, off);
+        if (lane >= off) r = fmaxf(r, y);
       }
-#pragma unroll
-      for (int k = 0; k < 2; ++k)
-#pragma unroll
-        for (int i = 0; i < 32; ++i)
-          if (32 * k + i < nb)
-            l = __fmaf_rn(l, __shfl_sync(0xFFFFFFFFu, a[k], i),
-                          __shfl_sync(0xFFFFFFFFu, lb[k], i));
-      m = __shfl_sync(0xFFFFFFFFu, nb > 32 ? m_new[1] : m_new[0], (nb - 1) & 31);
+      r = fmaxf(m, r);
+      float before = __shfl_up_sync(0xFFFFFFFFu, r, 1);
+      if (lane == 0) before = m;
+      m = __shfl_sync(0xFFFFFFFFu, r, 31);
+      float m_new;
+      merge_coeffs(before, mlt.x, m_new, a[k], b[k]);
+      lb[k] = __fmul_rn(mlt.y, b[k]);  // merge_value's product for l
+      if (!real) {
+        a[k] = 1.0f;
+        b[k] = 0.0f;
+        lb[k] = -0.0f;
+      }
     }
-    __syncthreads();
+    auto fold = [&](int k, int i) {  // tile t + 32 k + i, in order
+      const float ai = __shfl_sync(0xFFFFFFFFu, a[k], i);
+      const float bi = __shfl_sync(0xFFFFFFFFu, b[k], i);
+      l = __fmaf_rn(l, ai, __shfl_sync(0xFFFFFFFFu, lb[k], i));
+      o = merge_value(o, ai, ot[32 * k + i], bi);
+    };
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i)
-      if (i < nb) o = merge_value(o, coef[i].x, ot[i], coef[i].y);
-    __syncthreads();  // coef is rewritten by the next chunk
+    for (int i = 0; i < 32; ++i) fold(0, i);
+    if (nb > 32) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) fold(1, i);
+    }
   }
-  if (threadIdx.x == 0) run = make_float2(m, l);
-  __syncthreads();
 #if DS_SPARSE_MLA_TRACE
   tr.stamp(2);
 #endif
-  const float inv = final_scale(run.x, run.y, p.sink, h);
+  const float inv = final_scale(m, l, p.sink, h);
   p.out[(int64_t(q) * p.num_heads + h) * kD + d] =
       __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(o, inv)));
-  if (p.lse && d == 0) p.lse[int64_t(q) * p.num_heads + h] = final_lse(run.x, run.y);
+  if (p.lse && d == 0) p.lse[int64_t(q) * p.num_heads + h] = final_lse(m, l);
 #if DS_SPARSE_MLA_TRACE
   if (blockIdx.z == 0) tr.end();
 #endif
