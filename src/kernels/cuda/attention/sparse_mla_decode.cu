@@ -61,6 +61,12 @@
 #ifndef DS_SPARSE_MLA_SPEC_INDEX
 #define DS_SPARSE_MLA_SPEC_INDEX 0
 #endif
+// 1: the mma.sync kernel's grid is (head groups, queries, splits), so that the CTAs of the low
+// splits, which have work whatever the lengths, are placed before the high ones (session 38);
+// 0: (splits, queries, head groups).
+#ifndef DS_SPARSE_MLA_SPLIT_MAJOR
+#define DS_SPARSE_MLA_SPLIT_MAJOR 0
+#endif
 
 #include "kernels/cuda/common/mbarrier.cuh"
 #include "kernels/cuda/common/wgmma.cuh"
@@ -72,6 +78,7 @@ constexpr int kTile = kSparseMlaTileKeys;
 constexpr bool kSparseMlaCombinePdl = DS_SPARSE_MLA_COMBINE_PDL != 0;
 constexpr bool kSparseMlaCombineFast = DS_SPARSE_MLA_COMBINE_FAST != 0;
 constexpr bool kSparseMlaSpecIndex = DS_SPARSE_MLA_SPEC_INDEX != 0;
+constexpr bool kSparseMlaSplitMajor = DS_SPARSE_MLA_SPLIT_MAJOR != 0;
 // Dims per block of the fast combine: 128 (four blocks per (query, head) at head_dim 512, so the
 // partials' loads come from every SM) or, with DS_SPARSE_MLA_COMBINE_FAST=2, all of them.
 constexpr int kCombineFastThreads = DS_SPARSE_MLA_COMBINE_FAST == 2 ? 512 : 128;
@@ -362,9 +369,11 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
   int* key_ok = reinterpret_cast<int*>(coef + kP * C::kHG);  // [tile of the step][key]
   int2* addr = reinterpret_cast<int2*>(smem + C::kOffAddr);  // {page or -1, slot | window << 31}
 
-  const int split = blockIdx.x;
+  // Grid (splits, queries, head groups), or with kSparseMlaSplitMajor (head groups, queries,
+  // splits): the CTAs of the first splits, which have work whatever the lengths, placed first.
+  const int split = kSparseMlaSplitMajor ? blockIdx.z : blockIdx.x;
   const int q = blockIdx.y;
-  const int h0 = blockIdx.z * C::kHG;
+  const int h0 = (kSparseMlaSplitMajor ? blockIdx.x : blockIdx.z) * C::kHG;
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -1224,7 +1233,9 @@ Status launch_impl(const SparseMlaParams& p, cudaStream_t stream) {
   DS_CUDA_RETURN_IF_ERROR(
       ensure_max_dynamic_smem(sparse_mla_decode_kernel<kD, kMT, kP>, int(C::kSmemBytes)));
   const int groups = (p.num_heads + C::kHG - 1) / C::kHG;
-  const dim3 grid(unsigned(p.plan.max_splits), unsigned(p.num_queries), unsigned(groups));
+  const dim3 grid = kSparseMlaSplitMajor
+                        ? dim3(unsigned(groups), unsigned(p.num_queries), unsigned(p.plan.max_splits))
+                        : dim3(unsigned(p.plan.max_splits), unsigned(p.num_queries), unsigned(groups));
   DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_decode_kernel<kD, kMT, kP>, grid, C::kThreads,
                                         C::kSmemBytes, p.pdl, p, stream));
   if (p.plan.max_splits > 1) {
