@@ -2,11 +2,13 @@
 # Session 38: ncu --set full (clocks untouched, caches kept: the partials stay in L2 as in a real
 # step) of one batch-1 combine launch (bench_sparse_mla "small", context 512: the 101st combine
 # launch of the first case) for the tree's kernel and for each bench_sparse_mla_V variant named in
-# NCU_VARIANTS: details, top SASS lines and regions (scripts/gpu/ncu_summary.sh) into OUT/ncu_V/.
+# NCU_VARIANTS: details, top SASS lines and regions (scripts/gpu/ncu_summary.sh) into OUT/ncu_V/
+# (NCU_KEEP=0: into /tmp, printed only; OUT brings back at most 8 files).
 #   NCU_VARIANTS="old" scripts/gpu/h_s38/ncu_comb.sh OUT
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 out="${1:?usage: ncu_comb.sh OUT}"
+[ "${NCU_KEEP:-1}" = 1 ] || out=/tmp/ncu_s38
 c=/tmp/carry_s38n
 . scripts/gpu/unpack_bins.sh && unpack_bins build/carry/backend.tar.xz "$c" || exit 2
 [ -f build/carry/variants.tar.xz ] && tar -C build/carry -xJf build/carry/variants.tar.xz
