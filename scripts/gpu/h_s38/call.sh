@@ -55,6 +55,13 @@ for r in $(seq 1 "${ROUNDS:-1}"); do
     fi
   done
 done
+for v in ${QUICK_VARIANTS:-}; do  # "quick" mode (batch 1-128 at 32K): the tree, then each V
+  [ -f "$out/logs/mla_quick_tree.json" ] ||
+    timeout 120 "$c/bench_sparse_mla" "$out/logs/mla_quick_tree.json" quick >/dev/null 2>&1
+  timeout 120 "build/carry/bench_sparse_mla_$v" "$out/logs/mla_quick_$v.json" quick >/dev/null 2>&1
+  { echo "== quick: tree, then $v"; python3 scripts/gpu/h_s38/small.py "$out/logs/mla_quick_tree.json";
+    python3 scripts/gpu/h_s38/small.py "$out/logs/mla_quick_$v.json"; } >>"$out/table.txt" 2>&1
+done
 for tb in build/carry/test_sparse_mla_cuda_*; do
   [ -x "$tb" ] || continue
   v=${tb##*/test_sparse_mla_cuda_}

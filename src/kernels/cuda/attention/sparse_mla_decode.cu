@@ -86,7 +86,10 @@ constexpr int kCombineFastThreads = DS_SPARSE_MLA_COMBINE_FAST == 2 ? 512 : 128;
 // many blocks (query x head; batch <= 4 at 64 heads): there it is latency-bound (batch 1: -1.6 us
 // with the one-tile-per-CTA plan). Batch 16 (1024 blocks) ran 3.6 us slower with it (H200, graph;
 // NOTES.md) and keeps the v4 combine: plain stream order, 16 tiles deep.
-constexpr int64_t kFastCombineMaxBlocks = 256;
+#ifndef DS_SPARSE_MLA_FAST_COMBINE_MAX_BLOCKS
+#define DS_SPARSE_MLA_FAST_COMBINE_MAX_BLOCKS 256
+#endif
+constexpr int64_t kFastCombineMaxBlocks = DS_SPARSE_MLA_FAST_COMBINE_MAX_BLOCKS;
 constexpr int kSparseMlaTilesPerStep16 = DS_SPARSE_MLA_TILES_PER_STEP16;
 // Whether the wgmma plan picks the kernel with a producer warpgroup (v9, NOTES.md) or v7's.
 constexpr bool kSparseMlaWarpSpecialized = DS_SPARSE_MLA_WARP_SPECIALIZED != 0;
