@@ -52,8 +52,9 @@
 #ifndef DS_SPARSE_MLA_COMBINE_PDL
 #define DS_SPARSE_MLA_COMBINE_PDL 1
 #endif
-// 1: the fast combine (batch <= 4 at 64 heads) folds with one thread per dim and the coefficients
-// computed once per block (session 38); 0: session 7's fast combine, 20 tiles deep per thread.
+// 1: the fast combine (batch <= 4 at 64 heads) folds with one thread per dim, all partials loaded
+// at once and branch-free coefficients (session 38); 2: the same in 512-dim blocks; 0: session
+// 7's fast combine, 20 tiles deep per thread.
 #ifndef DS_SPARSE_MLA_COMBINE_FAST
 #define DS_SPARSE_MLA_COMBINE_FAST 1
 #endif
@@ -381,9 +382,6 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
   const int lane = tid & 31;
   const int warp = tid >> 5;
 
-  // Everything this grid reads may come from the previous kernel (p.pdl); the fast combine
-  // kernel launched after it may start now (its blocks wait for this grid's partials). Uniform
-  // branch: without either, the kernel runs exactly the v4 instructions.
 #if DS_SPARSE_MLA_TRACE
   // Stamps of thread 0 (sparse_mla_trace.cuh): 0 entry, 1 after the PDL wait, 2 lengths read,
   // 3 addresses resolved, 4 first tile dequantized, 5 its partial scores summed, 6 all tiles done,
@@ -402,6 +400,9 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
   do {                  \
   } while (0)
 #endif
+  // Everything this grid reads may come from the previous kernel (p.pdl); the fast combine
+  // kernel launched after it may start now (its blocks wait for this grid's partials). Uniform
+  // branch: without either, the kernel runs exactly the v4 instructions.
   if (p.pdl || fast_combine(p)) pdl_wait_then_trigger();
 #if DS_SPARSE_MLA_TRACE
   const unsigned int tr_gen = tracing ? mla_trace::gen() : 0u;
