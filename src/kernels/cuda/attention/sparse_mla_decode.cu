@@ -52,11 +52,12 @@
 #ifndef DS_SPARSE_MLA_COMBINE_PDL
 #define DS_SPARSE_MLA_COMBINE_PDL 1
 #endif
-// 1: the fast combine (batch <= 4 at 64 heads) folds with one thread per dim, all partials loaded
-// at once and branch-free coefficients (session 38); 2: the same in 512-dim blocks; 0: session
-// 7's fast combine, 20 tiles deep per thread.
+// The fast combine (batch <= 4 at 64 heads). 0: session 7's kernel, 20 tiles deep per thread (the
+// default). 1: session 38's sparse_mla_combine_fast_kernel in 128-dim blocks (one thread per dim,
+// all partials loaded at once, branch-free coefficients); 2: the same in 512-dim blocks. Its
+// straight-line form was built but not run (no device came): NOTES.md, session 38.
 #ifndef DS_SPARSE_MLA_COMBINE_FAST
-#define DS_SPARSE_MLA_COMBINE_FAST 1
+#define DS_SPARSE_MLA_COMBINE_FAST 0
 #endif
 // 1: the batch-1 plan's CTAs load their keys' indices before the lengths (session 38); 0: after.
 #ifndef DS_SPARSE_MLA_SPEC_INDEX
