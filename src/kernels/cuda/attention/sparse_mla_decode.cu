@@ -1232,6 +1232,23 @@ cudaError_t launch_kernel(Kernel kernel, dim3 grid, int threads, int smem, bool 
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
+// The combine kernel after a split launch (kTileKeys: the attention kernel's fold unit): the fast
+// combine (programmatic) for small grids, v4's otherwise.
+template <int kD, int kTileKeys>
+cudaError_t launch_combine(const SparseMlaParams& p, cudaStream_t stream) {
+  const dim3 cgrid(unsigned(p.num_queries), unsigned(p.num_heads));
+  if (fast_combine(p) && kSparseMlaCombineFast) {
+    constexpr int kT = std::min(kD, kCombineFastThreads);
+    return launch_kernel(sparse_mla_combine_fast_kernel<kD, kTileKeys, kT>,
+                         dim3(cgrid.x, cgrid.y, kD / kT), kT, 0, true, p, stream);
+  }
+  if (fast_combine(p))
+    return launch_kernel(sparse_mla_combine_kernel<kD, 20, kTileKeys>, cgrid, kD / 4, 0, true, p,
+                         stream);
+  return launch_kernel(sparse_mla_combine_kernel<kD, 16, kTileKeys>, cgrid, kD / 4, 0, false, p,
+                       stream);
+}
+
 template <int kD, int kMT, int kP>
 Status launch_impl(const SparseMlaParams& p, cudaStream_t stream) {
   using C = Config<kD, kMT, kP>;
@@ -1243,21 +1260,7 @@ Status launch_impl(const SparseMlaParams& p, cudaStream_t stream) {
                         : dim3(unsigned(p.plan.max_splits), unsigned(p.num_queries), unsigned(groups));
   DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_decode_kernel<kD, kMT, kP>, grid, C::kThreads,
                                         C::kSmemBytes, p.pdl, p, stream));
-  if (p.plan.max_splits > 1) {
-    const dim3 cgrid(unsigned(p.num_queries), unsigned(p.num_heads));
-    if (fast_combine(p) && kSparseMlaCombineFast) {
-      constexpr int kT = std::min(kD, kCombineFastThreads);
-      DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_combine_fast_kernel<kD, kTile, kT>,
-                                            dim3(cgrid.x, cgrid.y, kD / kT), kT, 0, true, p,
-                                            stream));
-    } else if (fast_combine(p)) {
-      DS_CUDA_RETURN_IF_ERROR(
-          launch_kernel(sparse_mla_combine_kernel<kD, 20>, cgrid, kD / 4, 0, true, p, stream));
-    } else {
-      DS_CUDA_RETURN_IF_ERROR(
-          launch_kernel(sparse_mla_combine_kernel<kD, 16>, cgrid, kD / 4, 0, false, p, stream));
-    }
-  }
+  if (p.plan.max_splits > 1) DS_CUDA_RETURN_IF_ERROR((launch_combine<kD, kTile>(p, stream)));
   return ok_status();
 }
 
@@ -1279,22 +1282,8 @@ Status launch_wgmma(const SparseMlaParams& p, cudaStream_t stream) {
     DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_decode_wgmma_kernel, grid, wgp::kThreads,
                                           wgp::kSmemBytes, p.pdl, p, stream));
   }
-  if (p.plan.max_splits > 1) {
-    const dim3 cgrid(unsigned(p.num_queries), unsigned(p.num_heads));
-    constexpr int kD = wgp::kD, kTK = wgp::kKeys;
-    if (fast_combine(p) && kSparseMlaCombineFast) {
-      constexpr int kT = std::min(kD, kCombineFastThreads);
-      DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_combine_fast_kernel<kD, kTK, kT>,
-                                            dim3(cgrid.x, cgrid.y, kD / kT), kT, 0, true, p,
-                                            stream));
-    } else if (fast_combine(p)) {
-      DS_CUDA_RETURN_IF_ERROR(
-          launch_kernel(sparse_mla_combine_kernel<kD, 20, kTK>, cgrid, kD / 4, 0, true, p, stream));
-    } else {
-      DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_combine_kernel<kD, 16, kTK>, cgrid, kD / 4,
-                                            0, false, p, stream));
-    }
-  }
+  if (p.plan.max_splits > 1)
+    DS_CUDA_RETURN_IF_ERROR((launch_combine<wgp::kD, wgp::kKeys>(p, stream)));
   return ok_status();
 }
 
