@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 38 (issue 6, batch 1): binaries from scripts/gpu/mla_prepare.sh in build/carry.
-#   0. TESTS=1: test_sparse_mla_cuda, SANITIZE="memcheck racecheck" on SANITIZE_FILTER,
+#   0. TESTS=1: test_sparse_mla_cuda, SANITIZE="memcheck racecheck" on SANITIZE_FILTER (of the
+#      tree's test binary, or of test_sparse_mla_cuda_V with SANITIZE_VARIANT=V),
 #      TESTS_OPS=1: test_cuda_ops;
 #   1. the tree's bench_sparse_mla in "small" mode (batch 1 and 4, both contexts, with the split
 #      sweeps) ROUNDS times -> OUT/mla_small.json (+ logs), TESTS=1: test_sparse_mla_cuda first;
@@ -26,11 +27,13 @@ if [ "${TESTS:-0}" = 1 ]; then
   timeout 300 "$c/test_sparse_mla_cuda" >"$out/logs/test.log" 2>&1
   echo "test_sparse_mla_cuda rc=$? $(res "$out/logs/test.log") $(el)" >>"$out/table.txt"
   grep -E '^\[  FAILED  \]|Failure' "$out/logs/test.log" | head -20 >>"$out/table.txt"
+  sb="$c/test_sparse_mla_cuda"
+  [ -z "${SANITIZE_VARIANT:-}" ] || sb="build/carry/test_sparse_mla_cuda_$SANITIZE_VARIANT"
   for tool in ${SANITIZE:-}; do  # e.g. SANITIZE="memcheck racecheck"
-    timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 "$c/test_sparse_mla_cuda" \
+    timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 "$sb" \
       --gtest_filter="${SANITIZE_FILTER:-SparseMlaCuda.TinyShapes:SparseMlaCuda.FlashBatch1}" \
       >"$out/logs/$tool.log" 2>&1
-    echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/logs/$tool.log" | tr '\n' ' ') $(el)" >>"$out/table.txt"
+    echo "$tool ${SANITIZE_VARIANT:-tree} rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/logs/$tool.log" | tr '\n' ' ') $(el)" >>"$out/table.txt"
   done
 fi
 if [ "${TESTS_OPS:-0}" = 1 ]; then
