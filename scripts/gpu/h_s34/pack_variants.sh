@@ -3,7 +3,7 @@
 # build/carry/variants.tar.xz, unpacked again by scripts/gpu/h_s34/call.sh on the GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/../../../build/carry"
-v=$(ls | grep -E '^(test|bench)_sparse_mla(_cuda)?_' || true)
+v=$(ls | grep -E '^((test|bench)_sparse_mla(_cuda)?|test_cuda_ops)_' || true)
 [ -n "$v" ] || exit 0
 # shellcheck disable=SC2086
 tar -cf - $v | xz -T2 -9 >variants.tar.xz && rm -f $v

@@ -7,7 +7,8 @@
 #      sweeps) ROUNDS times -> OUT/mla_small.json (+ logs), TESTS=1: test_sparse_mla_cuda first;
 #   2. each variant bench_sparse_mla_V in "small" mode -> OUT/mla_small_V.json; a variant named
 #      trace*: DS_MLA_TRACE_OUT dump summarized by trace_b1.py into OUT/trace_V.txt;
-#   3. the variant tests (test_sparse_mla_cuda_V) found in build/carry;
+#   3. the variant tests (test_sparse_mla_cuda_V, test_cuda_ops_V) found in build/carry;
+#      FULL_VARIANT=V: bench_sparse_mla_V's full run -> OUT/mla_full_V.json;
 #   4. table of the batch-1 / batch-4 rows (h_s32/summary.py) -> OUT/table.txt.
 #   scripts/gpu/h_s38/call.sh OUT
 set -uo pipefail
@@ -71,6 +72,17 @@ for tb in build/carry/test_sparse_mla_cuda_*; do
   timeout 120 "$tb" >"$out/logs/test_$v.log" 2>&1
   echo "test_sparse_mla_cuda_$v rc=$? $(res "$out/logs/test_$v.log") $(el)" >>"$out/table.txt"
 done
+for tb in build/carry/test_cuda_ops_*; do
+  [ -x "$tb" ] || continue
+  v=${tb##*/test_cuda_ops_}
+  timeout 300 "$tb" >"$out/logs/test_cuda_ops_$v.log" 2>&1
+  echo "test_cuda_ops_$v rc=$? $(res "$out/logs/test_cuda_ops_$v.log") $(el)" >>"$out/table.txt"
+done
+if [ -n "${FULL_VARIANT:-}" ]; then
+  timeout 300 "build/carry/bench_sparse_mla_$FULL_VARIANT" "$out/mla_full_$FULL_VARIANT.json" \
+    >"$out/logs/bench_full_$FULL_VARIANT.log" 2>&1
+  echo "full bench $FULL_VARIANT rc=$? $(el)" >>"$out/table.txt"
+fi
 cp "$out/logs/mla_small_r1.json" "$out/mla_small.json" 2>/dev/null
 tar -C "$out" -czf "$out/logs.tgz" logs && rm -rf "$out/logs"
 cat "$out"/trace_*_r1.txt 2>/dev/null | head -80
