@@ -66,17 +66,11 @@ for v in ${QUICK_VARIANTS:-}; do  # "quick" mode (batch 1-128 at 32K): the tree,
   { echo "== quick: tree, then $v"; python3 scripts/gpu/h_s38/small.py "$out/logs/mla_quick_tree.json";
     python3 scripts/gpu/h_s38/small.py "$out/logs/mla_quick_$v.json"; } >>"$out/table.txt" 2>&1
 done
-for tb in build/carry/test_sparse_mla_cuda_*; do
+for tb in build/carry/test_sparse_mla_cuda_* build/carry/test_cuda_ops_*; do
   [ -x "$tb" ] || continue
-  v=${tb##*/test_sparse_mla_cuda_}
-  timeout 120 "$tb" >"$out/logs/test_$v.log" 2>&1
-  echo "test_sparse_mla_cuda_$v rc=$? $(res "$out/logs/test_$v.log") $(el)" >>"$out/table.txt"
-done
-for tb in build/carry/test_cuda_ops_*; do
-  [ -x "$tb" ] || continue
-  v=${tb##*/test_cuda_ops_}
-  timeout 300 "$tb" >"$out/logs/test_cuda_ops_$v.log" 2>&1
-  echo "test_cuda_ops_$v rc=$? $(res "$out/logs/test_cuda_ops_$v.log") $(el)" >>"$out/table.txt"
+  t=${tb##*/}
+  timeout 300 "$tb" >"$out/logs/$t.log" 2>&1
+  echo "$t rc=$? $(res "$out/logs/$t.log") $(el)" >>"$out/table.txt"
 done
 if [ -n "${FULL_VARIANT:-}" ]; then
   timeout 300 "build/carry/bench_sparse_mla_$FULL_VARIANT" "$out/mla_full_$FULL_VARIANT.json" \
