@@ -52,22 +52,24 @@
 #ifndef DS_SPARSE_MLA_COMBINE_PDL
 #define DS_SPARSE_MLA_COMBINE_PDL 1
 #endif
-// The fast combine (batch <= 4 at 64 heads). 0: session 7's kernel, 20 tiles deep per thread (the
-// default). 1: sparse_mla_combine_fast_kernel (session 39: one warp per 128 dims, all partials of
-// a 640-key query copied to shared memory at once, the coefficients computed once per tile):
-// NOTES.md.
+// The fast combine (batch 1 at 64 heads: DS_SPARSE_MLA_COMBINE_FAST_MAX_PAIRS). 1 (the default
+// since session 39): session 38's sparse_mla_combine_fast_kernel in 128-dim blocks (one thread per
+// dim, all partials loaded at once, branch-free coefficients; batch 1 at 32K 13.6 -> 11.5 us on
+// H100, NOTES.md session 39); 2: the same in 512-dim blocks; 0: session 7's kernel, 20 tiles deep
+// per thread.
 #ifndef DS_SPARSE_MLA_COMBINE_FAST
-#define DS_SPARSE_MLA_COMBINE_FAST 0
+#define DS_SPARSE_MLA_COMBINE_FAST 1
 #endif
 // 1: the batch-1 plan's CTAs load their keys' indices before the lengths (session 38); 0: after.
 #ifndef DS_SPARSE_MLA_SPEC_INDEX
 #define DS_SPARSE_MLA_SPEC_INDEX 0
 #endif
-// 1: the mma.sync kernel's grid is (head groups, queries, splits), so that the CTAs of the low
-// splits, which have work whatever the lengths, are placed before the high ones (session 38);
-// 0: (splits, queries, head groups).
+// 1 (the default since session 39): the mma.sync kernel's grid is (head groups, queries, splits),
+// so that the CTAs of the low splits, which have work whatever the lengths, are placed before the
+// high ones (batch 1 at 512 tokens 10.4 -> 9.3 us on H100, NOTES.md session 39); 0: (splits,
+// queries, head groups).
 #ifndef DS_SPARSE_MLA_SPLIT_MAJOR
-#define DS_SPARSE_MLA_SPLIT_MAJOR 0
+#define DS_SPARSE_MLA_SPLIT_MAJOR 1
 #endif
 
 #include "kernels/cuda/common/mbarrier.cuh"
@@ -81,16 +83,24 @@ constexpr bool kSparseMlaCombinePdl = DS_SPARSE_MLA_COMBINE_PDL != 0;
 constexpr bool kSparseMlaCombineFast = DS_SPARSE_MLA_COMBINE_FAST != 0;
 constexpr bool kSparseMlaSpecIndex = DS_SPARSE_MLA_SPEC_INDEX != 0;
 constexpr bool kSparseMlaSplitMajor = DS_SPARSE_MLA_SPLIT_MAJOR != 0;
-// Dims per block (one warp) of the fast combine: four blocks per (query, head) at head_dim 512, so
-// that the partials' loads come from every SM.
-constexpr int kCombineFastDims = 128;
-// The fast combine (programmatic launch, 20 tiles deep) only for a combine grid of at most this
-// many blocks (query x head; batch <= 4 at 64 heads): there it is latency-bound (batch 1: -1.6 us
-// with the one-tile-per-CTA plan). Batch 16 (1024 blocks) ran 3.6 us slower with it (H200, graph;
-// NOTES.md) and keeps the v4 combine: plain stream order, 16 tiles deep.
+// Dims per block of the fast combine: 128 (four blocks per (query, head) at head_dim 512, so the
+// partials' loads come from every SM) or, with DS_SPARSE_MLA_COMBINE_FAST=2, all of them.
+constexpr int kCombineFastThreads = DS_SPARSE_MLA_COMBINE_FAST == 2 ? 512 : 128;
+// The programmatic combine launch (session 7's kernel 20 tiles deep, or the fast combine) only
+// for a combine grid of at most this many blocks (query x head; batch <= 4 at 64 heads): there it
+// is latency-bound (batch 1: -1.6 us with the one-tile-per-CTA plan). Batch 16 (1024 blocks) ran
+// 3.6 us slower with it (H200, graph; NOTES.md) and keeps the v4 combine: plain stream order, 16
+// tiles deep.
 #ifndef DS_SPARSE_MLA_FAST_COMBINE_MAX_BLOCKS
 #define DS_SPARSE_MLA_FAST_COMBINE_MAX_BLOCKS 256
 #endif
+// Of those, the fast combine kernel only for at most this many (query, head) pairs: batch 1 at 64
+// heads. It made batch 4 slower (11.9 -> 20.4 us at 512 tokens, 21.8 -> 28.0 at 32K, H100,
+// NOTES.md session 39: 1024 blocks of 235 registers), which keeps session 7's kernel.
+#ifndef DS_SPARSE_MLA_COMBINE_FAST_MAX_PAIRS
+#define DS_SPARSE_MLA_COMBINE_FAST_MAX_PAIRS 64
+#endif
+constexpr int64_t kCombineFastMaxPairs = DS_SPARSE_MLA_COMBINE_FAST_MAX_PAIRS;
 constexpr int64_t kFastCombineMaxBlocks = DS_SPARSE_MLA_FAST_COMBINE_MAX_BLOCKS;
 constexpr int kSparseMlaTilesPerStep16 = DS_SPARSE_MLA_TILES_PER_STEP16;
 // Whether the wgmma plan picks the kernel with a producer warpgroup (v9, NOTES.md) or v7's.
@@ -1112,30 +1122,29 @@ __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const Sparse
 #endif
 }
 
-// The fast combine (fast_combine(p): at most kFastCombineMaxBlocks (query, head) pairs, i.e.
-// batch <= 4 at 64 heads), where the combine is latency-bound: its warps are few, so what counts
-// is the number of instructions each warp issues in its chain. Session 7's kernel above spent ~5.5
-// us merging the 39 partials of a 640-key query (H100 trace and ncu, NOTES.md session 38);
-// session 38's straight-line form (one dim per thread, each tile's coefficients taken from their
-// lanes by three shuffles, 235 registers) still ~3 us. Here a block is one warp and 128 dims of
-// one (query, head): each lane copies the partials of its four dims for up to kChunk tiles into
-// shared memory at once (cp.async, no registers held), and meanwhile the warp computes the
-// chunk's fold coefficients, two tiles per lane: the running max as a prefix maximum over the
-// lanes (fmaxf is exact and associative, so each tile gets the serial fold's running max before
-// and after it), then merge_coeffs per tile (a, b and merge_value's product for l, written to
-// shared memory). The l and o chains then run in tile order, two shared loads per tile. Same
-// functions on the same operands in the same order for every value: the serial combine's bits
-// (FlashBatch1 compares split caps 1-40).
-template <int kD, int kTileKeys = kTile>
-__global__ void __launch_bounds__(32) sparse_mla_combine_fast_kernel(const SparseMlaParams p) {
-  constexpr int kChunk = 64;  // tiles whose partials are copied together
-  static_assert(kD % kCombineFastDims == 0 && kCombineFastDims == 4 * 32, "four dims per lane");
-  __shared__ float4 part[kChunk][32];  // [tile][lane]: the lane's four dims
-  __shared__ float4 coef[kChunk];      // a, b, l's product per tile
+// The fast combine since session 38 (at most kCombineFastMaxPairs (query, head) pairs: batch 1 at
+// 64 heads), where the combine is latency-bound: its warps are few (one per scheduler), so what
+// counts is each thread's chain of dependent instructions. The 20-deep kernel
+// above spent ~5.5 us merging the 39 partials of a 640-key query (H100 trace and ncu, NOTES.md
+// session 38): two load round trips, and per tile merge_coeffs' exp2 behind branches. Here one
+// thread per output dim (kThreads dims per block, kD / kThreads blocks per (query, head)) loads
+// all its partials of up to 64 tiles at once, and every warp computes the fold's coefficients
+// without branches: two tiles per lane, the running max as a prefix maximum over the lanes (fmaxf
+// is exact and associative, so each tile gets the serial fold's running max before and after it),
+// merge_coeffs per tile; then every thread runs the l and o chains in tile order with the
+// coefficients taken from their lanes by shuffles. Tiles past the query's last are padded with
+// a = 1, b = 0 and a -0 product, which leave l and o unchanged bit for bit. Same functions on the
+// same operands in the same order for every value: the serial combine's bits. Measured (session
+// 39, H100): its merge takes ~3 us at 39 tiles (~6 instructions per tile for one dim, three of
+// them shuffles); f6c3715 holds an untested rewrite (one warp per 128 dims, partials through
+// cp.async, coefficients once per tile) predicted at ~1 us.
+template <int kD, int kTileKeys = kTile, int kThreads = kD>
+__global__ void __launch_bounds__(kThreads) sparse_mla_combine_fast_kernel(const SparseMlaParams p) {
+  constexpr int kChunk = 64;  // tiles whose partials are loaded together
   const int q = blockIdx.x;
   const int h = blockIdx.y;
-  const int lane = threadIdx.x;
-  const int d = int(blockIdx.z) * kCombineFastDims + 4 * lane;
+  const int d = int(blockIdx.z) * kThreads + threadIdx.x;
+  const int lane = threadIdx.x & 31;
 #if DS_SPARSE_MLA_TRACE
   mla_trace::CombineTrace tr;
   tr.begin(kTileKeys == kTile && p.num_queries == 1 && p.plan.max_splits == mla_trace::kSplits);
@@ -1147,24 +1156,24 @@ __global__ void __launch_bounds__(32) sparse_mla_combine_fast_kernel(const Spars
 #endif
   if (qs.splits <= 1) return;
   const int64_t slot_base = int64_t(q) * p.plan.max_tiles;
-  const int64_t stride = int64_t(p.num_heads) * kD;  // one tile's partials
-  const float* ws_o = p.workspace + (slot_base * p.num_heads + h) * kD + d;
+  const float* ws_o = p.workspace;
   const float* ws_ml = p.workspace + int64_t(p.num_queries) * p.plan.max_tiles * p.num_heads * kD;
+  auto o_at = [&](int t) { return ws_o[((slot_base + t) * p.num_heads + h) * kD + d]; };
   auto ml_at = [&](int t) {
     return *reinterpret_cast<const float2*>(ws_ml + ((slot_base + t) * p.num_heads + h) * 2);
   };
-  float4 o = *reinterpret_cast<const float4*>(ws_o);
+  float o = o_at(0);
   const float2 ml0 = ml_at(0);  // split 0's state, continued tile by tile
   float m = ml0.x, l = ml0.y;
   for (int t = split_begin(qs, 1); t < qs.tiles; t += kChunk) {
     const int nb = min(kChunk, qs.tiles - t);
-#pragma unroll 8
-    for (int i = 0; i < nb; ++i) cp_async16(&part[i][lane], ws_o + (t + i) * stride);
-    cp_async_commit();
+    float ot[kChunk];
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) ot[i] = i < nb ? o_at(t + i) : -0.0f;
     // Tiles t + lane (half 0) and t + 32 + lane (half 1).
+    float a[2], b[2], lb[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      if (32 * k >= nb) break;
       const bool real = 32 * k + lane < nb;
       const float2 mlt = real ? ml_at(t + 32 * k + lane) : make_float2(kNegInf, 0.0f);
       float r = mlt.x;  // max of the half's tile maxima up to this lane
@@ -1176,32 +1185,35 @@ __global__ void __launch_bounds__(32) sparse_mla_combine_fast_kernel(const Spars
       r = fmaxf(m, r);
       float before = __shfl_up_sync(0xFFFFFFFFu, r, 1);
       if (lane == 0) before = m;
-      m = __shfl_sync(0xFFFFFFFFu, r, 31);  // padded lanes hold -inf
-      float m_new, a, b;
-      merge_coeffs(before, mlt.x, m_new, a, b);
-      if (real) coef[32 * k + lane] = make_float4(a, b, __fmul_rn(mlt.y, b), 0.0f);
+      m = __shfl_sync(0xFFFFFFFFu, r, 31);
+      float m_new;
+      merge_coeffs(before, mlt.x, m_new, a[k], b[k]);
+      lb[k] = __fmul_rn(mlt.y, b[k]);  // merge_value's product for l
+      if (!real) {
+        a[k] = 1.0f;
+        b[k] = 0.0f;
+        lb[k] = -0.0f;
+      }
     }
-    cp_async_wait<0>();
-    __syncwarp();
-#pragma unroll 4
-    for (int i = 0; i < nb; ++i) {
-      const float4 c = coef[i];
-      const float4 x = part[i][lane];
-      l = __fmaf_rn(l, c.x, c.z);
-      o.x = merge_value(o.x, c.x, x.x, c.y);
-      o.y = merge_value(o.y, c.x, x.y, c.y);
-      o.z = merge_value(o.z, c.x, x.z, c.y);
-      o.w = merge_value(o.w, c.x, x.w, c.y);
+    auto fold = [&](int k, int i) {  // tile t + 32 k + i, in order
+      const float ai = __shfl_sync(0xFFFFFFFFu, a[k], i);
+      const float bi = __shfl_sync(0xFFFFFFFFu, b[k], i);
+      l = __fmaf_rn(l, ai, __shfl_sync(0xFFFFFFFFu, lb[k], i));
+      o = merge_value(o, ai, ot[32 * k + i], bi);
+    };
+#pragma unroll
+    for (int i = 0; i < 32; ++i) fold(0, i);
+    if (nb > 32) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) fold(1, i);
     }
-    __syncwarp();  // part and coef are rewritten by the next chunk
   }
 #if DS_SPARSE_MLA_TRACE
   tr.stamp(2);
 #endif
   const float inv = final_scale(m, l, p.sink, h);
-  *reinterpret_cast<uint2*>(p.out + (int64_t(q) * p.num_heads + h) * kD + d) =
-      make_uint2(pack_bf16x2(__fmul_rn(o.x, inv), __fmul_rn(o.y, inv)),
-                 pack_bf16x2(__fmul_rn(o.z, inv), __fmul_rn(o.w, inv)));
+  p.out[(int64_t(q) * p.num_heads + h) * kD + d] =
+      __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(o, inv)));
   if (p.lse && d == 0) p.lse[int64_t(q) * p.num_heads + h] = final_lse(m, l);
 #if DS_SPARSE_MLA_TRACE
   if (blockIdx.z == 0) tr.end();
@@ -1238,9 +1250,11 @@ cudaError_t launch_kernel(Kernel kernel, dim3 grid, int threads, int smem, bool 
 template <int kD, int kTileKeys>
 cudaError_t launch_combine(const SparseMlaParams& p, cudaStream_t stream) {
   const dim3 cgrid(unsigned(p.num_queries), unsigned(p.num_heads));
-  if (fast_combine(p) && kSparseMlaCombineFast) {
-    return launch_kernel(sparse_mla_combine_fast_kernel<kD, kTileKeys>,
-                         dim3(cgrid.x, cgrid.y, kD / kCombineFastDims), 32, 0, true, p, stream);
+  if (fast_combine(p) && kSparseMlaCombineFast &&
+      int64_t(p.num_queries) * p.num_heads <= kCombineFastMaxPairs) {
+    constexpr int kT = std::min(kD, kCombineFastThreads);
+    return launch_kernel(sparse_mla_combine_fast_kernel<kD, kTileKeys, kT>,
+                         dim3(cgrid.x, cgrid.y, kD / kT), kT, 0, true, p, stream);
   }
   if (fast_combine(p))
     return launch_kernel(sparse_mla_combine_kernel<kD, 20, kTileKeys>, cgrid, kD / 4, 0, true, p,
