@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The binaries of one sparse MLA device call (issue 6): the tree's test_sparse_mla_cuda,
 # bench_sparse_mla and test_cuda_ops (build/full-cuda, sm_90a) packed into build/carry
-# (scripts/gpu/h_s29/pack.sh), then each variant "NAME|DEFINES[|BIN ...]" rebuilt with its extra
+# (scripts/gpu/h_s29/pack.sh), then each variant "NAME|DEFINES[|BIN ...[|REV]]" (REV: the kernel
+# file sparse_mla_decode.cu as at git revision REV; BINs may be empty) rebuilt with its extra
 # defines (scripts/gpu/h_s33/build_variant.sh; default BINs: the test and the bench), two at a
 # time, and xz-packed (scripts/gpu/h_s34/pack_variants.sh). Replaces the per-call prepare.sh of
 # sessions 35-36. On the device: SANITIZE_VARIANTS="..." scripts/gpu/h_s35/call.sh OUT
@@ -14,9 +15,10 @@ scripts/gpu/h_s29/pack.sh build/full-cuda test_sparse_mla_cuda bench_sparse_mla 
 rm -f /tmp/variant_*.err
 build() {  # one lane: the specs given, in order
   for spec in "$@"; do
-    IFS='|' read -r name defs bins <<<"$spec"
+    IFS='|' read -r name defs bins rev <<<"$spec"
     # shellcheck disable=SC2086
-    scripts/gpu/h_s33/build_variant.sh "$name" "$defs" $bins >/dev/null 2>"/tmp/variant_$name.err" ||
+    SRC_REV="$rev" scripts/gpu/h_s33/build_variant.sh "$name" "$defs" $bins >/dev/null \
+      2>"/tmp/variant_$name.err" ||
       echo "variant $name FAILED"
   done
 }

@@ -2,7 +2,8 @@
 # Session 33: binaries of build/full-cuda with sparse_mla_decode.cu rebuilt under extra defines,
 # copied to build/carry/BIN_NAME (run after scripts/gpu/h_s29/pack.sh, which recreates build/carry).
 #   scripts/gpu/h_s33/build_variant.sh NAME "-DDS_...=1 ..." [BIN ...]   (default BINs:
-#   test_sparse_mla_cuda bench_sparse_mla)
+#   test_sparse_mla_cuda bench_sparse_mla); with SRC_REV=REV, sparse_mla_decode.cu as it is at git
+#   revision REV (the rest of the tree as it is).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 name="${1:?usage: build_variant.sh NAME DEFINES [BIN ...]}"
@@ -12,7 +13,14 @@ bins="${*:-test_sparse_mla_cuda bench_sparse_mla}"
 b=build/full-cuda
 obj=src/kernels/cuda/CMakeFiles/ds_kernels_cuda.dir/attention/sparse_mla_decode.cu.o
 cc=$(ninja -C $b -t commands $obj | tail -1)
+if [ -n "${SRC_REV:-}" ]; then
+  src=src/kernels/cuda/attention/sparse_mla_decode.cu
+  tmp=src/kernels/cuda/attention/_variant_$name.cu  # beside it: the same relative includes
+  git show "$SRC_REV:$src" >"$tmp"
+  cc=${cc//$src/$tmp}
+fi
 (cd $b && eval "${cc/-o $obj/$defs -o /tmp/smla_$name.o}")
+[ -z "${SRC_REV:-}" ] || rm -f "$tmp"
 for bin in $bins; do
   out=$(ninja -C $b -t targets all | sed -n "s|^\([^:]*/$bin\): .*|\1|p" | head -1)
   link=$(ninja -C $b -t commands "$out" | tail -1)
