@@ -16,11 +16,11 @@ cc=$(ninja -C $b -t commands $obj | tail -1)
 if [ -n "${SRC_REV:-}" ]; then
   src=src/kernels/cuda/attention/sparse_mla_decode.cu
   tmp=src/kernels/cuda/attention/_variant_$name.cu  # beside it: the same relative includes
+  trap 'rm -f "$tmp"' EXIT  # also when the compile fails
   git show "$SRC_REV:$src" >"$tmp"
   cc=${cc//$src/$tmp}
 fi
 (cd $b && eval "${cc/-o $obj/$defs -o /tmp/smla_$name.o}")
-[ -z "${SRC_REV:-}" ] || rm -f "$tmp"
 for bin in $bins; do
   out=$(ninja -C $b -t targets all | sed -n "s|^\([^:]*/$bin\): .*|\1|p" | head -1)
   link=$(ninja -C $b -t commands "$out" | tail -1)
