@@ -8,7 +8,8 @@
 #   2. each variant bench_sparse_mla_V in "small" mode -> OUT/mla_small_V.json; a variant named
 #      trace*: DS_MLA_TRACE_OUT dump summarized by trace_b1.py into OUT/trace_V.txt;
 #   3. the variant tests (test_sparse_mla_cuda_V, test_cuda_ops_V) found in build/carry;
-#      FULL_VARIANT=V: bench_sparse_mla_V's full run -> OUT/mla_full_V.json;
+#      FULL_VARIANT=V: bench_sparse_mla_V's full run -> OUT/mla_full_V.json; FULL_TREE=1: the
+#      tree's bench_sparse_mla full run -> OUT/mla_full_tree.json;
 #   4. table of the batch-1 / batch-4 rows (h_s32/summary.py) -> OUT/table.txt.
 #   scripts/gpu/h_s38/call.sh OUT
 set -uo pipefail
@@ -76,6 +77,10 @@ if [ -n "${FULL_VARIANT:-}" ]; then
   timeout 300 "build/carry/bench_sparse_mla_$FULL_VARIANT" "$out/mla_full_$FULL_VARIANT.json" \
     >"$out/logs/bench_full_$FULL_VARIANT.log" 2>&1
   echo "full bench $FULL_VARIANT rc=$? $(el)" >>"$out/table.txt"
+fi
+if [ "${FULL_TREE:-0}" = 1 ]; then
+  timeout 300 "$c/bench_sparse_mla" "$out/mla_full_tree.json" >"$out/logs/bench_full_tree.log" 2>&1
+  echo "full bench tree rc=$? $(el)" >>"$out/table.txt"
 fi
 cp "$out/logs/mla_small_r1.json" "$out/mla_small.json" 2>/dev/null
 tar -C "$out" -czf "$out/logs.tgz" logs && rm -rf "$out/logs"
