@@ -459,6 +459,11 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
   // kernel launched after it may start now (its blocks wait for this grid's partials). Uniform
   // branch: without either, the kernel runs exactly the v4 instructions.
   if (p.pdl || fast_combine(p)) pdl_wait_then_trigger();
+  // stream_combine(p): the value of this launch's flags, read now, off the CTA's final path (the
+  // last launch's combine, complete by now, advanced the epoch); kept in shared memory, not in a
+  // register across the kernel (one more spilled the batch-1 instantiation).
+  __shared__ uint32_t flag_value;
+  if (stream_combine(p) && tid == 0) flag_value = ld_relaxed_gpu(p.sync) + 1;
 #if DS_SPARSE_MLA_TRACE
   const unsigned int tr_gen = tracing ? mla_trace::gen() : 0u;
   DS_MLA_STAMP(1);
@@ -1039,14 +1044,14 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
   }
   DS_MLA_STAMP(6);
   // With stream_combine(p), this CTA's partials stored: flag them for the combine kernel (after a
-  // block barrier, thread 0 release-stores the epoch + 1; sparse_mla_combine_fast_kernel).
+  // block barrier, thread 0 release-stores flag_value; sparse_mla_combine_fast_kernel).
   auto flag_partials = [&] {
     if (!stream_combine(p)) return;
     __syncthreads();
     if (tid == 0) {
       const int64_t groups = (p.num_heads + C::kHG - 1) / C::kHG;
       st_release_gpu(p.sync + 2 + (int64_t(q) * p.plan.max_splits + split) * groups + h0 / C::kHG,
-                     ld_relaxed_gpu(p.sync) + 1);
+                     flag_value);
     }
   };
 #if DS_SPARSE_MLA_TRACE
