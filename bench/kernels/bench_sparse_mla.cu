@@ -201,10 +201,6 @@ int main(int argc, char** argv) {
                    cuda::sparse_mla_workspace_bytes(wwidest, batch, kHeads, kDim));
       float* d_ws = nullptr;
       if (ws_bytes) DS_BENCH_CHECK(cudaMalloc(&d_ws, ws_bytes));
-      // The sync buffer a caller keeps (SparseMlaParams::sync: the batch-1 streaming combine).
-      uint32_t* d_sync = nullptr;
-      DS_BENCH_CHECK(cudaMalloc(&d_sync, cuda::kSparseMlaSyncWords * sizeof(uint32_t)));
-      DS_BENCH_CHECK(cudaMemset(d_sync, 0, cuda::kSparseMlaSyncWords * sizeof(uint32_t)));
       auto params = [&](int c) {
         cuda::SparseMlaParams p;
         p.q = d_q;
@@ -227,7 +223,6 @@ int main(int argc, char** argv) {
         p.plan = plan;
         p.workspace = d_ws;
         p.workspace_bytes = ws_bytes;
-        p.sync = d_sync;
         return p;
       };
       const double bytes =
@@ -427,7 +422,6 @@ int main(int argc, char** argv) {
             (void*)d_qseq, (void*)d_q, (void*)d_sink, (void*)d_out, (void*)d_lse})
         DS_BENCH_CHECK(cudaFree(ptr));
       if (d_ws) DS_BENCH_CHECK(cudaFree(d_ws));
-      DS_BENCH_CHECK(cudaFree(d_sync));
     }
   }
   bench::write_results(out, "sparse_mla_decode", dev, copy_gbps, records);

@@ -246,7 +246,7 @@ struct DeviceProblem {
     return q.upload(pr.q);
   }
   cuda::SparseMlaParams params(const Problem& pr, const cuda::SparseMlaPlan& plan, float* ws,
-                               size_t ws_bytes, uint32_t* sync = nullptr) const {
+                               size_t ws_bytes) const {
     const Shape& s = pr.shape;
     cuda::SparseMlaParams p;
     p.q = q.get();
@@ -271,7 +271,6 @@ struct DeviceProblem {
     p.plan = plan;
     p.workspace = ws;
     p.workspace_bytes = ws_bytes;
-    p.sync = sync;
     return p;
   }
 };
@@ -293,19 +292,8 @@ BitDiffs bit_diffs(const Result& a, const Result& b) {
   return d;
 }
 
-// A sync buffer (SparseMlaParams::sync) zeroed once, as a caller keeps it.
-struct SyncBuffer {
-  test::DeviceBuffer<uint32_t> words{cuda::kSparseMlaSyncWords};
-  SyncBuffer() {
-    if (words.ok()) zeroed = cudaMemset(words.get(), 0, words.bytes()) == cudaSuccess;
-  }
-  bool ok() const { return words.ok() && zeroed; }
-  bool zeroed = false;
-};
-
 // Runs one launch with `plan` (poisoned outputs and workspace) and downloads the results.
-void run_plan(const Problem& pr, DeviceProblem& dp, const cuda::SparseMlaPlan& plan, Result& res,
-              uint32_t* sync = nullptr) {
+void run_plan(const Problem& pr, DeviceProblem& dp, const cuda::SparseMlaPlan& plan, Result& res) {
   const size_t ws_bytes =
       cuda::sparse_mla_workspace_bytes(plan, pr.num_queries, pr.shape.num_heads, pr.shape.head_dim);
   test::DeviceBuffer<float> ws(std::max<size_t>(1, ws_bytes / sizeof(float)));
@@ -314,7 +302,7 @@ void run_plan(const Problem& pr, DeviceProblem& dp, const cuda::SparseMlaPlan& p
   DS_CUDA_ASSERT(dp.out.poison());
   DS_CUDA_ASSERT(dp.lse.poison());
   const Status st =
-      cuda::launch_sparse_mla_decode(dp.params(pr, plan, ws.get(), ws_bytes, sync), nullptr);
+      cuda::launch_sparse_mla_decode(dp.params(pr, plan, ws.get(), ws_bytes), nullptr);
   ASSERT_TRUE(st.ok()) << st.to_string();
   DS_CUDA_ASSERT(cudaDeviceSynchronize());
   DS_CUDA_ASSERT(dp.out.download(res.out));
@@ -364,12 +352,9 @@ int sm_count() {
 }
 
 // Checks the default plan against the reference, then every (split cap, head group) pair for
-// identical bits, each without and with a sync buffer (the streaming combine where the launch
-// allows it: batch 1 at 64 heads, or up to 64 (query, head) pairs; one buffer for all launches,
-// so each launch also relies on the previous one having left it ready). `streams`: whether some
-// launch must have streamed (the epoch word advanced, the done count back at 0).
+// identical bits.
 void check_problem(const Shape& s, uint64_t seed, const std::vector<int>& split_caps,
-                   const std::vector<int>& head_groups, bool streams = false) {
+                   const std::vector<int>& head_groups) {
   Problem pr = make_problem(s, seed);
   Reference ref = reference(pr);
   DeviceProblem dp(pr);
@@ -380,30 +365,22 @@ void check_problem(const Shape& s, uint64_t seed, const std::vector<int>& split_
   Result first;
   run_plan(pr, dp, base, first);
   expect_close(pr, ref, first, "default plan");
-  SyncBuffer sync;
-  ASSERT_TRUE(sync.ok());
   for (int cap : split_caps)
     for (int hg : head_groups)
-      for (int step = 1; step <= (hg == 16 ? 2 : 1); ++step)  // tiles per step: 2 at 16 heads
-        for (uint32_t* words : {static_cast<uint32_t*>(nullptr), sync.words.get()}) {
-          cuda::SparseMlaPlan plan = base;
-          plan.max_splits = std::min(cap, std::max(1, plan.max_tiles));
-          plan.heads_per_cta = hg;
-          plan.tiles_per_step = step;
-          Result res;
-          run_plan(pr, dp, plan, res, words);
-          const BitDiffs bd = bit_diffs(res, first);
-          EXPECT_EQ(bd.out, 0) << "splits " << plan.max_splits << " heads/CTA " << hg
-                               << " tiles/step " << step << (words ? " sync" : "")
-                               << " (default: " << base.max_splits << ", " << base.heads_per_cta
-                               << ", " << base.tiles_per_step << ")";
-          EXPECT_EQ(bd.lse, 0) << "lse, splits " << plan.max_splits << " heads/CTA " << hg
-                               << " tiles/step " << step << (words ? " sync" : "");
-        }
-  std::vector<uint32_t> words;
-  DS_CUDA_ASSERT(sync.words.download(words));
-  EXPECT_EQ(words[1], 0u) << "a streaming launch left blocks counted";
-  if (streams) EXPECT_GT(words[0], 0u) << "no launch streamed its combine";
+      for (int step = 1; step <= (hg == 16 ? 2 : 1); ++step) {  // tiles per step: 2 at 16 heads
+        cuda::SparseMlaPlan plan = base;
+        plan.max_splits = std::min(cap, std::max(1, plan.max_tiles));
+        plan.heads_per_cta = hg;
+        plan.tiles_per_step = step;
+        Result res;
+        run_plan(pr, dp, plan, res);
+        const BitDiffs bd = bit_diffs(res, first);
+        EXPECT_EQ(bd.out, 0) << "splits " << plan.max_splits << " heads/CTA " << hg
+                             << " tiles/step " << step << " (default: " << base.max_splits << ", "
+                             << base.heads_per_cta << ", " << base.tiles_per_step << ")";
+        EXPECT_EQ(bd.lse, 0) << "lse, splits " << plan.max_splits << " heads/CTA " << hg
+                             << " tiles/step " << step;
+      }
   // The sm_90a kernels (64-key tiles: their own bits) where the device and the shape allow it:
   // v7's default plan against the reference, then v7 and v9 (the producer warpgroup) at the
   // default split count and every split cap, each against the reference and for v7's bits.
@@ -517,7 +494,7 @@ TEST(SparseMlaCuda, TinyShapes) {
   Shape s = tiny_shape();
   s.num_seqs = 3;
   s.queries_per_seq = 2;
-  check_problem(s, 101, {1, 2, 3}, {16}, true);  // 6 queries x 4 heads: the streaming combine
+  check_problem(s, 101, {1, 2, 3}, {16});
   s.num_seqs = 16;
   s.queries_per_seq = 1;
   s.masked_fraction = 0.3;
@@ -528,7 +505,7 @@ TEST(SparseMlaCuda, FlashBatch1) {
   DS_REQUIRE_GPU();
   Shape s;
   s.min_len = 600;
-  check_problem(s, 201, {1, 2, 3, 7, 40}, {16, 32, 64}, true);
+  check_problem(s, 201, {1, 2, 3, 7, 40}, {16, 32, 64});
 }
 
 TEST(SparseMlaCuda, FlashSpeculativeBatch4) {
@@ -591,29 +568,12 @@ TEST(SparseMlaCuda, EmptyAndFullyMaskedKeySets) {
   check_problem(s, 702, {1, 4}, {16});
 }
 
-// One graph replayed with new lengths, indices and queries: every kernel at batch 4, and the
-// mma.sync kernel at batch 1 with a sync buffer (the streaming combine: its epoch advances from
-// replay to replay).
 TEST(SparseMlaCuda, GraphReplayWithNewLengths) {
   DS_REQUIRE_GPU();
-  Shape s4;
-  s4.num_seqs = 2;
-  s4.queries_per_seq = 2;
-  struct Case {
-    Shape s;
-    KernelChoice kc;
-    bool sync;
-  };
-  std::vector<Case> cases;
-  for (const KernelChoice& kc : kernels_for(s4)) cases.push_back({s4, kc, false});
-  Shape s1;
-  s1.min_len = 300;
-  cases.push_back({s1, {"mma.sync kernel, batch 1, sync buffer", false, false}, true});
-  SyncBuffer sync;
-  ASSERT_TRUE(sync.ok());
-  for (const Case& c : cases) {
-    const Shape& s = c.s;
-    const KernelChoice& kc = c.kc;
+  Shape s;
+  s.num_seqs = 2;
+  s.queries_per_seq = 2;
+  for (const KernelChoice& kc : kernels_for(s)) {
     SCOPED_TRACE(kc.name);
     Problem pr = make_problem(s, 801);
     DeviceProblem dp(pr);
@@ -631,8 +591,8 @@ TEST(SparseMlaCuda, GraphReplayWithNewLengths) {
     DS_CUDA_ASSERT(cudaStreamCreate(&stream));
     cudaGraph_t graph;
     DS_CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    const Status st = cuda::launch_sparse_mla_decode(
-        dp.params(pr, plan, ws.get(), ws_bytes, c.sync ? sync.words.get() : nullptr), stream);
+    const Status st =
+        cuda::launch_sparse_mla_decode(dp.params(pr, plan, ws.get(), ws_bytes), stream);
     DS_CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
     ASSERT_TRUE(st.ok()) << st.to_string();
     cudaGraphExec_t exec;
@@ -656,10 +616,6 @@ TEST(SparseMlaCuda, GraphReplayWithNewLengths) {
     DS_CUDA_ASSERT(cudaGraphDestroy(graph));
     DS_CUDA_ASSERT(cudaStreamDestroy(stream));
   }
-  std::vector<uint32_t> words;
-  DS_CUDA_ASSERT(sync.words.download(words));
-  EXPECT_EQ(words[0], 3u) << "the three batch-1 replays streamed their combine";
-  EXPECT_EQ(words[1], 0u);
 }
 
 // Stands for the kernel that produces the attention's inputs: lets its dependents launch at once,
@@ -687,28 +643,12 @@ __global__ void slow_producer(const uint16_t* q_src, uint16_t* q, int64_t nq,
 // SparseMlaParams::pdl: the attention kernel launched as a programmatic dependent of the kernel
 // that writes its queries and lengths gives the same bits as the plain launch, on a stream and
 // inside a graph (where the combine kernel's dependency is an edge of the graph).
-// At batch 1 with a sync buffer, the streaming combine (which never waits for the attention
-// grid) after the same producer.
 TEST(SparseMlaCuda, ProgrammaticLaunchWaitsForTheProducer) {
   DS_REQUIRE_GPU();
-  Shape s2;
-  s2.num_seqs = 2;
-  s2.min_len = 500;
-  struct Case {
-    Shape s;
-    KernelChoice kc;
-    bool sync;
-  };
-  std::vector<Case> cases;
-  for (const KernelChoice& kc : kernels_for(s2)) cases.push_back({s2, kc, false});
-  Shape s1 = s2;
-  s1.num_seqs = 1;
-  cases.push_back({s1, {"mma.sync kernel, batch 1, sync buffer", false, false}, true});
-  SyncBuffer sync;
-  ASSERT_TRUE(sync.ok());
-  for (const Case& c : cases) {
-    const Shape& s = c.s;
-    const KernelChoice& kc = c.kc;
+  Shape s;
+  s.num_seqs = 2;
+  s.min_len = 500;
+  for (const KernelChoice& kc : kernels_for(s)) {
     SCOPED_TRACE(kc.name);
     Problem pr = make_problem(s, 1001);
     DeviceProblem dp(pr);
@@ -733,8 +673,7 @@ TEST(SparseMlaCuda, ProgrammaticLaunchWaitsForTheProducer) {
     ASSERT_TRUE(ws.ok());
     cudaStream_t stream;
     DS_CUDA_ASSERT(cudaStreamCreate(&stream));
-    cuda::SparseMlaParams p =
-        dp.params(pr, plan, ws.get(), ws_bytes, c.sync ? sync.words.get() : nullptr);
+    cuda::SparseMlaParams p = dp.params(pr, plan, ws.get(), ws_bytes);
     p.pdl = true;
     auto enqueue = [&]() -> Status {
       slow_producer<<<4, 256, 0, stream>>>(q_src.get(), dp.q.get(), int64_t(pr.q.size()),
@@ -761,10 +700,6 @@ TEST(SparseMlaCuda, ProgrammaticLaunchWaitsForTheProducer) {
     }
     DS_CUDA_ASSERT(cudaStreamDestroy(stream));
   }
-  std::vector<uint32_t> words;
-  DS_CUDA_ASSERT(sync.words.download(words));
-  EXPECT_EQ(words[0], 2u) << "the batch-1 launches (stream, graph) streamed their combine";
-  EXPECT_EQ(words[1], 0u);
 }
 
 TEST(SparseMlaCuda, WgmmaRejectsMisalignedQOrOut) {

@@ -731,14 +731,6 @@ Status CudaOps::init() {
                         DeviceBuffer::allocate(size_t(N) * 4, "indexer merge counters"));
     DS_CUDA_RETURN_IF_ERROR(cudaMemset(indexer_counters_.data(), 0, size_t(N) * 4));
   }
-  // The sparse MLA sync words (SparseMlaParams::sync): zero once, every launch leaves them ready.
-  // DEEPSERVE_MLA_STREAM_COMBINE=0 leaves them out: the batch-1 combine then waits for the whole
-  // attention grid (A/B).
-  if (!env_switched_off("DEEPSERVE_MLA_STREAM_COMBINE")) {
-    const size_t bytes = size_t(cuda::kSparseMlaSyncWords) * 4;
-    DS_ASSIGN_OR_RETURN(mla_sync_, DeviceBuffer::allocate(bytes, "sparse MLA sync words"));
-    DS_CUDA_RETURN_IF_ERROR(cudaMemset(mla_sync_.data(), 0, bytes));
-  }
   free_slots_.clear();
   for (int64_t s = S - 1; s >= 0; --s) free_slots_.push_back(s);
 
@@ -2176,7 +2168,6 @@ void CudaOps::attend(const dsv4::AttendParams& params, const float* q, const flo
   p.workspace_bytes =
       cuda::sparse_mla_workspace_bytes(p.plan, p.num_queries, p.num_heads, p.head_dim);
   p.workspace = scratch<float>(int64_t(p.workspace_bytes / 4 + 1));
-  p.sync = mla_sync_.as<uint32_t>();  // nullptr when switched off
   p.pdl = kernel_pdl_;
   if (skip()) return;
   if (!check(cuda::launch_sparse_mla_decode(p, stream_)).ok()) return;

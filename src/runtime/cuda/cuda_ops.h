@@ -401,7 +401,6 @@ class CudaOps final : public dsv4::Ops {
   DeviceBuffer state_;
   size_t state_bytes_ = 0;
   DeviceBuffer indexer_counters_;  // [max_step_tokens] IndexerSelectParams::merge_counters
-  DeviceBuffer mla_sync_;          // SparseMlaParams::sync (kSparseMlaSyncWords words)
   std::vector<LayerStore> layers_;  // [num_hidden_layers + num_nextn_predict_layers]
   int64_t window_slots_ = 0;        // R
 

@@ -52,18 +52,12 @@
 #ifndef DS_SPARSE_MLA_COMBINE_PDL
 #define DS_SPARSE_MLA_COMBINE_PDL 1
 #endif
-// The fast combine (batch 1 at 64 heads: DS_SPARSE_MLA_COMBINE_FAST_MAX_PAIRS). 1 (the default
-// since session 39): sparse_mla_combine_fast_kernel (session 39's v4: one warp per 128 dims, the
-// partials through cp.async, the coefficients once per tile; batch 1 at 512 tokens 9.3 -> 8.2 us
-// on H100, NOTES.md session 40); 0: session 7's kernel, 20 tiles deep per thread.
+// The fast combine (batch 1 at 64 heads: DS_SPARSE_MLA_COMBINE_FAST_MAX_PAIRS). 1 (the default):
+// sparse_mla_combine_fast_kernel (session 39's v4: one warp per 128 dims, the partials through
+// cp.async, the coefficients once per tile; batch 1 at 512 tokens 9.3 -> 8.2 us on H100 against
+// session 38's form, NOTES.md session 40); 0: session 7's kernel, 20 tiles deep per thread.
 #ifndef DS_SPARSE_MLA_COMBINE_FAST
 #define DS_SPARSE_MLA_COMBINE_FAST 1
-#endif
-// 1 (the default): with a sync buffer (SparseMlaParams::sync), the batch-1 combine copies each
-// tile's partials as soon as the attention CTA that stored them flags them (session 40); 0: it
-// waits for the attention grid.
-#ifndef DS_SPARSE_MLA_COMBINE_STREAM
-#define DS_SPARSE_MLA_COMBINE_STREAM 1
 #endif
 // 1: the batch-1 plan's CTAs load their keys' indices before the lengths (session 38); 0: after.
 #ifndef DS_SPARSE_MLA_SPEC_INDEX
@@ -86,7 +80,6 @@ namespace {
 constexpr int kTile = kSparseMlaTileKeys;
 constexpr bool kSparseMlaCombinePdl = DS_SPARSE_MLA_COMBINE_PDL != 0;
 constexpr bool kSparseMlaCombineFast = DS_SPARSE_MLA_COMBINE_FAST != 0;
-constexpr bool kSparseMlaCombineStream = DS_SPARSE_MLA_COMBINE_STREAM != 0;
 constexpr bool kSparseMlaSpecIndex = DS_SPARSE_MLA_SPEC_INDEX != 0;
 constexpr bool kSparseMlaSplitMajor = DS_SPARSE_MLA_SPLIT_MAJOR != 0;
 // Dims per block (one warp) of the fast combine: four blocks per (query, head) at head_dim 512,
@@ -101,8 +94,9 @@ constexpr int kCombineFastDims = 128;
 #define DS_SPARSE_MLA_FAST_COMBINE_MAX_BLOCKS 256
 #endif
 // Of those, the fast combine kernel only for at most this many (query, head) pairs: batch 1 at 64
-// heads. It made batch 4 slower (11.9 -> 20.4 us at 512 tokens, 21.8 -> 28.0 at 32K, H100,
-// NOTES.md session 39: 1024 blocks of 235 registers), which keeps session 7's kernel.
+// heads. Session 38's form made batch 4 slower (11.9 -> 20.4 us at 512 tokens, 21.8 -> 28.0 at
+// 32K, H100, NOTES.md session 39: 1024 blocks of 235 registers); v4 there: 12.35 -> 12.70 at 512,
+// 22.37 -> 22.00 at 32K (session 40): no clear gain, so batch 2-4 keep session 7's kernel.
 #ifndef DS_SPARSE_MLA_COMBINE_FAST_MAX_PAIRS
 #define DS_SPARSE_MLA_COMBINE_FAST_MAX_PAIRS 64
 #endif
@@ -140,44 +134,6 @@ __host__ __device__ inline bool fast_combine(const SparseMlaParams& p) {
 
 __device__ __forceinline__ int split_begin(const QuerySplit& s, int k) {
   return int((int64_t(s.tiles) * k) / s.splits);
-}
-
-// The stream combine's synchronization words (SparseMlaParams::sync): [0] the epoch, the number
-// of stream-combined launches so far; [1] the combine blocks done in the current launch; then one
-// flag per (query, split, head group), set to epoch + 1 by the attention CTA once its partials are
-// stored. The last combine block to finish resets [1] and advances [0], so the flags of a launch
-// never equal what the next launch waits for, and no word needs clearing between launches.
-__host__ __device__ inline int64_t stream_flag_count(const SparseMlaParams& p) {
-  const int64_t groups = (p.num_heads + p.plan.heads_per_cta - 1) / p.plan.heads_per_cta;
-  return int64_t(p.num_queries) * p.plan.max_splits * groups;
-}
-
-// Whether the combine of this launch streams (the mma.sync plan at batch 1 with a sync buffer):
-// the attention kernel flags its partials and the combine copies each tile's as soon as it is
-// flagged, instead of waiting for the whole attention grid (NOTES.md session 40).
-__host__ __device__ inline bool stream_combine(const SparseMlaParams& p) {
-  return kSparseMlaCombineStream && kSparseMlaCombineFast && p.sync != nullptr && !p.plan.wgmma &&
-         fast_combine(p) && int64_t(p.num_queries) * p.num_heads <= kCombineFastMaxPairs &&
-         stream_flag_count(p) <= kSparseMlaSyncWords - 2;
-}
-
-__device__ __forceinline__ uint32_t ld_relaxed_gpu(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_release_gpu(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-// The split of a query whose tiles include tile t: the largest k with split_begin(qs, k) <= t.
-__device__ __forceinline__ int split_of(const QuerySplit& s, int t) {
-  return int(((int64_t(t) + 1) * s.splits - 1) / s.tiles);
 }
 
 // The fold's merge coefficients (shared by both kernels so that they compute the same bits).
@@ -459,11 +415,6 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
   // kernel launched after it may start now (its blocks wait for this grid's partials). Uniform
   // branch: without either, the kernel runs exactly the v4 instructions.
   if (p.pdl || fast_combine(p)) pdl_wait_then_trigger();
-  // stream_combine(p): the value of this launch's flags, read now, off the CTA's final path (the
-  // last launch's combine, complete by now, advanced the epoch); kept in shared memory, not in a
-  // register across the kernel (one more spilled the batch-1 instantiation).
-  __shared__ uint32_t flag_value;
-  if (stream_combine(p) && tid == 0) flag_value = ld_relaxed_gpu(p.sync) + 1;
 #if DS_SPARSE_MLA_TRACE
   const unsigned int tr_gen = tracing ? mla_trace::gen() : 0u;
   DS_MLA_STAMP(1);
@@ -1043,28 +994,13 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
     }
   }
   DS_MLA_STAMP(6);
-  // With stream_combine(p), this CTA's partials stored: flag them for the combine kernel (after a
-  // block barrier, thread 0 release-stores flag_value; sparse_mla_combine_fast_kernel).
-  auto flag_partials = [&] {
-    if (!stream_combine(p)) return;
-    __syncthreads();
-    if (tid == 0) {
-      const int64_t groups = (p.num_heads + C::kHG - 1) / C::kHG;
-      st_release_gpu(p.sync + 2 + (int64_t(q) * p.plan.max_splits + split) * groups + h0 / C::kHG,
-                     flag_value);
-    }
-  };
 #if DS_SPARSE_MLA_TRACE
   if (!fold) {
-    flag_partials();
     tr_flush();
     return;
   }
 #else
-  if (!fold) {
-    flag_partials();
-    return;
-  }
+  if (!fold) return;
 #endif
   __syncthreads();  // run_m / run_l final
 
@@ -1087,7 +1023,6 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
       ml[0] = run_m[tid];
       ml[1] = run_l[tid];
     }
-    flag_partials();
 #if DS_SPARSE_MLA_TRACE
     tr_flush();
 #endif
@@ -1187,32 +1122,26 @@ __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const Sparse
 #endif
 }
 
-// The fast combine (at most kCombineFastMaxPairs (query, head) pairs: batch 1 at 64 heads), where
-// the combine is latency-bound: its warps are few, so what counts is each warp's chain. Session
-// 7's 20-deep kernel above spent ~5.5 us merging the 39 partials of a 640-key query (H100,
-// NOTES.md session 38), session 38's straight-line form ~3 us. Here a block is one warp and 128
-// dims of one (query, head) (session 39's v4): each lane copies the partials of its four dims for
-// up to kChunk tiles into shared memory at once (cp.async, no registers held), and meanwhile the
-// warp computes the chunk's fold coefficients, two tiles per lane: the running max as a prefix
-// maximum over the lanes (fmaxf is exact and associative, so each tile gets the serial fold's
-// running max before and after it), then merge_coeffs per tile (a, b and merge_value's product
-// for l, written to shared memory). The l and o chains then run in tile order, two shared loads
-// per tile. Same functions on the same operands in the same order for every value: the serial
-// combine's bits (FlashBatch1 compares split caps 1-40).
-// kStream (stream_combine(p)): no wait for the attention grid. Each lane polls the flags of its
-// two tiles' splits (stream_flag_count) and the warp copies a tile's partials as soon as its flag
-// is up: the partials of the CTAs that finish first are loaded while the last ones still run
-// (session 40: the merge took ~3 us after the grid's end at 32K, reading 5 MB of partials).
-// Ordering: an attention CTA stores its partials, passes a block barrier, and its thread 0
-// release-stores the flag; the lane that acquire-loads the flag and the lanes that copy after the
-// next __syncwarp are ordered after those stores (cp.async.cg and __ldcg read L2, not a stale L1).
-template <int kD, int kTileKeys = kTile, bool kStream = false>
+// The fast combine since session 40 (session 39's v4; at most kCombineFastMaxPairs (query, head)
+// pairs: batch 1 at 64 heads), where the combine is latency-bound: its warps are few. Session 7's
+// kernel above spent ~5.5 us merging the 39 partials of a 640-key query (H100 trace and ncu,
+// NOTES.md session 38), session 38's straight-line form (one dim per thread, each tile's
+// coefficients taken from their lanes by three shuffles) ~3 us, and so does this one at 32K: what
+// bounds the merge is reading the partials (5 MB of fp32 at 32K) after the attention grid has
+// ended, not instructions (NOTES.md session 40); at 512 tokens it is 1.1 us faster than v3.
+// Here a block is one warp and 128 dims of one (query, head): each lane copies the partials of
+// its four dims for up to kChunk tiles into shared memory at once (cp.async, no registers held),
+// and meanwhile the warp computes the chunk's fold coefficients, two tiles per lane: the running
+// max as a prefix maximum over the lanes (fmaxf is exact and associative, so each tile gets the
+// serial fold's running max before and after it), then merge_coeffs per tile (a, b and
+// merge_value's product for l, written to shared memory). The l and o chains then run in tile
+// order, two shared loads per tile. Same functions on the same operands in the same order for
+// every value: the serial combine's bits (FlashBatch1 compares split caps 1-40).
+template <int kD, int kTileKeys = kTile>
 __global__ void __launch_bounds__(32) sparse_mla_combine_fast_kernel(const SparseMlaParams p) {
   constexpr int kChunk = 64;  // tiles whose partials are copied together
   static_assert(kD % kCombineFastDims == 0 && kCombineFastDims == 4 * 32, "four dims per lane");
-  static_assert(!kStream || kTileKeys == kTile, "only the mma.sync kernel flags its partials");
   __shared__ float4 part[kChunk][32];  // [tile][lane]: the lane's four dims
-  __shared__ float4 part0[32];         // split 0's state (slot 0)
   __shared__ float4 coef[kChunk];      // a, b, l's product per tile
   const int q = blockIdx.x;
   const int h = blockIdx.y;
@@ -1223,92 +1152,32 @@ __global__ void __launch_bounds__(32) sparse_mla_combine_fast_kernel(const Spars
   tr.begin(kTileKeys == kTile && p.num_queries == 1 && p.plan.max_splits == mla_trace::kSplits);
 #endif
   const QuerySplit qs = query_split<kTileKeys>(p, q);
-  uint32_t want = 0;  // the flag value of this launch's attention CTAs
-  if constexpr (kStream) {
-    want = ld_relaxed_gpu(p.sync) + 1;  // the last launch's combine advanced it before it ended
-  } else {
-    pdl_wait();
-  }
+  pdl_wait();
 #if DS_SPARSE_MLA_TRACE
   tr.stamp(1);
 #endif
-  // The last block of a streaming launch to get here advances the epoch (every block has read it).
-  auto finish = [&] {
-    if constexpr (kStream) {
-      __syncwarp();
-      if (lane == 0 &&
-          atomicAdd(p.sync + 1, 1u) == gridDim.x * gridDim.y * gridDim.z - 1) {
-        p.sync[1] = 0;
-        st_release_gpu(p.sync, want);
-      }
-    }
-  };
-  if (qs.splits <= 1) {
-    finish();
-    return;
-  }
-  const int64_t groups = (p.num_heads + p.plan.heads_per_cta - 1) / p.plan.heads_per_cta;
-  const uint32_t* flags =
-      p.sync + 2 + int64_t(q) * p.plan.max_splits * groups + h / p.plan.heads_per_cta;
-  auto flag_up = [&](int split) { return ld_acquire_gpu(flags + split * groups) == want; };
+  if (qs.splits <= 1) return;
   const int64_t slot_base = int64_t(q) * p.plan.max_tiles;
   const int64_t stride = int64_t(p.num_heads) * kD;  // one tile's partials
   const float* ws_o = p.workspace + (slot_base * p.num_heads + h) * kD + d;
   const float* ws_ml = p.workspace + int64_t(p.num_queries) * p.plan.max_tiles * p.num_heads * kD;
   auto ml_at = [&](int t) {
-    return __ldcg(reinterpret_cast<const float2*>(ws_ml + ((slot_base + t) * p.num_heads + h) * 2));
+    return *reinterpret_cast<const float2*>(ws_ml + ((slot_base + t) * p.num_heads + h) * 2);
   };
-  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  float m = 0.0f, l = 0.0f;
+  float4 o = *reinterpret_cast<const float4*>(ws_o);
+  const float2 ml0 = ml_at(0);  // split 0's state, continued tile by tile
+  float m = ml0.x, l = ml0.y;
   for (int t = split_begin(qs, 1); t < qs.tiles; t += kChunk) {
     const int nb = min(kChunk, qs.tiles - t);
-    const bool first = t == split_begin(qs, 1);
-    // Copies: split 0's state with the first chunk, then each tile once its split is flagged.
-    // Without kStream every flag counts as up, and the loop runs once.
-    const bool real[2] = {lane < nb, 32 + lane < nb};
-    bool up[2] = {!kStream || !real[0], !kStream || !real[1]};
-    bool up0 = !kStream || !first;
-    const uint64_t need = nb == 64 ? ~0ull : (1ull << nb) - 1;
-    uint64_t issued = 0;
-    bool issued0 = !first;
-    for (uint32_t spins = 0;; ++spins) {
-      if constexpr (kStream) {
-#pragma unroll
-        for (int k = 0; k < 2; ++k)
-          if (!up[k]) up[k] = flag_up(split_of(qs, t + 32 * k + lane));
-        if (!up0) up0 = flag_up(0);
-      }
-      const uint64_t ready = uint64_t(__ballot_sync(0xFFFFFFFFu, up[0] && real[0])) |
-                             (uint64_t(__ballot_sync(0xFFFFFFFFu, up[1] && real[1])) << 32);
-      __syncwarp();  // the lanes' acquires before every lane's copies
-      if (!issued0 && __all_sync(0xFFFFFFFFu, up0)) {
-        cp_async16(&part0[lane], ws_o);
-        issued0 = true;
-      }
-      for (uint64_t fresh = ready & ~issued; fresh != 0; fresh &= fresh - 1) {
-        const int i = __ffsll(static_cast<long long>(fresh)) - 1;
-        cp_async16(&part[i][lane], ws_o + (t + i) * stride);
-      }
-      issued = ready;
-      if (issued == need && issued0) break;
-      if constexpr (kStream) {
-        // A flag that never comes (a fault, or a launch of this pair that failed) would hang the
-        // GPU: give up after ~2 s of polling with a device trap (the launch reports an error).
-        if (spins > (1u << 22)) __trap();
-        __nanosleep(64);
-      }
-    }
+#pragma unroll 8
+    for (int i = 0; i < nb; ++i) cp_async16(&part[i][lane], ws_o + (t + i) * stride);
     cp_async_commit();
-    if (first) {
-      const float2 ml0 = ml_at(0);  // split 0's state, continued tile by tile
-      m = ml0.x;
-      l = ml0.y;
-    }
     // Tiles t + lane (half 0) and t + 32 + lane (half 1).
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       if (32 * k >= nb) break;
-      const float2 mlt = real[k] ? ml_at(t + 32 * k + lane) : make_float2(kNegInf, 0.0f);
+      const bool real = 32 * k + lane < nb;
+      const float2 mlt = real ? ml_at(t + 32 * k + lane) : make_float2(kNegInf, 0.0f);
       float r = mlt.x;  // max of the half's tile maxima up to this lane
 #pragma unroll
       for (int off = 1; off < 32; off <<= 1) {
@@ -1321,11 +1190,10 @@ __global__ void __launch_bounds__(32) sparse_mla_combine_fast_kernel(const Spars
       m = __shfl_sync(0xFFFFFFFFu, r, 31);  // padded lanes hold -inf
       float m_new, a, b;
       merge_coeffs(before, mlt.x, m_new, a, b);
-      if (real[k]) coef[32 * k + lane] = make_float4(a, b, __fmul_rn(mlt.y, b), 0.0f);
+      if (real) coef[32 * k + lane] = make_float4(a, b, __fmul_rn(mlt.y, b), 0.0f);
     }
     cp_async_wait<0>();
     __syncwarp();
-    if (first) o = part0[lane];
 #pragma unroll 4
     for (int i = 0; i < nb; ++i) {
       const float4 c = coef[i];
@@ -1346,7 +1214,6 @@ __global__ void __launch_bounds__(32) sparse_mla_combine_fast_kernel(const Spars
       make_uint2(pack_bf16x2(__fmul_rn(o.x, inv), __fmul_rn(o.y, inv)),
                  pack_bf16x2(__fmul_rn(o.z, inv), __fmul_rn(o.w, inv)));
   if (p.lse && d == 0) p.lse[int64_t(q) * p.num_heads + h] = final_lse(m, l);
-  finish();
 #if DS_SPARSE_MLA_TRACE
   if (blockIdx.z == 0) tr.end();
 #endif
@@ -1384,14 +1251,8 @@ cudaError_t launch_combine(const SparseMlaParams& p, cudaStream_t stream) {
   const dim3 cgrid(unsigned(p.num_queries), unsigned(p.num_heads));
   if (fast_combine(p) && kSparseMlaCombineFast &&
       int64_t(p.num_queries) * p.num_heads <= kCombineFastMaxPairs) {
-    const dim3 fgrid(cgrid.x, cgrid.y, kD / kCombineFastDims);
-    if constexpr (kTileKeys == kTile) {
-      if (stream_combine(p))
-        return launch_kernel(sparse_mla_combine_fast_kernel<kD, kTileKeys, true>, fgrid, 32, 0,
-                             true, p, stream);
-    }
-    return launch_kernel(sparse_mla_combine_fast_kernel<kD, kTileKeys>, fgrid, 32, 0, true, p,
-                         stream);
+    return launch_kernel(sparse_mla_combine_fast_kernel<kD, kTileKeys>,
+                         dim3(cgrid.x, cgrid.y, kD / kCombineFastDims), 32, 0, true, p, stream);
   }
   if (fast_combine(p))
     return launch_kernel(sparse_mla_combine_kernel<kD, 20, kTileKeys>, cgrid, kD / 4, 0, true, p,
@@ -1411,14 +1272,7 @@ Status launch_impl(const SparseMlaParams& p, cudaStream_t stream) {
                         : dim3(unsigned(p.plan.max_splits), unsigned(p.num_queries), unsigned(groups));
   DS_CUDA_RETURN_IF_ERROR(launch_kernel(sparse_mla_decode_kernel<kD, kMT, kP>, grid, C::kThreads,
                                         C::kSmemBytes, p.pdl, p, stream));
-  if (p.plan.max_splits > 1) {
-    const cudaError_t err = launch_combine<kD, kTile>(p, stream);
-    // The attention kernel flagged this launch's partials with an epoch that no combine will
-    // advance: clear the words so that the next launch does not take them for its own.
-    if (err != cudaSuccess && stream_combine(p))
-      (void)cudaMemsetAsync(p.sync, 0, kSparseMlaSyncWords * sizeof(uint32_t), stream);
-    DS_CUDA_RETURN_IF_ERROR(err);
-  }
+  if (p.plan.max_splits > 1) DS_CUDA_RETURN_IF_ERROR((launch_combine<kD, kTile>(p, stream)));
   return ok_status();
 }
 

@@ -28,8 +28,6 @@ namespace ds::cuda {
 
 inline constexpr int kSparseMlaTileKeys = 16;       // keys per tile (the fold unit), mma.sync
 inline constexpr int kSparseMlaWgmmaTileKeys = 64;  // keys per tile of the sm_90a wgmma kernel
-// 32-bit words of a sync buffer (SparseMlaParams::sync).
-inline constexpr int kSparseMlaSyncWords = 2 + 1024;
 
 // One paged pool of FP8 KV entries (kernels/cpu/kv_entry.h layout). A sequence's logical entry i
 // lives in page page_table[seq * page_table_stride + i / page_size], slot i % page_size.
@@ -94,13 +92,6 @@ struct SparseMlaParams {
   bool pdl = false;
   float* workspace = nullptr;  // sparse_mla_workspace_bytes(...) bytes, 16-byte aligned
   size_t workspace_bytes = 0;
-  // Nullable: kSparseMlaSyncWords words that the caller zeroes once (cudaMemset) and then leaves
-  // to the kernels, which leave them ready for the next launch: one buffer per stream (launches
-  // that share one must run one after another). With it, where the batch-1 combine runs (the
-  // mma.sync plan, at most 64 (query, head) pairs), each attention CTA flags its partials once
-  // stored and the combine copies them as soon as they are flagged, instead of waiting for the
-  // whole attention grid (NOTES.md session 40). Same bits with or without it.
-  uint32_t* sync = nullptr;
 };
 
 // Picks head group and split count so that num_queries * groups * splits covers the GPU's
