@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Session 40, one device call for issues 6 and 8 (binaries packed by scripts/gpu/h_s29/pack.sh
 # into build/carry: test_sparse_mla_cuda bench_sparse_mla test_moe_cuda bench_moe test_cuda_ops):
-#   1. test_sparse_mla_cuda, test_moe_cuda (whole), test_cuda_ops;
+#   1. test_sparse_mla_cuda, test_moe_cuda (whole, or MOE_FILTER), test_cuda_ops;
 #   2. bench_moe on MOE_CASES (both FP8 decode grids, one process) -> OUT/moe_persist.json;
-#   3. the persistent MoE grid's tiny case under racecheck, synccheck and memcheck;
+#   3. the persistent MoE grid's tiny case under SANITIZERS (default racecheck synccheck memcheck);
 #   4. MLA_FULL=1: bench_sparse_mla full run -> OUT/mla_full.json;
 #   5. a table -> OUT/table.txt (printed last).
 #   scripts/gpu/h_s40/call.sh OUT
@@ -20,7 +20,9 @@ res() { grep -E '^\[  (PASSED|FAILED) ' "$1" | tr '\n' ' '; }
 tab="$out/table.txt"
 echo "gpu: $(nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader) commit $DS_COMMIT" >"$tab"
 for t in test_sparse_mla_cuda test_moe_cuda test_cuda_ops; do
-  timeout 150 "$c/$t" >"$out/logs/$t.log" 2>&1
+  f=""
+  [ "$t" = test_moe_cuda ] && f="${MOE_FILTER:-}"
+  timeout 150 "$c/$t" ${f:+--gtest_filter=$f} >"$out/logs/$t.log" 2>&1
   echo "$t rc=$? $(res "$out/logs/$t.log") $(el)" >>"$tab"
   grep -E '^\[  FAILED  \]|Failure' "$out/logs/$t.log" | head -20 >>"$tab"
 done
@@ -30,7 +32,7 @@ if [ -n "${MOE_CASES:-}" ]; then
   echo "bench_moe rc=$? $(el)" >>"$tab"
   grep -E "^(mxfp4|nvfp4) |expert GEMMs|^ceil" "$out/logs/bench_moe.log" >>"$tab"
 fi
-for tool in racecheck synccheck memcheck; do
+for tool in ${SANITIZERS-racecheck synccheck memcheck}; do
   timeout 90 compute-sanitizer --tool "$tool" --error-exitcode 9 "$c/test_moe_cuda" \
     --gtest_filter='MoeCuda.Fp8PersistentGridTiny' >"$out/logs/moe_$tool.log" 2>&1
   echo "$tool moe rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^\[  (PASSED|FAILED) ' "$out/logs/moe_$tool.log" | tr '\n' ' ') $(el)" >>"$tab"
