@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 40, one device call for issues 6 and 8 (binaries packed by scripts/gpu/h_s29/pack.sh
 # into build/carry: test_sparse_mla_cuda bench_sparse_mla test_moe_cuda bench_moe test_cuda_ops):
-#   1. test_sparse_mla_cuda, test_moe_cuda (whole, or MOE_FILTER), test_cuda_ops;
+#   1. TESTS (default test_sparse_mla_cuda test_moe_cuda test_cuda_ops; test_moe_cuda whole, or
+#      MOE_FILTER);
 #   2. bench_moe on MOE_CASES (both FP8 decode grids, one process) -> OUT/moe_persist.json;
 #   3. the persistent MoE grid's tiny case under SANITIZERS (default racecheck synccheck memcheck);
 #   4. MLA_FULL=1: bench_sparse_mla full run -> OUT/mla_full.json;
@@ -19,7 +20,7 @@ el() { echo "($(( $(date +%s) - t0 )) s)"; }
 res() { grep -E '^\[  (PASSED|FAILED) ' "$1" | tr '\n' ' '; }
 tab="$out/table.txt"
 echo "gpu: $(nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader) commit $DS_COMMIT" >"$tab"
-for t in test_sparse_mla_cuda test_moe_cuda test_cuda_ops; do
+for t in ${TESTS-test_sparse_mla_cuda test_moe_cuda test_cuda_ops}; do
   f=""
   [ "$t" = test_moe_cuda ] && f="${MOE_FILTER:-}"
   timeout 150 "$c/$t" ${f:+--gtest_filter=$f} >"$out/logs/$t.log" 2>&1
