@@ -9,7 +9,8 @@
 #      variant, alternating -> logs; a table of the rows;
 #   3. MOE_CASES: bench_moe on those cases -> OUT/moe_persist.json; MOE_TESTS (a gtest filter, default
 #      the persistent grid's tests) and SANITIZERS on MoeCuda.Fp8PersistentGridTiny;
-#   4. TESTS_OPS=1: test_cuda_ops; MLA_FULL=1: the tree's bench_sparse_mla full run ->
+#   4. TESTS_OPS=1: test_cuda_ops of the tree and of each variant that has one; MLA_FULL=1: the
+#      tree's bench_sparse_mla full run ->
 #      OUT/mla_full.json;
 #   5. the table -> OUT/table.txt (printed last).
 #   scripts/gpu/h_s41/call.sh OUT
@@ -60,9 +61,13 @@ for tool in ${SANITIZERS-racecheck synccheck memcheck}; do
   echo "$tool moe rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^\[  (PASSED|FAILED) ' "$out/logs/moe_$tool.log" | tr '\n' ' ') $(el)" >>"$tab"
 done
 if [ "${TESTS_OPS:-0}" = 1 ]; then
-  timeout 150 "$c/test_cuda_ops" >"$out/logs/test_cuda_ops.log" 2>&1
-  echo "test_cuda_ops rc=$? $(res "$out/logs/test_cuda_ops.log") $(el)" >>"$tab"
-  grep -E '^\[  FAILED  \]|Failure' "$out/logs/test_cuda_ops.log" | head -12 >>"$tab"
+  for v in "" $variants; do
+    t="$c/test_cuda_ops${v:+_$v}"
+    [ -x "$t" ] || continue
+    timeout 150 "$t" >"$out/logs/test_cuda_ops_${v:-tree}.log" 2>&1
+    echo "test_cuda_ops ${v:-tree} rc=$? $(res "$out/logs/test_cuda_ops_${v:-tree}.log") $(el)" >>"$tab"
+    grep -E '^\[  FAILED  \]|Failure' "$out/logs/test_cuda_ops_${v:-tree}.log" | head -12 >>"$tab"
+  done
 fi
 if [ "${MLA_FULL:-0}" = 1 ]; then
   timeout 150 "$c/bench_sparse_mla" "$out/mla_full.json" >"$out/logs/bench_mla_full.log" 2>&1
