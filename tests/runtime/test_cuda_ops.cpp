@@ -437,6 +437,30 @@ TEST_F(CudaOpsTest, FusedOutputRopeGivesTheSeparateOpsLogits) {
                   [&](const Forward& f) { return run_chunked(f, tokens, schedule); });
 }
 
+// CudaOpsOptions::moe_f8_persist: every MoE forward of the backend runs with
+// MoeTuning::f8_persist (test_moe_cuda's Fp8PersistentGrid* check that this tuning launches the
+// persistent grid and gives the per-item grid's bits), so the logits of a prefill chunk and decode
+// steps in graphs (the decode steps take the FP8 path on a device with FP8 mma.sync) are the
+// default's bit for bit, and agree with the CPU.
+TEST_F(CudaOpsTest, MoePersistentGridGivesTheDefaultLogits) {
+  CudaOpsOptions o = ops_->options();
+  o.moe_f8_persist = true;
+  auto persist_ops = CudaOps::create(tiny_model(), options_, o);
+  o.moe_f8_persist = false;
+  auto item_ops = CudaOps::create(tiny_model(), options_, o);
+  ASSERT_TRUE(persist_ops.ok() && item_ops.ok());
+  EXPECT_EQ((*persist_ops)->moe_tuning().f8_persist, 1);
+  EXPECT_EQ((*item_ops)->moe_tuning().f8_persist, 0);
+  Forward persist(&tiny_model(), options_, persist_ops->get());
+  Forward item(&tiny_model(), options_, item_ops->get());
+  const auto tokens = random_tokens(130, 97);
+  const auto schedule = prefill_then_decode(100, 30);
+  EXPECT_EQ(run_chunked(persist, tokens, schedule), run_chunked(item, tokens, schedule));
+  EXPECT_GE((*persist_ops)->graph_replays(), 20);
+  expect_like_cpu(options_, persist_ops->get(), "MoE persistent grid, prefill 100 + decode 30",
+                  [&](const Forward& f) { return run_chunked(f, tokens, schedule); });
+}
+
 // CudaOpsOptions::fused_compress_max_tokens: every compressing layer's projections (CSA: the
 // indexer compressor's and the attention compressor's wkv / wgate; HCA: the attention
 // compressor's) also held as one bf16 weight, counted in weight_bytes(), and compress_layer's

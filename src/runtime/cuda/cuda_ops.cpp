@@ -504,8 +504,10 @@ Status CudaOps::init() {
   fused_norm_rope_ = opt_.fused_norm_rope && !env_switched_off("DEEPSERVE_FUSED_NORM_ROPE");
   fused_output_rope_ =
       opt_.fused_output_rope && !env_switched_off("DEEPSERVE_FUSED_OUTPUT_ROPE");
-  moe_pdl_ = env_switch("DEEPSERVE_MOE_PDL", opt_.moe_pdl);
-  moe_f8_order_ = opt_.moe_f8_order && !env_switched_off("DEEPSERVE_MOE_F8_ORDER");
+  moe_tuning_ = cuda::MoeTuning{};
+  moe_tuning_.pdl = env_switch("DEEPSERVE_MOE_PDL", opt_.moe_pdl) ? 1 : 0;
+  moe_tuning_.f8_order = opt_.moe_f8_order && !env_switched_off("DEEPSERVE_MOE_F8_ORDER") ? 0 : 1;
+  moe_tuning_.f8_persist = env_switch("DEEPSERVE_MOE_F8_PERSIST", opt_.moe_f8_persist) ? 1 : 0;
   sparse_mla_wgmma_ =
       opt_.sparse_mla_wgmma && !env_switched_off("DEEPSERVE_SPARSE_MLA_WGMMA") &&
       cuda::sparse_mla_wgmma_supported(int32_t(c.num_attention_heads), int32_t(c.head_dim));
@@ -1818,11 +1820,8 @@ void CudaOps::moe(const dsv4::MoeSite& site, const float* x, float* y) {
   const size_t mark = arena_.mark();
   void* ws = scratch<uint8_t>(int64_t(moe_workspace_bytes_));
   if (!failed()) {
-    cuda::MoeTuning tuning;
-    tuning.pdl = moe_pdl_ ? 1 : 0;
-    tuning.f8_order = moe_f8_order_ ? 0 : 1;
     (void)check(cuda::MoeRunner::forward(*it->second, x, step_->ids, step_->num_tokens, y, ws,
-                                         stream_, tuning));
+                                         stream_, moe_tuning_));
   }
   arena_.release(mark);
 }

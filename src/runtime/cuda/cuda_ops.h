@@ -39,6 +39,7 @@
 
 #include "core/status.h"
 #include "kernels/cuda/elementwise/elementwise.h"
+#include "kernels/cuda/moe/moe.h"
 #include "kernels/cuda/rope/rope.h"
 #include "model/deepseek_v4/forward.h"
 #include "model/deepseek_v4/ops.h"
@@ -46,7 +47,6 @@
 
 namespace ds::cuda {
 class GemmRunner;
-class MoeDeviceLayer;
 }  // namespace ds::cuda
 
 namespace ds::runtime {
@@ -141,6 +141,11 @@ struct CudaOpsOptions {
   // The MoE FP8 path's grid order of session 29 (cuda::MoeTuning::f8_order 0: the shared
   // expert's tiles first, then tile by tile). DEEPSERVE_MOE_F8_ORDER=0 turns it off (A/B switch).
   bool moe_f8_order = true;
+  // The MoE FP8 path's GEMMs on a persistent grid (cuda::MoeTuning::f8_persist: as many CTAs as
+  // the SMs hold, each running a range of work items; the same bits). Off until it is measured
+  // faster (kernels/cuda/moe/NOTES.md, sessions 40-41); DEEPSERVE_MOE_F8_PERSIST=1 / =0 in the
+  // environment turns it on / off (A/B switch).
+  bool moe_f8_persist = false;
 };
 
 class CudaOps final : public dsv4::Ops {
@@ -240,6 +245,8 @@ class CudaOps final : public dsv4::Ops {
                  bool round) override;
   bool fuses_norm_rope() const override { return fused_norm_rope_; }
   bool fuses_attend_inverse_rope() const override { return fused_output_rope_; }
+  // What every MoE forward of this backend runs with (from the options and the environment).
+  const cuda::MoeTuning& moe_tuning() const { return moe_tuning_; }
   void indexer_prepare_query(float* q, int64_t heads, int64_t head_dim, int64_t rope_dim,
                              const float* inv_freq, bool fp4_simulation, bool round_bf16) override;
   void indexer_scale_weights(float* w, int64_t heads, int64_t head_dim) override;
@@ -388,8 +395,9 @@ class CudaOps final : public dsv4::Ops {
   // CudaOpsOptions::sparse_mla_wgmma on a device and shape that run it, unless
   // DEEPSERVE_SPARSE_MLA_WGMMA=0.
   bool sparse_mla_wgmma_ = false;
-  bool moe_pdl_ = false;  // CudaOpsOptions::moe_pdl, unless DEEPSERVE_MOE_PDL says otherwise
-  bool moe_f8_order_ = true;  // CudaOpsOptions::moe_f8_order unless DEEPSERVE_MOE_F8_ORDER=0
+  // CudaOpsOptions::moe_pdl / moe_f8_persist unless DEEPSERVE_MOE_PDL / DEEPSERVE_MOE_F8_PERSIST
+  // say otherwise; CudaOpsOptions::moe_f8_order unless DEEPSERVE_MOE_F8_ORDER=0.
+  cuda::MoeTuning moe_tuning_;
   // bf16 weights padded to a multiple of 8 rows: host data -> (device copy, padded rows).
   std::unordered_map<const void*, std::pair<const uint16_t*, int64_t>> padded_bf16_;
   // Per-layer MoE state, keyed by the layer's host expert array (MoeSite::experts).
