@@ -10,8 +10,8 @@
 #   3. MOE_CASES: bench_moe on those cases -> OUT/moe_persist.json; MOE_TESTS (a gtest filter, default
 #      the persistent grid's tests) and SANITIZERS on MoeCuda.Fp8PersistentGridTiny;
 #   4. TESTS_OPS=1: test_cuda_ops of the tree and of each variant that has one; MLA_FULL=1: the
-#      tree's bench_sparse_mla full run ->
-#      OUT/mla_full.json;
+#      tree's bench_sparse_mla full run -> OUT/mla_full.json; MLA_FULL_VARIANTS="V ...": the full
+#      run of bench_sparse_mla_V -> OUT/mla_full_V.json;
 #   5. the table -> OUT/table.txt (printed last).
 #   scripts/gpu/h_s41/call.sh OUT
 set -uo pipefail
@@ -73,5 +73,9 @@ if [ "${MLA_FULL:-0}" = 1 ]; then
   timeout 150 "$c/bench_sparse_mla" "$out/mla_full.json" >"$out/logs/bench_mla_full.log" 2>&1
   echo "bench_sparse_mla full rc=$? $(el)" >>"$tab"
 fi
+for v in ${MLA_FULL_VARIANTS:-}; do
+  timeout 150 "$c/bench_sparse_mla_$v" "$out/mla_full_$v.json" >"$out/logs/bench_mla_full_$v.log" 2>&1
+  echo "bench_sparse_mla_$v full rc=$? $(el)" >>"$tab"
+done
 tar -C "$out" -czf "$out/logs.tgz" logs && rm -rf "$out/logs"
 cat "$tab"
