@@ -15,26 +15,31 @@
 #   5. the table -> OUT/table.txt (printed last).
 #   scripts/gpu/h_s41/call.sh OUT
 set -uo pipefail
-cd "$(dirname "$0")/../../.."
+cd "$(dirname "$0")/../../.." || exit 2
 out="${1:?usage: call.sh OUT}"
 c=/tmp/carry_s41
 mkdir -p "$out/logs"
 . scripts/gpu/unpack_bins.sh && unpack_bins build/carry/backend.tar.xz "$c" || exit 2
 [ -f build/carry/variants.tar.xz ] && tar -C "$c" -xJf build/carry/variants.tar.xz
-export DS_COMMIT="$(tr '\n' ' ' <build/carry/COMMIT)"
+DS_COMMIT="$(tr "\n" " " <build/carry/COMMIT)"
+export DS_COMMIT
 t0=$(date +%s)
 el() { echo "($(($(date +%s) - t0)) s)"; }
 res() { grep -E '^\[  (PASSED|FAILED) ' "$1" | tr '\n' ' '; }
 tab="$out/table.txt"
 echo "gpu: $(nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader) commit $DS_COMMIT" >"$tab"
 variants=$(cd "$c" && ls bench_sparse_mla_* 2>/dev/null | sed 's/^bench_sparse_mla_//')
-for v in "" $variants; do
-  t="$c/test_sparse_mla_cuda${v:+_$v}"
-  [ -x "$t" ] || continue
-  timeout 120 "$t" >"$out/logs/test_mla_${v:-tree}.log" 2>&1
-  echo "test_sparse_mla_cuda ${v:-tree} rc=$? $(res "$out/logs/test_mla_${v:-tree}.log") $(el)" >>"$tab"
-  grep -E '^\[  FAILED  \]|Failure|worst' "$out/logs/test_mla_${v:-tree}.log" | head -12 >>"$tab"
-done
+# test_variants BIN TIMEOUT: the tree's test binary BIN, then BIN_V of each variant that has one.
+test_variants() {
+  for v in "" $variants; do
+    local t="$c/$1${v:+_$v}" log="$out/logs/$1_${v:-tree}.log"
+    [ -x "$t" ] || continue
+    timeout "$2" "$t" >"$log" 2>&1
+    echo "$1 ${v:-tree} rc=$? $(res "$log") $(el)" >>"$tab"
+    grep -E '^\[  FAILED  \]|Failure' "$log" | head -12 >>"$tab"
+  done
+}
+test_variants test_sparse_mla_cuda 120
 for r in $(seq 1 "${MLA_ROUNDS:-2}"); do
   for v in "" $variants; do
     timeout 60 "$c/bench_sparse_mla${v:+_$v}" "$out/logs/mla_small_${v:-tree}_r$r.json" small \
@@ -60,15 +65,7 @@ for tool in ${SANITIZERS-racecheck synccheck memcheck}; do
     --gtest_filter='MoeCuda.Fp8PersistentGridTiny' >"$out/logs/moe_$tool.log" 2>&1
   echo "$tool moe rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^\[  (PASSED|FAILED) ' "$out/logs/moe_$tool.log" | tr '\n' ' ') $(el)" >>"$tab"
 done
-if [ "${TESTS_OPS:-0}" = 1 ]; then
-  for v in "" $variants; do
-    t="$c/test_cuda_ops${v:+_$v}"
-    [ -x "$t" ] || continue
-    timeout 150 "$t" >"$out/logs/test_cuda_ops_${v:-tree}.log" 2>&1
-    echo "test_cuda_ops ${v:-tree} rc=$? $(res "$out/logs/test_cuda_ops_${v:-tree}.log") $(el)" >>"$tab"
-    grep -E '^\[  FAILED  \]|Failure' "$out/logs/test_cuda_ops_${v:-tree}.log" | head -12 >>"$tab"
-  done
-fi
+[ "${TESTS_OPS:-0}" = 1 ] && test_variants test_cuda_ops 150
 if [ "${MLA_FULL:-0}" = 1 ]; then
   timeout 150 "$c/bench_sparse_mla" "$out/mla_full.json" >"$out/logs/bench_mla_full.log" 2>&1
   echo "bench_sparse_mla full rc=$? $(el)" >>"$tab"
