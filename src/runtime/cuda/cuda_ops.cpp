@@ -504,7 +504,6 @@ Status CudaOps::init() {
   fused_norm_rope_ = opt_.fused_norm_rope && !env_switched_off("DEEPSERVE_FUSED_NORM_ROPE");
   fused_output_rope_ =
       opt_.fused_output_rope && !env_switched_off("DEEPSERVE_FUSED_OUTPUT_ROPE");
-  moe_tuning_ = cuda::MoeTuning{};
   moe_tuning_.pdl = env_switch("DEEPSERVE_MOE_PDL", opt_.moe_pdl) ? 1 : 0;
   moe_tuning_.f8_order = opt_.moe_f8_order && !env_switched_off("DEEPSERVE_MOE_F8_ORDER") ? 0 : 1;
   moe_tuning_.f8_persist = env_switch("DEEPSERVE_MOE_F8_PERSIST", opt_.moe_f8_persist) ? 1 : 0;

@@ -93,6 +93,9 @@ constexpr bool kSparseMlaCombineFast = DS_SPARSE_MLA_COMBINE_FAST != 0;
 constexpr bool kSparseMlaSpecIndex = DS_SPARSE_MLA_SPEC_INDEX != 0;
 constexpr bool kSparseMlaSplitMajor = DS_SPARSE_MLA_SPLIT_MAJOR != 0;
 constexpr bool kSparseMlaBf16Partials = DS_SPARSE_MLA_BF16_PARTIALS != 0;
+// Whether the partials of a kernel with this fold unit are bf16: only the mma.sync kernel's.
+template <int kTileKeys>
+constexpr bool kBf16PartialsFor = kSparseMlaBf16Partials && kTileKeys == kTile;
 // Dims per block (one warp) of the fast combine: four blocks per (query, head) at head_dim 512,
 // so that the partials' loads come from every SM.
 constexpr int kCombineFastDims = 128;
@@ -1030,6 +1033,7 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
                   acc[3] = merge_value(acc[3], c1.x, pv[u][3], c1.y);
                   if (!fold && u < np) {  // tile t + u's P V is its own partial
                     const int h = h0 + r0;
+                    // (dst's offset written out, not as + d: the default build's code as measured)
                     float* dst = ws_o + ((slot_base + t + u) * p.num_heads + h) * kD + warp * 64 +
                                  2 * (lane & 3) + (nb2 * 2 + half) * 8;
                     const int d = warp * 64 + 2 * (lane & 3) + (nb2 * 2 + half) * 8;
@@ -1129,8 +1133,8 @@ __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const Sparse
   const int64_t slot_base = int64_t(q) * p.plan.max_tiles;
   const float* ws_o = p.workspace;
   const float* ws_ml = p.workspace + int64_t(p.num_queries) * p.plan.max_tiles * p.num_heads * kD;
-  // Partials of the mma.sync kernel in bf16 (kSparseMlaBf16Partials); split 0's state is fp32.
-  constexpr bool kBf16 = kSparseMlaBf16Partials && kTileKeys == kTile;
+  // Split 0's state is fp32 either way.
+  constexpr bool kBf16 = kBf16PartialsFor<kTileKeys>;
   auto o_at = [&](int t) {
     return load_partial4<kBf16>(ws_o + ((slot_base + t) * p.num_heads + h) * kD + d, d);
   };
@@ -1196,8 +1200,8 @@ template <int kD, int kTileKeys = kTile>
 __global__ void __launch_bounds__(32) sparse_mla_combine_fast_kernel(const SparseMlaParams p) {
   constexpr int kChunk = 64;  // tiles whose partials are copied together
   static_assert(kD % kCombineFastDims == 0 && kCombineFastDims == 4 * 32, "four dims per lane");
-  // Partials of the mma.sync kernel in bf16 (kSparseMlaBf16Partials); split 0's state is fp32.
-  constexpr bool kBf16 = kSparseMlaBf16Partials && kTileKeys == kTile;
+  // Split 0's state is fp32 either way.
+  constexpr bool kBf16 = kBf16PartialsFor<kTileKeys>;
   using Part = std::conditional_t<kBf16, uint2, float4>;
   __shared__ Part part[kChunk][32];  // [tile][lane]: the lane's four dims
   __shared__ float4 coef[kChunk];      // a, b, l's product per tile
