@@ -410,7 +410,8 @@ void run_case(const Case& c) {
         o, "the tuning and bit_equal #" + std::to_string(same.size()) + " (pf_rows " +
                std::to_string(o.pf_rows) + ", f8_order " + std::to_string(o.f8_order) +
                ", f8_act_rows " + std::to_string(o.f8_act_rows) + ", f8_persist " +
-               std::to_string(o.f8_persist) + ", f8_ctas " + std::to_string(o.f8_ctas) + ")");
+               std::to_string(o.f8_persist) + ", f8_ctas " + std::to_string(o.f8_ctas) +
+               ", f8_prefetch " + std::to_string(o.f8_prefetch) + ")");
   }
   for (const auto& [other, what] : same) {
     DeviceBuffer<float> d_y2(size_t(T * D));
@@ -889,6 +890,62 @@ TEST_F(MoeCuda, Fp8PersistentGridGivesTheSameBits) {
   g.tuning.pdl = 1;
   g.oracle_tokens = 2;
   run_persistent(g);
+}
+
+// The FP8 path's L2 prefetches (MoeTuning::f8_prefetch, session 42: the shared expert's gate/up
+// weights from the logits kernel, each group's down weights from its first gate/up tile, the
+// latter also as evict_last) change where bytes come from, never the arithmetic: y bit for bit
+// against no prefetch and each bit alone, with the persistent grid too, and the oracle; the tiny
+// and Flash shapes at 1-64 tokens, every (tile, K split), skewed and hash routing, an expert range
+// without the shared expert, a graph replay with programmatic launches, NVFP4 (no FP8 path: the
+// prefetches are not asked for). Bad values are refused.
+void run_prefetch(Case c) {
+  cuda::MoeTuning none = c.tuning, shared = c.tuning, down = c.tuning, persist = c.tuning;
+  none.f8_prefetch = 0;
+  shared.f8_prefetch = 1;
+  down.f8_prefetch = 2;
+  persist.f8_prefetch = 7;
+  persist.f8_persist = 1;
+  c.tuning.f8_prefetch = 7;
+  c.bit_equal = {none, shared, down, persist};
+  run_case(c);
+}
+
+TEST_F(MoeCuda, Fp8L2PrefetchGivesTheSameBits) {
+  for (int64_t T : {1, 2, 4, 16, 64}) {
+    run_prefetch({"tiny mxfp4 fp8 prefetch", kTiny, WeightFormat::kMxfp4, T});
+    Case flash{"flash mxfp4 fp8 prefetch", kFlash, WeightFormat::kMxfp4, T};
+    flash.oracle_tokens = 2;
+    run_prefetch(flash);
+  }
+  run_prefetch({"tiny nvfp4 prefetch", kTiny, WeightFormat::kNvfp4, 4});
+  const int variants[][2] = {{8, 1}, {8, 2}, {8, 4}, {16, 1}, {16, 2}, {16, 4}};
+  for (const auto& v : variants) {
+    Case t{"tiny mxfp4 fp8 prefetch variant", kTiny, WeightFormat::kMxfp4, 37};
+    t.tuning = {v[0], v[1], 2};
+    run_prefetch(t);
+  }
+  run_prefetch({"tiny skew fp8 prefetch", kTiny, WeightFormat::kMxfp4, 64, true});
+  run_prefetch({"tiny hash fp8 prefetch", kTiny, WeightFormat::kMxfp4, 16, false, true});
+  Case skew{"flash skew fp8 prefetch", kFlash, WeightFormat::kMxfp4, 16, true};
+  skew.oracle_tokens = 2;
+  run_prefetch(skew);
+  Case range{"tiny range fp8 prefetch no shared", kTiny, WeightFormat::kMxfp4, 16};
+  range.begin = 2;
+  range.end = 6;
+  range.add_shared = false;
+  run_prefetch(range);
+  Case g{"flash fp8 prefetch graph pdl", kFlash, WeightFormat::kMxfp4, 2};
+  g.graph = true;
+  g.tuning.pdl = 1;
+  g.oracle_tokens = 2;
+  run_prefetch(g);
+  for (int bad_bits : {-1, 8}) {
+    Case bad{"tiny bad f8_prefetch", kTiny, WeightFormat::kMxfp4, 4};
+    bad.tuning.f8_prefetch = bad_bits;
+    bad.expect_error = "f8_prefetch must be 0 to 7";
+    run_case(bad);
+  }
 }
 
 // Router logits: T <= 64 take a CTA per expert and 8 tokens, larger T the 64 x 64 tiled SIMT GEMM

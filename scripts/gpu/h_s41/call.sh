@@ -7,12 +7,14 @@
 #      bit, the oracle's tolerance);
 #   2. MLA_ROUNDS (default 2) rounds of bench_sparse_mla "small" (batch 1 and 4): the tree, then each
 #      variant, alternating -> logs; a table of the rows;
-#   3. MOE_CASES: bench_moe on those cases -> OUT/moe_persist.json; MOE_TESTS (a gtest filter, default
-#      the persistent grid's tests) and SANITIZERS on MoeCuda.Fp8PersistentGridTiny;
-#   4. TESTS_OPS=1: test_cuda_ops of the tree and of each variant that has one; MLA_FULL=1: the
-#      tree's bench_sparse_mla full run -> OUT/mla_full.json; MLA_FULL_VARIANTS="V ...": the full
-#      run of bench_sparse_mla_V -> OUT/mla_full_V.json;
-#   5. the table -> OUT/table.txt (printed last).
+#   3. MLA_FULL=1: the tree's bench_sparse_mla full run -> OUT/mla_full.json; MLA_FULL_VARIANTS=
+#      "V ...": the full run of bench_sparse_mla_V -> OUT/mla_full_V.json (before the MoE part since
+#      session 42, so that a call cut at the 10 minutes keeps them);
+#   4. MOE_CASES: bench_moe on those cases (MOE_TIMEOUT, default 150 s) -> OUT/moe_persist.json;
+#      MOE_TESTS (a gtest filter, default the persistent grid's tests) and SANITIZERS on
+#      MoeCuda.Fp8PersistentGridTiny;
+#   5. TESTS_OPS=1: test_cuda_ops of the tree and of each variant that has one;
+#   6. the table -> OUT/table.txt (printed last).
 #   scripts/gpu/h_s41/call.sh OUT
 set -uo pipefail
 cd "$(dirname "$0")/../../.." || exit 2
@@ -48,8 +50,16 @@ for r in $(seq 1 "${MLA_ROUNDS:-2}"); do
     python3 scripts/gpu/h_s38/small.py "$out/logs/mla_small_${v:-tree}_r$r.json" >>"$tab" 2>&1
   done
 done
+if [ "${MLA_FULL:-0}" = 1 ]; then
+  timeout 150 "$c/bench_sparse_mla" "$out/mla_full.json" >"$out/logs/bench_mla_full.log" 2>&1
+  echo "bench_sparse_mla full rc=$? $(el)" >>"$tab"
+fi
+for v in ${MLA_FULL_VARIANTS:-}; do
+  timeout 150 "$c/bench_sparse_mla_$v" "$out/mla_full_$v.json" >"$out/logs/bench_mla_full_$v.log" 2>&1
+  echo "bench_sparse_mla_$v full rc=$? $(el)" >>"$tab"
+done
 if [ -n "${MOE_CASES:-}" ]; then
-  DS_MOE_CASES="$MOE_CASES" timeout 150 "$c/bench_moe" "$out/moe_persist.json" \
+  DS_MOE_CASES="$MOE_CASES" timeout "${MOE_TIMEOUT:-150}" "$c/bench_moe" "$out/moe_persist.json" \
     >"$out/logs/bench_moe.log" 2>&1
   echo "bench_moe rc=$? $(el)" >>"$tab"
   grep -E "^(mxfp4|nvfp4) |expert GEMMs|^ceil" "$out/logs/bench_moe.log" >>"$tab"
@@ -66,13 +76,5 @@ for tool in ${SANITIZERS-racecheck synccheck memcheck}; do
   echo "$tool moe rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^\[  (PASSED|FAILED) ' "$out/logs/moe_$tool.log" | tr '\n' ' ') $(el)" >>"$tab"
 done
 [ "${TESTS_OPS:-0}" = 1 ] && test_variants test_cuda_ops 150
-if [ "${MLA_FULL:-0}" = 1 ]; then
-  timeout 150 "$c/bench_sparse_mla" "$out/mla_full.json" >"$out/logs/bench_mla_full.log" 2>&1
-  echo "bench_sparse_mla full rc=$? $(el)" >>"$tab"
-fi
-for v in ${MLA_FULL_VARIANTS:-}; do
-  timeout 150 "$c/bench_sparse_mla_$v" "$out/mla_full_$v.json" >"$out/logs/bench_mla_full_$v.log" 2>&1
-  echo "bench_sparse_mla_$v full rc=$? $(el)" >>"$tab"
-done
 tar -C "$out" -czf "$out/logs.tgz" logs && rm -rf "$out/logs"
 cat "$tab"

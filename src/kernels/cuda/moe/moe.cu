@@ -108,6 +108,48 @@ __device__ __forceinline__ float round_bf16_dev(float v) {
   return __bfloat162float(__float2bfloat16_rn(v));
 }
 
+// MoeTuning::f8_prefetch: asks L2 for the part-th of `parts` about equal pieces of [p, p + bytes)
+// (the piece's 16-byte aligned interior; a bulk prefetch: nothing comes back, nothing waits for
+// it, the bytes only cross HBM earlier), with the evict_last priority where asked. No-op before
+// sm_90. Weights only (no kernel writes them), so it may run before pdl_begin.
+__device__ __forceinline__ void prefetch_l2_part(const void* p, int64_t bytes, int64_t part,
+                                                 int64_t parts, bool evict_last) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  parts = min(parts, max(int64_t(1), bytes / 4096));  // pieces of at least 4 KB
+  if (p == nullptr || bytes <= 0 || part >= parts) return;
+  const int64_t piece = (bytes + parts - 1) / parts;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(p);
+  uintptr_t b = (base + uintptr_t(part * piece) + 15) & ~uintptr_t(15);
+  const uintptr_t e = (base + uintptr_t(min(bytes, (part + 1) * piece))) & ~uintptr_t(15);
+  uint64_t policy = 0;
+  if (evict_last) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  // In pieces of at most 64 KB (the size operand is 32-bit; smaller requests spread over L2).
+  for (; b < e; b += 65536) {
+    const uint32_t n = uint32_t(min(uintptr_t(65536), e - b));
+    if (evict_last) {
+      asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(b),
+                   "r"(n), "l"(policy)
+                   : "memory");
+    } else {
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(b), "r"(n) : "memory");
+    }
+  }
+#endif
+}
+
+// The bytes of an FP8-path weight matrix [rows, cols] (MXFP4 or FP8 128 x 128 blocks) and of its
+// scales, for the prefetches above.
+__device__ __forceinline__ void f8_matrix_bytes(uint8_t format, int64_t rows, int64_t cols,
+                                                int64_t* data, int64_t* scale) {
+  if (format == uint8_t(WeightFormat::kMxfp4)) {
+    *data = rows * cols / 2;
+    *scale = rows * cols / 32;
+  } else {
+    *data = rows * cols;
+    *scale = ((rows + 127) / 128) * ((cols + 127) / 128);
+  }
+}
+
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&b);
@@ -187,6 +229,13 @@ struct XQuant {
   float* scale8 = nullptr;
   bool permute = false;
 };
+// MoeTuning::f8_prefetch bit 1: the small-T logits kernel's CTAs also ask L2 for the shared
+// expert's gate/up weights (w1, w3 [rows, cols] and their scales), a part each, while HBM is idle
+// during the routing; the FP8 path runs the shared tiles first (f8_place), so they read L2.
+struct SharedPrefetch {
+  const MoeDeviceExpert* ex = nullptr;  // device; nullptr = off
+  int64_t rows = 0, cols = 0;
+};
 __device__ __forceinline__ void quant_rows_warp(int64_t warp, const float* __restrict__ in,
                                                 int64_t len, int64_t rows,
                                                 uint16_t* __restrict__ out, bool fp8,
@@ -199,7 +248,17 @@ __device__ __forceinline__ void quant_rows_warp(int64_t warp, const float* __res
 template <bool kBf16, int kEB, int kTB>
 __global__ void router_logits_small_kernel(const float* __restrict__ x,
                                            const void* __restrict__ gate, int64_t T, int64_t D,
-                                           int64_t E, float* __restrict__ logits, XQuant q) {
+                                           int64_t E, float* __restrict__ logits, XQuant q,
+                                           SharedPrefetch sp) {
+  if (sp.ex != nullptr && threadIdx.x < 4) {  // w1, its scales, w3, its scales
+    const int m = threadIdx.x >> 1;
+    int64_t data_bytes, scale_bytes;
+    f8_matrix_bytes(sp.ex->format[m], sp.rows, sp.cols, &data_bytes, &scale_bytes);
+    const bool sc = threadIdx.x & 1;
+    prefetch_l2_part(sc ? sp.ex->scale[m] : sp.ex->data[m], sc ? scale_bytes : data_bytes,
+                     int64_t(blockIdx.y) * gridDim.x + blockIdx.x, int64_t(gridDim.x) * gridDim.y,
+                     false);
+  }
   pdl_begin();
   __shared__ float part[8][kEB][kTB];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -732,6 +791,10 @@ struct GemmArgs {
   // MoeTuning::f8_act_rows), 0 = the tile's 8 * NT. Fewer rows, less shared memory per CTA: at
   // T = 1 and 2 four CTAs per SM instead of three.
   int act_rows = 0;
+  // FP8 path, gate/up (MoeTuning::f8_prefetch bit 2): each group's first tile (row0 0) asks L2
+  // for its column block's part of the group's down weights (the column blocks of a tile split
+  // them evenly), so the down GEMM reads them from L2; 1 = normal priority, 2 = evict_last.
+  int prefetch_down = 0;
 };
 
 // The prefill kernels' (128-row tiles) place in their grid. By default the grid is (N blocks,
@@ -1489,6 +1552,17 @@ __device__ __forceinline__ void f8_red_add(float (&acc)[2][NT][4], const float* 
       for (int c = 0; c < 4; ++c) acc[j][n][c] += slot[((j * NT + n) * 4 + c) * 32];
 }
 
+// GemmArgs::prefetch_down (gate/up): thread `which` (0 the data, 1 the scales) of the CTA of
+// column block `col` of `nb` asks L2 for that part of the down matrix of expert `ex`, [K, N] in
+// gate/up's terms (dim x inter).
+__device__ __forceinline__ void f8_prefetch_down(const GemmArgs& a, const MoeDeviceExpert& ex,
+                                                 int64_t col, int64_t nb, int which) {
+  int64_t data_bytes, scale_bytes;
+  f8_matrix_bytes(ex.format[2], a.K, a.N, &data_bytes, &scale_bytes);
+  prefetch_l2_part(which ? ex.scale[2] : ex.data[2], which ? scale_bytes : data_bytes, col, nb,
+                   a.prefetch_down == 2);
+}
+
 template <int NT, bool kFused, int KS, bool kFp4, int kRing, bool kH16, int kWarps>
 __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert& ex, int g,
                                         int base, int row0, int rows, int64_t col, uint8_t* smem) {
@@ -1519,6 +1593,9 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
   f8_weight_rows<kFused, WN>(col, warp_n, base_row);
   const int64_t row_g[2] = {base_row[0] + gid, base_row[1] + gid};
 
+  if constexpr (kFused) {
+    if (a.prefetch_down != 0 && row0 == 0 && tid < 2) f8_prefetch_down(a, ex, col, gridDim.y, tid);
+  }
   f8_load_act<kFused, kThreads>(a, act, act_sc, base, row0, rows, tid);
 
   const int64_t my_chunks = chunks > warp_k ? (chunks - warp_k + KS - 1) / KS : 0;
@@ -1841,6 +1918,10 @@ __device__ __forceinline__ int f8_run(const GemmArgs& a, int tiles, int nb, int 
   f8_weight_rows<kFused, WN>(col, warp_n, base_row);
   int c_stage = 0;
   for (;;) {
+    if constexpr (kFused) {
+      if (a.prefetch_down != 0 && ct.row0 == 0 && tid < 2)
+        f8_prefetch_down(a, a.experts[ct.g], col, nb, tid);
+    }
     for (int i = 0; i < my_chunks; ++i) {
       __syncwarp();  // every lane is done reading the stage the next issue overwrites
       issue_next();
@@ -3239,11 +3320,12 @@ namespace {
 // kernel where its grid covers x's blocks (*quantized tells whether it did; else the caller
 // launches quant_rows_kernel); with a plan, at T <= kRoutePlanMaxTokens the routing and the plan
 // as one route_plan_kernel (*planned; else the caller launches plan_kernel), routing by rank over
-// the CTA unless by_warp (MoeTuning::route_by_warp).
+// the CTA unless by_warp (MoeTuning::route_by_warp); sp: the small-T logits kernel's L2 prefetch
+// of the shared expert's gate/up weights (MoeTuning::f8_prefetch bit 1).
 Status route_impl(const MoeDeviceLayer& l, const float* x, const int32_t* token_ids, int64_t T,
                   int32_t* experts, float* weights, void* workspace, cudaStream_t stream, bool pdl,
                   XQuant q, bool* quantized, const PlanArgs* plan, bool* planned,
-                  bool by_warp = false) {
+                  bool by_warp = false, SharedPrefetch sp = {}) {
   *quantized = false;
   *planned = false;
   if (T <= 0) return ok_status();
@@ -3260,7 +3342,7 @@ Status route_impl(const MoeDeviceLayer& l, const float* x, const int32_t* token_
     q.on = q.on && int64_t(grid.x) * grid.y * 16 >= T * (l.dim / kChunk);
     *quantized = q.on;
     return launch_pdl_if(pdl, k, grid, 256, 0, stream, x, l.gate, T, l.dim, l.num_experts,
-                         logits, q);
+                         logits, q, sp);
   };
   const auto tiled_kernel = [&](auto k) {
     return launch_pdl_if(pdl, k, lg, 256, 0, stream, x, l.gate, T, l.dim, l.num_experts, logits);
@@ -3335,6 +3417,8 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   if (tuning.f8_persist != 0 && tuning.f8_persist != 1)
     return invalid_argument("moe: tuning.f8_persist must be 0 or 1");
   if (tuning.f8_ctas < 0) return invalid_argument("moe: tuning.f8_ctas must be >= 0");
+  if (tuning.f8_prefetch < 0 || tuning.f8_prefetch > 7)
+    return invalid_argument("moe: tuning.f8_prefetch must be 0 to 7");
   const bool pdl = tuning.pdl == 1;
   const bool pf_forced = tuning.path == 3 || tuning.path == 4;
   const int bt = tuning.tile_tokens > 0 ? tuning.tile_tokens
@@ -3386,8 +3470,12 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
                     l.expert_end, l.add_shared, bt,     group_offset, tiles,      num_tiles,
                     row_token,    row_slot,  row_weight};
   bool x_quantized = false, planned = false;
+  SharedPrefetch sp;
+  if (want_f8 && l.add_shared && (tuning.f8_prefetch & 1) != 0)
+    sp = SharedPrefetch{l.experts + l.num_experts, l.inter, l.dim};
   DS_RETURN_IF_ERROR(route_impl(l, x, token_ids, T, experts, weights, workspace, stream, pdl,
-                                xquant, &x_quantized, &pa, &planned, tuning.route_by_warp == 1));
+                                xquant, &x_quantized, &pa, &planned, tuning.route_by_warp == 1,
+                                sp));
   if (!planned)
     DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, plan_kernel, 1, kPlanThreads, 0, stream, pa));
 
@@ -3412,7 +3500,10 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   // routing (a tid2eid row may repeat an expert).
   if (want_f8 && tuning.f8_act_rows == 0)
     g1.act_rows = int(std::min<int64_t>(bt, l.tid2eid ? T * l.topk : T));
+  if (want_f8 && (tuning.f8_prefetch & 2) != 0)
+    g1.prefetch_down = (tuning.f8_prefetch & 4) != 0 ? 2 : 1;
   GemmArgs g2 = g1;
+  g2.prefetch_down = 0;
   g2.act = hq;
   g2.act8 = hq8;
   g2.act_scale = hs;

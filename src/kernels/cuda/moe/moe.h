@@ -178,6 +178,13 @@ struct MoeTuning {
   // With f8_persist: at most this many CTAs (0 = as many as the SMs hold; tests use a few, so that
   // every CTA runs many items, tile changes and both weight formats).
   int f8_ctas = 0;
+  // FP8 path, L2 prefetches of weights whose HBM reads would otherwise wait for their GEMM
+  // (session 42, NOTES.md; bits, 0 = none, the default until measured): 1 = the decode-size
+  // router logits kernel's CTAs ask L2 for the shared expert's gate/up weights (HBM is idle
+  // during the routing; the shared tiles run first); 2 = each gate/up CTA of a group's first tile
+  // asks L2 for its part of that group's down weights; 4 = bit 2's requests with the evict_last
+  // priority. The same outputs either way; ignored where the FP8 path does not run.
+  int f8_prefetch = 0;
 };
 
 // Runs the MoE forward. Stateless apart from the configuration: all scratch lives in the
