@@ -146,6 +146,11 @@ struct CudaOpsOptions {
   // faster (kernels/cuda/moe/NOTES.md, sessions 40-41); DEEPSERVE_MOE_F8_PERSIST=1 / =0 in the
   // environment turns it on / off (A/B switch).
   bool moe_f8_persist = false;
+  // The MoE FP8 path's L2 prefetches (cuda::MoeTuning::f8_prefetch bits: 1 the shared expert's
+  // gate/up during the routing, 2 the down weights during gate/up, 4 those as evict_last; the same
+  // bits). 0 until measured faster (kernels/cuda/moe/NOTES.md, session 42);
+  // DEEPSERVE_MOE_F8_PREFETCH=<0-7> in the environment sets it (A/B switch).
+  int moe_f8_prefetch = 0;
 };
 
 class CudaOps final : public dsv4::Ops {
@@ -395,8 +400,9 @@ class CudaOps final : public dsv4::Ops {
   // CudaOpsOptions::sparse_mla_wgmma on a device and shape that run it, unless
   // DEEPSERVE_SPARSE_MLA_WGMMA=0.
   bool sparse_mla_wgmma_ = false;
-  // CudaOpsOptions::moe_pdl / moe_f8_persist unless DEEPSERVE_MOE_PDL / DEEPSERVE_MOE_F8_PERSIST
-  // say otherwise; CudaOpsOptions::moe_f8_order unless DEEPSERVE_MOE_F8_ORDER=0.
+  // CudaOpsOptions::moe_pdl / moe_f8_persist / moe_f8_prefetch unless DEEPSERVE_MOE_PDL /
+  // DEEPSERVE_MOE_F8_PERSIST / DEEPSERVE_MOE_F8_PREFETCH say otherwise; CudaOpsOptions::
+  // moe_f8_order unless DEEPSERVE_MOE_F8_ORDER=0.
   cuda::MoeTuning moe_tuning_;
   // bf16 weights padded to a multiple of 8 rows: host data -> (device copy, padded rows).
   std::unordered_map<const void*, std::pair<const uint16_t*, int64_t>> padded_bf16_;
