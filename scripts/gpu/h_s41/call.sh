@@ -30,7 +30,8 @@ el() { echo "($(($(date +%s) - t0)) s)"; }
 res() { grep -E '^\[  (PASSED|FAILED) ' "$1" | tr '\n' ' '; }
 tab="$out/table.txt"
 echo "gpu: $(nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader) commit $DS_COMMIT" >"$tab"
-variants=$(cd "$c" && ls bench_sparse_mla_* 2>/dev/null | sed 's/^bench_sparse_mla_//')
+# MLA_VARIANTS="V ..." (session 42): only those of the packed variants.
+variants=${MLA_VARIANTS:-$(cd "$c" && ls bench_sparse_mla_* 2>/dev/null | sed 's/^bench_sparse_mla_//')}
 # test_variants BIN TIMEOUT: the tree's test binary BIN, then BIN_V of each variant that has one.
 test_variants() {
   for v in "" $variants; do
