@@ -13,15 +13,6 @@ __global__ void copy_kernel(const int4* __restrict__ src, int4* __restrict__ dst
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) dst[i] = src[i];
 }
 
-// Reads n int4 and keeps one word only where it never matches (so the loads are not removed).
-__global__ void read_kernel(const int4* __restrict__ src, size_t n, int* sink) {
-  size_t stride = size_t(gridDim.x) * blockDim.x;
-  int acc = 0;
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    acc ^= src[i].x ^ src[i].w;
-  if (acc == 0x7fffffff) *sink = acc;
-}
-
 std::string json_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
@@ -48,26 +39,6 @@ double measure_copy_bandwidth_gbps(cudaStream_t stream) {
   DS_BENCH_CHECK(cudaFree(src));
   DS_BENCH_CHECK(cudaFree(dst));
   return 2.0 * double(bytes) / (us * 1e-6) / 1e9;
-}
-
-void l2_evict(cudaStream_t stream, size_t bytes) {
-  // One buffer for the process (benchmarks are single-threaded), grown on demand; its contents
-  // do not matter. Freed at exit.
-  static int4* buf = nullptr;
-  static int* sink = nullptr;
-  static size_t have = 0;
-  if (bytes > have) {
-    DS_BENCH_CHECK(cudaStreamSynchronize(stream));
-    if (buf != nullptr) DS_BENCH_CHECK(cudaFree(buf));
-    if (sink == nullptr) DS_BENCH_CHECK(cudaMalloc(&sink, sizeof(int)));
-    DS_BENCH_CHECK(cudaMalloc(&buf, bytes));
-    DS_BENCH_CHECK(cudaMemsetAsync(buf, 1, bytes, stream));
-    have = bytes;
-  }
-  int sms = 0;
-  DS_BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  read_kernel<<<sms * 8, 512, 0, stream>>>(buf, bytes / sizeof(int4), sink);
-  DS_BENCH_CHECK(cudaGetLastError());
 }
 
 void write_results(const std::string& path, const std::string& bench_name, const DeviceInfo& dev,

@@ -50,11 +50,9 @@ inline DeviceInfo device_info() {
 
 // Median time in microseconds of `fn` (which enqueues work on `stream`), after `warmup` runs.
 // With use_graph, `fn` is captured once into a CUDA graph and the graph is replayed and timed,
-// which removes the CPU launch cost that dominates kernels below ~5 us. `between`, when set, runs
-// before each timed (and warm-up) run, outside the timed interval (e.g. l2_evict below).
+// which removes the CPU launch cost that dominates kernels below ~5 us.
 inline double time_us(const std::function<void(cudaStream_t)>& fn, cudaStream_t stream,
-                      int iters = 50, int warmup = 5, bool use_graph = false,
-                      const std::function<void(cudaStream_t)>& between = nullptr) {
+                      int iters = 50, int warmup = 5, bool use_graph = false) {
   cudaGraphExec_t exec = nullptr;
   if (use_graph) {
     cudaGraph_t graph;
@@ -68,17 +66,13 @@ inline double time_us(const std::function<void(cudaStream_t)>& fn, cudaStream_t 
     if (exec) DS_BENCH_CHECK(cudaGraphLaunch(exec, stream));
     else fn(stream);
   };
-  for (int i = 0; i < warmup; ++i) {
-    if (between) between(stream);
-    run();
-  }
+  for (int i = 0; i < warmup; ++i) run();
   DS_BENCH_CHECK(cudaStreamSynchronize(stream));
   cudaEvent_t start, stop;
   DS_BENCH_CHECK(cudaEventCreate(&start));
   DS_BENCH_CHECK(cudaEventCreate(&stop));
   std::vector<float> times;
   for (int i = 0; i < iters; ++i) {
-    if (between) between(stream);
     DS_BENCH_CHECK(cudaEventRecord(start, stream));
     run();
     DS_BENCH_CHECK(cudaEventRecord(stop, stream));
@@ -94,11 +88,6 @@ inline double time_us(const std::function<void(cudaStream_t)>& fn, cudaStream_t 
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
 }
-
-// Replaces L2's contents with clean lines of an unrelated buffer: reads `bytes` (allocated once,
-// grown on demand; at least twice L2 is enough) on `stream`. For benchmarks whose kernels would
-// otherwise find the previous run's data in L2.
-void l2_evict(cudaStream_t stream, size_t bytes);
 
 // Measured HBM ceiling: a large device-to-device copy (bytes read + written per second), the
 // median of several runs on buffers far larger than L2.

@@ -288,8 +288,7 @@ struct NodeTime {
 std::string short_kernel_name(const char* mangled) {
   static const char* known[] = {"expert_gemm_pf_kernelILb1", "expert_gemm_pf_kernelILb0",
                                 "expert_gemm_wg_kernelILb1", "expert_gemm_wg_kernelILb0",
-                                "expert_gemm_f8_kernel",     "expert_gemm_f8p_kernel",
-                                "expert_gemm_kernel",
+                                "expert_gemm_f8_kernel",     "expert_gemm_kernel",
                                 "router_logits_tiled",       "router_logits_small",
                                 "route_kernel",
                                 "plan_kernel",               "quant_rows",
@@ -374,16 +373,14 @@ Matrices make_fp4(cpu::WeightFormat f, int64_t rows, int64_t cols, int64_t count
 }  // namespace
 }  // namespace ds
 
-// DS_MOE_CASES="fmt:T:path:raster[:rows[:wgs]][:sSTEP][:m|:b][:w][:o1][:a1][:x][:p][:fBITS][:c];..."
-// (e.g.
+// DS_MOE_CASES="fmt:T:path:raster[:rows[:wgs]][:sSTEP][:m|:b][:w][:o1][:a1][:p];..." (e.g.
 // "mxfp4:4096:4:1", "mxfp4:4096:4:0:256", "mxfp4:4096:4:0:256:2", "mxfp4:4096:0:0:s32",
 // "mxfp4:4096:0:0:b") runs only the forward cases with that weight format, token count,
 // MoeTuning::path, pf_raster and (when set) pf_rows, pf_wgs, pf_step, pf_sync 1 / 2 (":m" /
 // ":b"), route_by_warp 1 (":w"; the heuristic's rows have path 0), f8_order 1 (":o1"),
-// f8_act_rows 1 (":a1"), f8_persist 1 (":x"), pdl 1 (":p"), f8_prefetch BITS (":f3") and the
-// cold-L2 timing (":c"): one launch sequence for a profiler (scripts/gpu/h_moe18/run.sh, NCU=1).
-// Unset: every case.
-bool case_selected(const char* fmt, int64_t T, const ds::cuda::MoeTuning& t, bool cold) {
+// f8_act_rows 1 (":a1") and pdl 1 (":p"): one launch sequence for a profiler
+// (scripts/gpu/h_moe18/run.sh, NCU=1). Unset: every case.
+bool case_selected(const char* fmt, int64_t T, const ds::cuda::MoeTuning& t) {
   const char* env = std::getenv("DS_MOE_CASES");
   if (env == nullptr || *env == 0) return true;
   const std::string want =
@@ -393,8 +390,7 @@ bool case_selected(const char* fmt, int64_t T, const ds::cuda::MoeTuning& t, boo
       (t.pf_step != 0 ? ":s" + std::to_string(t.pf_step) : "") +
       (t.pf_sync == 1 ? ":m" : t.pf_sync == 2 ? ":b" : "") + (t.route_by_warp == 1 ? ":w" : "") +
       (t.f8_order == 1 ? ":o1" : "") + (t.f8_act_rows == 1 ? ":a1" : "") +
-      (t.f8_persist == 1 ? ":x" : "") + (t.pdl == 1 ? ":p" : "") +
-      (t.f8_prefetch != 0 ? ":f" + std::to_string(t.f8_prefetch) : "") + (cold ? ":c" : "");
+      (t.pdl == 1 ? ":p" : "");
   std::string list = env;
   for (size_t b = 0; b <= list.size();) {
     const size_t e = std::min(list.find(';', b), list.size());
@@ -520,10 +516,6 @@ int main(int argc, char** argv) {
     struct BenchCase {
       int64_t T;
       cuda::MoeTuning tuning;
-      // Each timed run starts with L2 holding none of the forward's data (bench::l2_evict):
-      // the rows that compare the L2 prefetches (MoeTuning::f8_prefetch), whose lines would
-      // otherwise survive from one run to the next on the same weights.
-      bool cold = false;
     };
     std::vector<BenchCase> cases;
     for (int64_t T : sizes) cases.push_back({T, {}});
@@ -594,42 +586,6 @@ int main(int argc, char** argv) {
         cases.push_back({T, t});
       }
     }
-    // Session 40: the FP8 path's persistent grid (MoeTuning::f8_persist 1: SMs x resident CTAs,
-    // each running a range of work items with its rings streaming across them) next to the
-    // default rows above (a CTA per work item), in the same process; also with PDL next to the
-    // pdl rows.
-    if (mx) {
-      for (int64_t T : {1, 2, 4, 8, 16, 32, 64}) {
-        cuda::MoeTuning t;
-        t.f8_persist = 1;
-        cases.push_back({T, t});
-      }
-      for (int64_t T : {1, 2, 4}) {
-        cuda::MoeTuning t;
-        t.f8_persist = 1;
-        t.pdl = 1;
-        cases.push_back({T, t});
-      }
-    }
-    // Session 42: the FP8 path's L2 prefetches (MoeTuning::f8_prefetch: 1 the shared expert's
-    // gate/up during the routing, 2 the down weights during gate/up, 4 the latter as evict_last)
-    // against the default, all timed from a cold L2; also with the persistent grid.
-    if (mx) {
-      for (int64_t T : {1, 2, 4, 8, 16, 64}) {
-        for (int bits : {0, 1, 3, 7}) {
-          cuda::MoeTuning t;
-          t.f8_prefetch = bits;
-          cases.push_back({T, t, true});
-        }
-        if (T <= 4) {
-          cuda::MoeTuning t;
-          t.f8_persist = 1;
-          cases.push_back({T, t, true});
-          t.f8_prefetch = 3;
-          cases.push_back({T, t, true});
-        }
-      }
-    }
     // The decode-size routing by a warp per token (MoeTuning::route_by_warp 1) next to the default
     // rows above (the CTA routes by rank up to 2 tokens at E = 256).
     for (int64_t T : mx ? std::vector<int64_t>{1, 2, 4, 8} : std::vector<int64_t>{1}) {
@@ -691,7 +647,7 @@ int main(int argc, char** argv) {
     }
     for (const BenchCase& bc : cases) {
       const int64_t T = bc.T;
-      if (!case_selected(fname, T, bc.tuning, bc.cold)) continue;
+      if (!case_selected(fname, T, bc.tuning)) continue;
       auto fwd = [&](cudaStream_t s) {
         Status st = cuda::MoeRunner::forward(*layer, x, nullptr, T, y, ws, s, bc.tuning);
         if (!st.ok()) {
@@ -713,10 +669,8 @@ int main(int argc, char** argv) {
       const int64_t distinct = int64_t(std::set<int32_t>(hex.begin(), hex.end()).size());
 
       const bool graph = T <= 64;
-      std::function<void(cudaStream_t)> between;
-      if (bc.cold) between = [&](cudaStream_t s) { bench::l2_evict(s, 3 * dev.l2_bytes); };
-      const double eager_us = bench::time_us(fwd, stream, 20, 3, false, between);
-      const double us = graph ? bench::time_us(fwd, stream, 50, 5, true, between) : eager_us;
+      const double eager_us = bench::time_us(fwd, stream, 20, 3, false);
+      const double us = graph ? bench::time_us(fwd, stream, 50, 5, true) : eager_us;
       std::vector<float> hy(size_t(T * kDim));
       DS_BENCH_CHECK(cudaMemcpy(hy.data(), y, hy.size() * 4, cudaMemcpyDeviceToHost));
       int64_t nonfinite = 0;
@@ -755,9 +709,6 @@ int main(int argc, char** argv) {
       if (bc.tuning.route_by_warp) r.kernel += "_rwarp";
       if (bc.tuning.f8_order) r.kernel += "_order1";
       if (bc.tuning.f8_act_rows) r.kernel += "_fulltile";
-      if (bc.tuning.f8_persist) r.kernel += "_persist";
-      if (bc.tuning.f8_prefetch) r.kernel += "_pf" + std::to_string(bc.tuning.f8_prefetch);
-      if (bc.cold) r.kernel += "_cold";
       char shape[160];
       std::snprintf(shape, sizeof shape,
                     "T=%lld D=4096 E=256 k=6 inter=2048 distinct=%lld expert=%.2fMB +shared fp8",
@@ -775,24 +726,22 @@ int main(int argc, char** argv) {
       r.max_error = double(nonfinite);
       r.error_metric = "non-finite outputs (correctness: test_moe_cuda)";
       records.push_back(r);
-      std::printf("%s bt%d ks%d p%d r%d m%d w%d rs%d rows%d pdl%d o%d a%d x%d f%d%s T=%-5lld "
-                  "distinct=%-3lld eager %9.1f us  %s %9.1f us  %7.0f GB/s (expert bytes %.0f "
-                  "GB/s = %.0f%% of copy)  %6.1f TFLOP/s (%.0f%% of mma)\n",
+      std::printf("%s bt%d ks%d p%d r%d m%d w%d rs%d rows%d pdl%d o%d a%d T=%-5lld distinct=%-3lld "
+                  "eager %9.1f us  %s %9.1f us  %7.0f GB/s (expert bytes %.0f GB/s = %.0f%% of "
+                  "copy)  %6.1f TFLOP/s (%.0f%% of mma)\n",
                   fname, bc.tuning.tile_tokens, bc.tuning.k_split, bc.tuning.path,
                   bc.tuning.ring_kb, bc.tuning.mma, bc.tuning.warps, bc.tuning.pf_raster,
                   bc.tuning.pf_rows, bc.tuning.pdl, bc.tuning.f8_order,
-                  bc.tuning.f8_act_rows, bc.tuning.f8_persist, bc.tuning.f8_prefetch,
-                  bc.cold ? " cold" : "", (long long)T,
+                  bc.tuning.f8_act_rows, (long long)T,
                   (long long)distinct, eager_us, graph ? "graph" : "     ",
                   us, r.achieved_gbps, routed_bytes / (us * 1e-6) / 1e9,
                   100.0 * routed_bytes / (us * 1e-6) / 1e9 / copy_gbps, r.achieved_tflops,
                   100.0 * r.achieved_tflops / fwd_peak);
-      // The GEMM nodes also at T = 2 and 4 for the default rows and the persistent grid's (the
-      // sizes under the 70% line, session 40).
+      // The GEMM nodes also at T = 2 and 4 for the default rows (the sizes under the 70% line).
       const bool plain = bc.tuning.tile_tokens == 0 && bc.tuning.path == 0 && bc.tuning.pdl == 0 &&
                          bc.tuning.f8_order == 0 && bc.tuning.f8_act_rows == 0 &&
                          bc.tuning.route_by_warp == 0;
-      if (!bc.cold && (T == 1 || T == 16 || T == 64 || T >= 512 || (T <= 4 && plain))) {
+      if (T == 1 || T == 16 || T == 64 || T >= 512 || (T <= 4 && plain)) {
         // Kernel breakdown: the expert GEMMs against the peak of the MMA they use, the router
         // logits against the copy bandwidth.
         const std::vector<NodeTime> nodes = node_breakdown(fwd, stream);
@@ -826,8 +775,7 @@ int main(int argc, char** argv) {
                     "(%.0f TFLOP/s); weight bytes %.0f GB/s = %.0f%% of copy\n",
                     gemm_us, g.achieved_tflops, 100.0 * g.achieved_tflops / peak, mma_name, peak,
                     g.achieved_gbps, 100.0 * g.achieved_gbps / copy_gbps);
-        if (T <= 64 && bc.tuning.tile_tokens == 0 && bc.tuning.pdl == 0 &&
-            bc.tuning.f8_persist == 0) {
+        if (T <= 64 && bc.tuning.tile_tokens == 0 && bc.tuning.pdl == 0) {
           bench::Record lr;
           lr.kernel = "moe_router_logits";
           lr.shape = "T=" + std::to_string(T) + " gate fp32 [256, 4096]";

@@ -15,14 +15,6 @@ inline bool env_switch(const char* name, bool fallback) {
   return fallback;
 }
 
-// A small setting: a single decimal digit 0..max_value forces that value; anything else (unset
-// included) gives `fallback`.
-inline int env_digit(const char* name, int fallback, int max_value) {
-  const char* v = std::getenv(name);
-  if (v != nullptr && v[0] >= '0' && v[0] - '0' <= max_value && v[1] == 0) return v[0] - '0';
-  return fallback;
-}
-
 // Whether the environment variable `name` is set to exactly "0" (unset, empty or any other value
 // leaves the feature on).
 inline bool env_switched_off(const char* name) { return !env_switch(name, true); }

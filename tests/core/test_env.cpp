@@ -39,22 +39,5 @@ TEST(EnvSwitch, OneOrZeroForceElseFallback) {
   ::unsetenv(kVar);
 }
 
-TEST(EnvDigit, OneDigitUpToTheMaximumElseFallback) {
-  ::unsetenv(kVar);
-  EXPECT_EQ(env_digit(kVar, 3, 7), 3);
-  for (const char* other : {"", "8", "9", "07", "7 ", "-1", "x", "10"}) {
-    ASSERT_EQ(::setenv(kVar, other, 1), 0);
-    EXPECT_EQ(env_digit(kVar, 3, 7), 3) << "'" << other << "'";
-  }
-  for (int v = 0; v <= 7; ++v) {
-    const char digit[2] = {char('0' + v), 0};
-    ASSERT_EQ(::setenv(kVar, digit, 1), 0);
-    EXPECT_EQ(env_digit(kVar, 3, 7), v);
-  }
-  ASSERT_EQ(::setenv(kVar, "5", 1), 0);
-  EXPECT_EQ(env_digit(kVar, 1, 4), 1);  // above this setting's maximum
-  ::unsetenv(kVar);
-}
-
 }  // namespace
 }  // namespace ds

@@ -26,7 +26,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -436,57 +435,6 @@ TEST_F(CudaOpsTest, FusedOutputRopeGivesTheSeparateOpsLogits) {
   EXPECT_GE((*fused_ops)->graph_replays(), 30);
   expect_like_cpu(options_, fused_ops->get(), "fused output rope, prefill 120 + decode 40",
                   [&](const Forward& f) { return run_chunked(f, tokens, schedule); });
-}
-
-// MoE options that change how the FP8 path's grid is cut or where its bytes come from, never the
-// arithmetic (test_moe_cuda checks each tuning launches what it says and gives the default's bits):
-// with `set` applied, every MoE forward of the backend runs that tuning (checked through
-// moe_tuning()), and the logits of a prefill chunk and decode steps in graphs (the decode steps
-// take the FP8 path on a device with FP8 mma.sync) are the default's bit for bit, and agree with
-// the CPU.
-void expect_moe_option_keeps_logits(const ForwardOptions& options, const CudaOpsOptions& base,
-                                    const std::function<void(CudaOpsOptions&)>& set,
-                                    const std::function<bool(const cuda::MoeTuning&)>& applied,
-                                    const std::string& what) {
-  CudaOpsOptions o = base;
-  set(o);
-  auto on_ops = CudaOps::create(tiny_model(), options, o);
-  auto off_ops = CudaOps::create(tiny_model(), options, base);
-  ASSERT_TRUE(on_ops.ok() && off_ops.ok());
-  EXPECT_TRUE(applied((*on_ops)->moe_tuning())) << what;
-  EXPECT_FALSE(applied((*off_ops)->moe_tuning())) << what;
-  Forward on(&tiny_model(), options, on_ops->get());
-  Forward off(&tiny_model(), options, off_ops->get());
-  const auto tokens = random_tokens(130, 97);
-  const auto schedule = prefill_then_decode(100, 30);
-  EXPECT_EQ(run_chunked(on, tokens, schedule), run_chunked(off, tokens, schedule)) << what;
-  EXPECT_GE((*on_ops)->graph_replays(), 20);
-  expect_like_cpu(options, on_ops->get(), (what + ", prefill 100 + decode 30").c_str(),
-                  [&](const Forward& f) { return run_chunked(f, tokens, schedule); });
-}
-
-// CudaOpsOptions::moe_f8_persist: MoeTuning::f8_persist (the persistent grid).
-TEST_F(CudaOpsTest, MoePersistentGridGivesTheDefaultLogits) {
-  CudaOpsOptions base = ops_->options();
-  base.moe_f8_persist = false;
-  expect_moe_option_keeps_logits(
-      options_, base, [](CudaOpsOptions& o) { o.moe_f8_persist = true; },
-      [](const cuda::MoeTuning& t) { return t.f8_persist == 1; }, "MoE persistent grid");
-}
-
-// CudaOpsOptions::moe_f8_prefetch: MoeTuning::f8_prefetch (the L2 prefetches, every bit); a value
-// outside 0-7 is refused at create().
-TEST_F(CudaOpsTest, MoeL2PrefetchGivesTheDefaultLogits) {
-  CudaOpsOptions base = ops_->options();
-  base.moe_f8_prefetch = 0;
-  expect_moe_option_keeps_logits(
-      options_, base, [](CudaOpsOptions& o) { o.moe_f8_prefetch = 7; },
-      [](const cuda::MoeTuning& t) { return t.f8_prefetch == 7; }, "MoE L2 prefetches");
-  CudaOpsOptions bad = base;
-  bad.moe_f8_prefetch = 8;
-  const auto refused = CudaOps::create(tiny_model(), options_, bad);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("moe_f8_prefetch"), std::string::npos);
 }
 
 // CudaOpsOptions::fused_compress_max_tokens: every compressing layer's projections (CSA: the

@@ -141,16 +141,6 @@ struct CudaOpsOptions {
   // The MoE FP8 path's grid order of session 29 (cuda::MoeTuning::f8_order 0: the shared
   // expert's tiles first, then tile by tile). DEEPSERVE_MOE_F8_ORDER=0 turns it off (A/B switch).
   bool moe_f8_order = true;
-  // The MoE FP8 path's GEMMs on a persistent grid (cuda::MoeTuning::f8_persist: as many CTAs as
-  // the SMs hold, each running a range of work items; the same bits). Off until it is measured
-  // faster (kernels/cuda/moe/NOTES.md, sessions 40-41); DEEPSERVE_MOE_F8_PERSIST=1 / =0 in the
-  // environment turns it on / off (A/B switch).
-  bool moe_f8_persist = false;
-  // The MoE FP8 path's L2 prefetches (cuda::MoeTuning::f8_prefetch bits: 1 the shared expert's
-  // gate/up during the routing, 2 the down weights during gate/up, 4 those as evict_last; the same
-  // bits). 0 until measured faster (kernels/cuda/moe/NOTES.md, session 42);
-  // DEEPSERVE_MOE_F8_PREFETCH=<0-7> in the environment sets it (A/B switch).
-  int moe_f8_prefetch = 0;
 };
 
 class CudaOps final : public dsv4::Ops {
@@ -250,8 +240,6 @@ class CudaOps final : public dsv4::Ops {
                  bool round) override;
   bool fuses_norm_rope() const override { return fused_norm_rope_; }
   bool fuses_attend_inverse_rope() const override { return fused_output_rope_; }
-  // What every MoE forward of this backend runs with (from the options and the environment).
-  const cuda::MoeTuning& moe_tuning() const { return moe_tuning_; }
   void indexer_prepare_query(float* q, int64_t heads, int64_t head_dim, int64_t rope_dim,
                              const float* inv_freq, bool fp4_simulation, bool round_bf16) override;
   void indexer_scale_weights(float* w, int64_t heads, int64_t head_dim) override;
@@ -400,8 +388,7 @@ class CudaOps final : public dsv4::Ops {
   // CudaOpsOptions::sparse_mla_wgmma on a device and shape that run it, unless
   // DEEPSERVE_SPARSE_MLA_WGMMA=0.
   bool sparse_mla_wgmma_ = false;
-  // CudaOpsOptions::moe_pdl / moe_f8_persist / moe_f8_prefetch unless DEEPSERVE_MOE_PDL /
-  // DEEPSERVE_MOE_F8_PERSIST / DEEPSERVE_MOE_F8_PREFETCH say otherwise; CudaOpsOptions::
+  // CudaOpsOptions::moe_pdl unless DEEPSERVE_MOE_PDL says otherwise; CudaOpsOptions::
   // moe_f8_order unless DEEPSERVE_MOE_F8_ORDER=0.
   cuda::MoeTuning moe_tuning_;
   // bf16 weights padded to a multiple of 8 rows: host data -> (device copy, padded rows).

@@ -26,7 +26,6 @@
 #include <algorithm>
 #include <limits>
 #include <string>
-#include <type_traits>
 
 #include "kernels/cuda/attention/sparse_mla_decode.h"
 #include "kernels/cuda/attention/sparse_mla_trace.cuh"
@@ -72,15 +71,6 @@
 #define DS_SPARSE_MLA_SPLIT_MAJOR 1
 #endif
 
-// 1: the mma.sync kernel rounds each 16-key tile's P V to bf16 before it folds it, and the splits
-// other than the first store their per-tile partials in bf16, in the first half of each fp32 slot
-// (session 41: half the bytes the batch-1 combine reads after the grid ends, NOTES.md). The fold
-// is the same in every split, so the result is still identical whatever the split count. 0: fp32
-// partials, P V folded unrounded. The wgmma kernels (64-key tiles) keep fp32 either way.
-#ifndef DS_SPARSE_MLA_BF16_PARTIALS
-#define DS_SPARSE_MLA_BF16_PARTIALS 0
-#endif
-
 #include "kernels/cuda/common/mbarrier.cuh"
 #include "kernels/cuda/common/wgmma.cuh"
 
@@ -92,10 +82,6 @@ constexpr bool kSparseMlaCombinePdl = DS_SPARSE_MLA_COMBINE_PDL != 0;
 constexpr bool kSparseMlaCombineFast = DS_SPARSE_MLA_COMBINE_FAST != 0;
 constexpr bool kSparseMlaSpecIndex = DS_SPARSE_MLA_SPEC_INDEX != 0;
 constexpr bool kSparseMlaSplitMajor = DS_SPARSE_MLA_SPLIT_MAJOR != 0;
-constexpr bool kSparseMlaBf16Partials = DS_SPARSE_MLA_BF16_PARTIALS != 0;
-// Whether the partials of a kernel with this fold unit are bf16: only the mma.sync kernel's.
-template <int kTileKeys>
-constexpr bool kBf16PartialsFor = kSparseMlaBf16Partials && kTileKeys == kTile;
 // Dims per block (one warp) of the fast combine: four blocks per (query, head) at head_dim 512,
 // so that the partials' loads come from every SM.
 constexpr int kCombineFastDims = 128;
@@ -174,40 +160,6 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
-__device__ __forceinline__ float4 unpack_bf16x4(uint2 v) {
-  return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xFFFF0000u),
-                     __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xFFFF0000u));
-}
-// The mma.sync kernel's tile P V as folded and stored (kSparseMlaBf16Partials: rounded to bf16).
-__device__ __forceinline__ void round_tile_pv(float (&pv)[4]) {
-  if constexpr (kSparseMlaBf16Partials)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) pv[i] = __bfloat162float(__float2bfloat16_rn(pv[i]));
-}
-// A tile's partial of one head in the workspace's fp32 slot of (tile, head): `at` points to dim d
-// of the slot as fp32. kBf16: the values are bf16 in the slot's first half, i.e. at element d of
-// the slot read as bf16, which is (bf16*) at - d.
-template <bool kBf16>
-__device__ __forceinline__ void store_partial2(float* at, int d, float x, float y) {
-  if constexpr (kBf16)
-    *reinterpret_cast<uint32_t*>(reinterpret_cast<uint16_t*>(at) - d) = pack_bf16x2(x, y);
-  else
-    *reinterpret_cast<float2*>(at) = make_float2(x, y);
-}
-template <bool kBf16>
-__device__ __forceinline__ const void* partial_src(const float* at, int d) {
-  if constexpr (kBf16)
-    return reinterpret_cast<const uint16_t*>(at) - d;
-  else
-    return at;
-}
-template <bool kBf16>
-__device__ __forceinline__ float4 load_partial4(const float* at, int d) {
-  if constexpr (kBf16)
-    return unpack_bf16x4(*reinterpret_cast<const uint2*>(partial_src<true>(at, d)));
-  else
-    return *reinterpret_cast<const float4*>(at);
-}
 
 // Programmatic dependent launch (sm_90+; no-ops when the grid was launched without the attribute).
 // A grid waits for the previous grid in its stream before reading any input, and only then lets
@@ -231,9 +183,6 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(dst)), "l"(src));
 }
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
@@ -781,7 +730,6 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
                 const float zero[4] = {0, 0, 0, 0};
                 float pv[4];
                 mma_bf16(pv, pa[mt], vb[2 * half], vb[2 * half + 1], zero);
-                round_tile_pv(pv);
                 float* acc = o[mt][nb2 * 2 + half];
                 acc[0] = merge_value(acc[0], a0, pv[0], b0);
                 acc[1] = merge_value(acc[1], a0, pv[1], b0);
@@ -802,9 +750,8 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
                   ws_o + ((slot_base + t) * p.num_heads + h) * kD + warp * 64 + 2 * (lane & 3);
 #pragma unroll
               for (int nb = 0; nb < 8; ++nb)
-                store_partial2<kSparseMlaBf16Partials>(dst + nb * 8,
-                                                       warp * 64 + 2 * (lane & 3) + nb * 8,
-                                                       o[mt][nb][2 * hh], o[mt][nb][2 * hh + 1]);
+                *reinterpret_cast<float2*>(dst + nb * 8) =
+                    make_float2(o[mt][nb][2 * hh], o[mt][nb][2 * hh + 1]);
             }
         }
       }
@@ -1019,10 +966,8 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
                 const float zero[4] = {0, 0, 0, 0};
                 float pv[kP][4];
 #pragma unroll
-                for (int u = 0; u < kP; ++u) {
+                for (int u = 0; u < kP; ++u)
                   mma_bf16(pv[u], pa[u][mt], vb[u][2 * half], vb[u][2 * half + 1], zero);
-                  round_tile_pv(pv[u]);
-                }
                 float* acc = o[mt][nb2 * 2 + half];
 #pragma unroll
                 for (int u = 0; u < kP; ++u) {
@@ -1033,14 +978,12 @@ __global__ void __launch_bounds__(Config<kD, kMT, kP>::kThreads, kMT == 1 ? 2 : 
                   acc[3] = merge_value(acc[3], c1.x, pv[u][3], c1.y);
                   if (!fold && u < np) {  // tile t + u's P V is its own partial
                     const int h = h0 + r0;
-                    // (dst's offset written out, not as + d: the default build's code as measured)
                     float* dst = ws_o + ((slot_base + t + u) * p.num_heads + h) * kD + warp * 64 +
                                  2 * (lane & 3) + (nb2 * 2 + half) * 8;
-                    const int d = warp * 64 + 2 * (lane & 3) + (nb2 * 2 + half) * 8;
                     if (h < p.num_heads)
-                      store_partial2<kSparseMlaBf16Partials>(dst, d, acc[0], acc[1]);
+                      *reinterpret_cast<float2*>(dst) = make_float2(acc[0], acc[1]);
                     if (h + 8 < p.num_heads)
-                      store_partial2<kSparseMlaBf16Partials>(dst + 8 * kD, d, acc[2], acc[3]);
+                      *reinterpret_cast<float2*>(dst + 8 * kD) = make_float2(acc[2], acc[3]);
                   }
                 }
               }
@@ -1133,17 +1076,15 @@ __global__ void __launch_bounds__(kD / 4) sparse_mla_combine_kernel(const Sparse
   const int64_t slot_base = int64_t(q) * p.plan.max_tiles;
   const float* ws_o = p.workspace;
   const float* ws_ml = p.workspace + int64_t(p.num_queries) * p.plan.max_tiles * p.num_heads * kD;
-  // Split 0's state is fp32 either way.
-  constexpr bool kBf16 = kBf16PartialsFor<kTileKeys>;
   auto o_at = [&](int t) {
-    return load_partial4<kBf16>(ws_o + ((slot_base + t) * p.num_heads + h) * kD + d, d);
+    return *reinterpret_cast<const float4*>(ws_o + ((slot_base + t) * p.num_heads + h) * kD + d);
   };
   auto ml_at = [&](int t) {
     return *reinterpret_cast<const float2*>(ws_ml + ((slot_base + t) * p.num_heads + h) * 2);
   };
   float2 ml = ml_at(0);
   float m = ml.x, l = ml.y;
-  float4 o = load_partial4<false>(ws_o + (slot_base * p.num_heads + h) * kD + d, d);
+  float4 o = o_at(0);
   const int t0 = split_begin(qs, 1);
   for (int t = t0; t < qs.tiles; t += kBatch) {
     float4 ot[kBatch];
@@ -1200,10 +1141,7 @@ template <int kD, int kTileKeys = kTile>
 __global__ void __launch_bounds__(32) sparse_mla_combine_fast_kernel(const SparseMlaParams p) {
   constexpr int kChunk = 64;  // tiles whose partials are copied together
   static_assert(kD % kCombineFastDims == 0 && kCombineFastDims == 4 * 32, "four dims per lane");
-  // Split 0's state is fp32 either way.
-  constexpr bool kBf16 = kBf16PartialsFor<kTileKeys>;
-  using Part = std::conditional_t<kBf16, uint2, float4>;
-  __shared__ Part part[kChunk][32];  // [tile][lane]: the lane's four dims
+  __shared__ float4 part[kChunk][32];  // [tile][lane]: the lane's four dims
   __shared__ float4 coef[kChunk];      // a, b, l's product per tile
   const int q = blockIdx.x;
   const int h = blockIdx.y;
@@ -1232,12 +1170,7 @@ __global__ void __launch_bounds__(32) sparse_mla_combine_fast_kernel(const Spars
   for (int t = split_begin(qs, 1); t < qs.tiles; t += kChunk) {
     const int nb = min(kChunk, qs.tiles - t);
 #pragma unroll 8
-    for (int i = 0; i < nb; ++i) {
-      if constexpr (kBf16)
-        cp_async8(&part[i][lane], partial_src<true>(ws_o + (t + i) * stride, d));
-      else
-        cp_async16(&part[i][lane], ws_o + (t + i) * stride);
-    }
+    for (int i = 0; i < nb; ++i) cp_async16(&part[i][lane], ws_o + (t + i) * stride);
     cp_async_commit();
     // Tiles t + lane (half 0) and t + 32 + lane (half 1).
 #pragma unroll
@@ -1264,11 +1197,7 @@ __global__ void __launch_bounds__(32) sparse_mla_combine_fast_kernel(const Spars
 #pragma unroll 4
     for (int i = 0; i < nb; ++i) {
       const float4 c = coef[i];
-      float4 x;
-      if constexpr (kBf16)
-        x = unpack_bf16x4(part[i][lane]);
-      else
-        x = part[i][lane];
+      const float4 x = part[i][lane];
       l = __fmaf_rn(l, c.x, c.z);
       o.x = merge_value(o.x, c.x, x.x, c.y);
       o.y = merge_value(o.y, c.x, x.y, c.y);

@@ -16,8 +16,7 @@
 // Steps 5-7 have three implementations: bf16 mma.sync with register dequant (any format, 8-64
 // row tiles), e4m3 mma.sync for 8/16-row tiles of MXFP4 / FP8-block layers in reference numerics
 // on sm_89+ (expert_gemm_f8_kernel, decode; on sm_90 / sm_100 its f16 variant: the same exact
-// operands as f16, mma.sync m16n8k16; with MoeTuning::f8_persist the same work items on a
-// persistent grid, expert_gemm_f8p_kernel), and the prefill path: 128 x 128 CTA tiles with the
+// operands as f16, mma.sync m16n8k16), and the prefill path: 128 x 128 CTA tiles with the
 // weights dequantized once per tile into shared memory, bf16 mma.sync (expert_gemm_pf_kernel), or
 // on sm_90a the same tiles on wgmma with the weights dequantized into the A fragments
 // (expert_gemm_wg_kernel, by default CTAs of 256 weight rows in four warpgroups).
@@ -108,48 +107,6 @@ __device__ __forceinline__ float round_bf16_dev(float v) {
   return __bfloat162float(__float2bfloat16_rn(v));
 }
 
-// MoeTuning::f8_prefetch: asks L2 for the part-th of `parts` about equal pieces of [p, p + bytes)
-// (the piece's 16-byte aligned interior; a bulk prefetch: nothing comes back, nothing waits for
-// it, the bytes only cross HBM earlier), with the evict_last priority where asked. No-op before
-// sm_90. Weights only (no kernel writes them), so it may run before pdl_begin.
-__device__ __forceinline__ void prefetch_l2_part(const void* p, int64_t bytes, int64_t part,
-                                                 int64_t parts, bool evict_last) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  parts = min(parts, max(int64_t(1), bytes / 4096));  // pieces of at least 4 KB
-  if (p == nullptr || bytes <= 0 || part >= parts) return;
-  const int64_t piece = (bytes + parts - 1) / parts;
-  const uintptr_t base = reinterpret_cast<uintptr_t>(p);
-  uintptr_t b = (base + uintptr_t(part * piece) + 15) & ~uintptr_t(15);
-  const uintptr_t e = (base + uintptr_t(min(bytes, (part + 1) * piece))) & ~uintptr_t(15);
-  uint64_t policy = 0;
-  if (evict_last) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  // In pieces of at most 64 KB (the size operand is 32-bit; smaller requests spread over L2).
-  for (; b < e; b += 65536) {
-    const uint32_t n = uint32_t(min(uintptr_t(65536), e - b));
-    if (evict_last) {
-      asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(b),
-                   "r"(n), "l"(policy)
-                   : "memory");
-    } else {
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(b), "r"(n) : "memory");
-    }
-  }
-#endif
-}
-
-// The bytes of an FP8-path weight matrix [rows, cols] (MXFP4 or FP8 128 x 128 blocks) and of its
-// scales, for the prefetches above.
-__device__ __forceinline__ void f8_matrix_bytes(uint8_t format, int64_t rows, int64_t cols,
-                                                int64_t* data, int64_t* scale) {
-  if (format == uint8_t(WeightFormat::kMxfp4)) {
-    *data = rows * cols / 2;
-    *scale = rows * cols / 32;
-  } else {
-    *data = rows * cols;
-    *scale = ((rows + 127) / 128) * ((cols + 127) / 128);
-  }
-}
-
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&b);
@@ -229,13 +186,6 @@ struct XQuant {
   float* scale8 = nullptr;
   bool permute = false;
 };
-// MoeTuning::f8_prefetch bit 1: the small-T logits kernel's CTAs also ask L2 for the shared
-// expert's gate/up weights (w1, w3 [rows, cols] and their scales), a part each, while HBM is idle
-// during the routing; the FP8 path runs the shared tiles first (f8_place), so they read L2.
-struct SharedPrefetch {
-  const MoeDeviceExpert* ex = nullptr;  // device; nullptr = off
-  int64_t rows = 0, cols = 0;
-};
 __device__ __forceinline__ void quant_rows_warp(int64_t warp, const float* __restrict__ in,
                                                 int64_t len, int64_t rows,
                                                 uint16_t* __restrict__ out, bool fp8,
@@ -248,17 +198,7 @@ __device__ __forceinline__ void quant_rows_warp(int64_t warp, const float* __res
 template <bool kBf16, int kEB, int kTB>
 __global__ void router_logits_small_kernel(const float* __restrict__ x,
                                            const void* __restrict__ gate, int64_t T, int64_t D,
-                                           int64_t E, float* __restrict__ logits, XQuant q,
-                                           SharedPrefetch sp) {
-  if (sp.ex != nullptr && threadIdx.x < 4) {  // w1, its scales, w3, its scales
-    const int m = threadIdx.x >> 1;
-    int64_t data_bytes, scale_bytes;
-    f8_matrix_bytes(sp.ex->format[m], sp.rows, sp.cols, &data_bytes, &scale_bytes);
-    const bool sc = threadIdx.x & 1;
-    prefetch_l2_part(sc ? sp.ex->scale[m] : sp.ex->data[m], sc ? scale_bytes : data_bytes,
-                     int64_t(blockIdx.y) * gridDim.x + blockIdx.x, int64_t(gridDim.x) * gridDim.y,
-                     false);
-  }
+                                           int64_t E, float* __restrict__ logits, XQuant q) {
   pdl_begin();
   __shared__ float part[8][kEB][kTB];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -791,10 +731,6 @@ struct GemmArgs {
   // MoeTuning::f8_act_rows), 0 = the tile's 8 * NT. Fewer rows, less shared memory per CTA: at
   // T = 1 and 2 four CTAs per SM instead of three.
   int act_rows = 0;
-  // FP8 path, gate/up (MoeTuning::f8_prefetch bit 2): each group's first tile (row0 0) asks L2
-  // for its column block's part of the group's down weights (the column blocks of a tile split
-  // them evenly), so the down GEMM reads them from L2; 1 = normal priority, 2 = evict_last.
-  int prefetch_down = 0;
 };
 
 // The prefill kernels' (128-row tiles) place in their grid. By default the grid is (N blocks,
@@ -1364,9 +1300,7 @@ __device__ __forceinline__ void f8_issue_stage(uint8_t* st, uint8_t* st_scale,
 
 // One 128-K chunk of a warp: the products of ring stage `st` (32 weight rows; the MXFP4 scales at
 // `st_scale`) with the tile's token columns (activation tile `act`, rows b_row, its scales act_sc
-// per chunk), scaled by the block and activation scales and added into acc. The loop body of
-// both FP8-path kernels (f8_tile and the persistent f8_run): the same operations in the same
-// order, so both give the same bits.
+// per chunk), scaled by the block and activation scales and added into acc: f8_tile's loop body.
 template <int NT, bool kFp4, bool kH16>
 __device__ __forceinline__ void f8_chunk(float (&acc)[2][NT][4], const uint8_t* st,
                                          const uint8_t* st_scale, const uint8_t* act,
@@ -1552,17 +1486,6 @@ __device__ __forceinline__ void f8_red_add(float (&acc)[2][NT][4], const float* 
       for (int c = 0; c < 4; ++c) acc[j][n][c] += slot[((j * NT + n) * 4 + c) * 32];
 }
 
-// GemmArgs::prefetch_down (gate/up): thread `which` (0 the data, 1 the scales) of the CTA of
-// column block `col` of `nb` asks L2 for that part of the down matrix of expert `ex`, [K, N] in
-// gate/up's terms (dim x inter).
-__device__ __forceinline__ void f8_prefetch_down(const GemmArgs& a, const MoeDeviceExpert& ex,
-                                                 int64_t col, int64_t nb, int which) {
-  int64_t data_bytes, scale_bytes;
-  f8_matrix_bytes(ex.format[2], a.K, a.N, &data_bytes, &scale_bytes);
-  prefetch_l2_part(which ? ex.scale[2] : ex.data[2], which ? scale_bytes : data_bytes, col, nb,
-                   a.prefetch_down == 2);
-}
-
 template <int NT, bool kFused, int KS, bool kFp4, int kRing, bool kH16, int kWarps>
 __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert& ex, int g,
                                         int base, int row0, int rows, int64_t col, uint8_t* smem) {
@@ -1593,9 +1516,6 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
   f8_weight_rows<kFused, WN>(col, warp_n, base_row);
   const int64_t row_g[2] = {base_row[0] + gid, base_row[1] + gid};
 
-  if constexpr (kFused) {
-    if (a.prefetch_down != 0 && row0 == 0 && tid < 2) f8_prefetch_down(a, ex, col, gridDim.y, tid);
-  }
   f8_load_act<kFused, kThreads>(a, act, act_sc, base, row0, rows, tid);
 
   const int64_t my_chunks = chunks > warp_k ? (chunks - warp_k + KS - 1) / KS : 0;
@@ -1671,338 +1591,6 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : kRing > 8192 ? 
     f8_tile<NT, kFused, KS, true, kRing, kH16, kWarps>(a, ex, g, base, row0, rows, col, f8_smem);
   } else {
     f8_tile<NT, kFused, KS, false, kRing, kH16, kWarps>(a, ex, g, base, row0, rows, col, f8_smem);
-  }
-}
-
-// ---- 5/7 (FP8 path), the persistent form (MoeTuning::f8_persist 1; session 40) -----------------
-//
-// At T = 1 - 4 every GEMM is ~900 - 3000 short CTAs (a few chunks per warp) in ~2 waves, and ncu
-// (session 29, call 9) showed the warps waiting on their own cp.async stages: each CTA starts its
-// ring empty (after a chain of dependent metadata loads) and drains it at its end. Here
-// grid = min(work items, SMs x resident CTAs) and each CTA runs a contiguous range of the work
-// items (tile, column block) in f8_place's order (the items past the device-side tile count left
-// out: the valid ones are [0, tiles x column blocks)). Each warp's weight ring runs across the
-// items: its stage stream is the flattened sequence of (item, chunk) pairs, so the next item's
-// first stages are in flight while this item's last chunks are multiplied.
-//
-// Contiguous ranges, not blockIdx.x + k * gridDim.x: with f8_order 0 the column blocks of one tile
-// are consecutive items, so a CTA's items share the tile (its activation rows stay in shared
-// memory) and change tile at most about once per range at decode sizes; strided items would change
-// tile at every item, and a tile change costs a CTA barrier, a reload and a drained ring (below).
-// The ranges are cut by weight bytes (an FP8 item moves twice an MXFP4 item's bytes): the shared
-// expert's items (first in f8_order 0) go to CTAs of their own (f8_persist_range).
-//
-// Per CTA the items are run in segments of one weight format (FP8 blocks or MXFP4): the stage size
-// differs (2 KB FP4, 4 KB FP8), so the stream does not cross a format change; the ring drains
-// there (in f8_order 0 only with a single CTA, f8_ctas = 1; in f8_order 1 at every column block).
-//
-// Synchronization (a reviewer's checklist):
-//  - cp.async groups: per thread, every main-loop iteration commits exactly one group (the stage
-//    kStages - 1 ahead in the warp's stream, or an empty one past its end or at a format change),
-//    the prologue kStages - 1; so at the wait of the stage being consumed, kStages - 1 groups
-//    follow it, as in f8_tile. An activation group inserted into the sequence (at a segment start
-//    before the prologue, at a tile change) only adds a group after the stages already committed:
-//    their waits become stricter, never weaker. At a tile change the activation group is the
-//    newest, so it is waited for with wait_group 0 (which also waits for the <= kStages - 1 weight
-//    stages in flight: the ring drains there, at most about once per CTA).
-//  - The ring is per warp: stage (s + kStages - 1) % kStages, written at iteration s, is the one
-//    read at iteration s - 1 by the same warp; the __syncwarp at the loop top orders them, as in
-//    f8_tile. A segment starts with a CTA barrier, after the previous segment's last reads.
-//  - The activation tile is shared by the CTA: it is rewritten only after a CTA barrier that every
-//    warp reaches after its last chunk of the previous tile (all warps walk the same item
-//    sequence, so they meet the same tile changes and segment ends in the same order, including
-//    warps without chunks), and read only after another barrier that follows every thread's wait
-//    for its part of the copy.
-//  - Split-K partials (KS > 1) go to their own scratch (the ring holds the next item's stages):
-//    one region per CTA, handed over by named barriers per warp column (the KS warps of warp_n):
-//    the warps warp_k > 0 wait on "read" (bar 1 + WN + warp_n, not before the CTA's first item),
-//    store, and arrive on "full" (bar 1 + warp_n); warp_k = 0 waits on "full", adds the partials
-//    in warp_k order (f8_tile's order) and arrives on "read" unless this was the CTA's last item.
-//    Each barrier completes with 32 KS threads; a "full" phase cannot be reused before its reader
-//    passed it (the writers' next store waits for the reader's "read" arrival), so no phase of a
-//    barrier overlaps the next.
-//  - Outputs: every item's chunks, split-K order and epilogue are f8_tile's (f8_chunk,
-//    f8_red_add in warp_k order, f8_epilogue): the same bits as the grid of a CTA per item.
-
-__device__ __forceinline__ void named_bar_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
-// A tile of the list as the persistent CTAs need it.
-struct F8Tile {
-  int index;                // into the tile list
-  int g, base, row0, rows;  // group (a.E: the shared expert), its first row, the tile's first
-                            // row in the group, its valid rows
-  bool fp4;                 // MXFP4 weights (else FP8 blocks)
-  const uint8_t* data[2];   // weight sets 0 / 1 (f8_matrices)
-  const uint8_t* scale[2];
-};
-
-template <int NT, bool kFused>
-__device__ __forceinline__ F8Tile f8_tile_at(const GemmArgs& a, int index) {
-  F8Tile t;
-  t.index = index;
-  const int2 tile = a.tiles[index];
-  t.g = tile.x;
-  t.row0 = tile.y;
-  t.base = a.group_offset[t.g];
-  t.rows = min(8 * NT, a.group_offset[t.g + 1] - t.base - t.row0);
-  const MoeDeviceExpert& ex = a.experts[t.g];
-  t.fp4 = (kFused ? ex.format[0] : ex.format[2]) == uint8_t(WeightFormat::kMxfp4);
-  f8_matrices<kFused>(ex, t.data, t.scale);
-  return t;
-}
-
-// Work item `item` (< tiles x nb) of the persistent grid: its tile index and column block, in
-// f8_place's order without the items past the tile count: with shared_first the shared expert's
-// tiles, then the routed tiles one after another (each tile's nb column blocks consecutive);
-// otherwise the tiles side by side for each column block.
-__device__ __forceinline__ void f8_item(const GemmArgs& a, int tiles, int nb, int item,
-                                        int* tile_index, int* col) {
-  if (a.shared_first > 0) {
-    const int head = a.shared_first * nb;
-    const bool shared = item < head;
-    if (!shared) item -= head;
-    *tile_index = (shared ? tiles - a.shared_first : 0) + item / nb;
-    *col = item % nb;
-  } else {
-    *tile_index = item % tiles;
-    *col = item / tiles;
-  }
-}
-
-// The CTA's items [*begin, *end): gridDim.x contiguous ranges of about equal weight bytes, so that
-// no CTA ends the launch with an item more than the mean asks (the makespan of a range is its
-// bytes: the persistent CTAs start together). Items weigh 2 (FP8 blocks) or 1 (MXFP4) by their
-// expert's format. With shared_first, the shared expert's items (the first shared_first x nb)
-// go to the first CTAs, floor(ceil(mean) / its weight) items each (at least one), and the routed
-// items to the other CTAs evenly: every CTA gets floor(mean) or ceil(mean) units at Flash T = 1,
-// 2, 8 (T = 4: one CTA 4 of 6.3), where a plain cut by bytes gives some CTAs a 2-unit item too
-// many (T = 4: 8 units) and floor(mean / weight) leaves the shared CTAs short (T = 2: 2 of 3.4).
-// Otherwise every item weighs the same.
-template <bool kFused>
-__device__ __forceinline__ void f8_persist_range(const GemmArgs& a, int tiles, int nb, int* begin,
-                                                 int* end) {
-  const int n = tiles * nb, P = int(gridDim.x), c = int(blockIdx.x);
-  // Items [0, m) over Q CTAs, the q-th's share: sizes differ by at most one.
-  const auto split = [](int m, int q_ctas, int q, int* b, int* e) {
-    *b = int(int64_t(q) * m / q_ctas);
-    *e = int(int64_t(q + 1) * m / q_ctas);
-  };
-  const int head = a.shared_first > 0 ? a.shared_first * nb : 0;
-  if (head == 0 || head >= n || P < 2) {
-    split(n, P, c, begin, end);
-    return;
-  }
-  const auto weight = [&](int g) {
-    const uint8_t f = kFused ? a.experts[g].format[0] : a.experts[g].format[2];
-    return f == uint8_t(WeightFormat::kFp8Block) ? 2 : 1;
-  };
-  const int w_head = weight(a.E), w_rest = weight(a.tiles[0].x);
-  const int64_t total = int64_t(w_head) * head + int64_t(w_rest) * (n - head);
-  const int64_t ceil_mean = (total + P - 1) / P;
-  const int per_cta = int(max(int64_t(1), ceil_mean / w_head));  // shared items per head CTA
-  const int head_ctas = min(P - 1, (head + per_cta - 1) / per_cta);
-  if (c < head_ctas) {
-    split(head, head_ctas, c, begin, end);
-  } else {
-    split(n - head, P - head_ctas, c - head_ctas, begin, end);
-    *begin += head;
-    *end += head;
-  }
-}
-
-// Bytes of the persistent kernel's reduction scratch (KS > 1): a lane's 8 NT partials for each of
-// the (KS - 1) x WN warps with warp_k > 0.
-constexpr int f8p_red_bytes(int nt, int ks, int warps) {
-  return (ks - 1) * (warps / ks) * 32 * 8 * nt * 4;
-}
-
-// One segment of the CTA's items (all of one weight format, kFp4): items [item, item_end) until
-// the first of another format; returns where it stopped. `col` and `ct` are the first item's column
-// block and tile. first_item: the CTA's first item (the reduction's barriers).
-template <int NT, bool kFused, int KS, bool kFp4, int kRing, bool kH16, int kWarps>
-__device__ __forceinline__ int f8_run(const GemmArgs& a, int tiles, int nb, int item, int item_end,
-                                      int col, F8Tile ct, uint8_t* smem, int first_item) {
-  constexpr int BT = 8 * NT;
-  constexpr int WN = kWarps / KS;
-  constexpr int kThreads = 32 * kWarps;
-  constexpr int kStageBytes = kFp4 ? 2048 : 4096;
-  constexpr int kStages = kRing / kStageBytes;
-  constexpr int kUnits = kStageBytes / 32 / 16;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
-  const int warp_n = warp % WN, warp_k = warp / WN;
-  const int64_t K = a.K;
-  const int64_t chunks = K / kChunk;
-  const int64_t act_stride = K + kF8ActPad;
-  const int arows = a.act_rows > 0 ? min(a.act_rows, BT) : BT;
-  uint8_t* ring = smem + warp * kRing;
-  uint8_t* ring_scale = smem + kWarps * kRing + warp * ring_scale_bytes(kRing);
-  uint8_t* act = smem + kWarps * (kRing + ring_scale_bytes(kRing));
-  float* act_sc = reinterpret_cast<float*>(act + arows * act_stride);
-  // The reduction scratch after the activation scales (16-byte aligned: f8p_smem_bytes).
-  float* red = reinterpret_cast<float*>(
-      act + ((arows * act_stride + arows * chunks * 4 + 15) & ~int64_t(15)));
-  int b_row[NT], s_row[NT][2];
-  f8_act_lane_rows<NT>(arows, lane, b_row, s_row);
-  const int my_chunks = chunks > warp_k ? int((chunks - warp_k + KS - 1) / KS) : 0;
-
-  // The first tile's activation rows: after a barrier (the previous segment's warps may still
-  // read the tile of its last item).
-  __syncthreads();
-  f8_load_act<kFused, kThreads>(a, act, act_sc, ct.base, ct.row0, ct.rows, tid);
-
-  // Producer: the next stage to issue is chunk warp_k + KS * p_chunk of item p_item (tile
-  // p_tile, column block p_col), into ring stage p_stage. Within a tile the next column block's
-  // sources are this one's plus a row offset (the matrix pointers need not stay live).
-  int p_item = item, p_chunk = 0, p_stage = 0, p_tile = ct.index, p_col = col;
-  bool p_live = my_chunks > 0;
-  const uint8_t* wsrc[kUnits];
-  int wdst[kUnits];
-  const uint8_t* ssrc;
-  const auto p_sources = [&](const F8Tile& t) {
-    int64_t rows_p[2];
-    f8_weight_rows<kFused, WN>(p_col, warp_n, rows_p);
-    f8_stage_sources<kFp4, kUnits>(t.data, t.scale, rows_p, K, lane, wsrc, wdst, ssrc);
-  };
-  p_sources(ct);
-  const auto issue_next = [&]() {
-    if (p_live) {
-      f8_issue_stage<kFp4, kUnits>(ring + p_stage * kStageBytes, ring_scale + p_stage * 128, wsrc,
-                                   wdst, ssrc, (warp_k + KS * p_chunk) * kChunk, lane);
-      p_stage = p_stage + 1 == kStages ? 0 : p_stage + 1;
-      if (++p_chunk == my_chunks) {
-        p_chunk = 0;
-        if (++p_item == item_end) {
-          p_live = false;
-        } else {
-          int ti, next_col;
-          f8_item(a, tiles, nb, p_item, &ti, &next_col);
-          if (ti != p_tile) {
-            const F8Tile t = f8_tile_at<NT, kFused>(a, ti);
-            p_tile = ti;
-            p_col = next_col;
-            p_live = t.fp4 == kFp4;  // the stream stops at a format change (the segment's end)
-            if (p_live) p_sources(t);
-          } else {
-            // Column block rows are kBlockRows apart in both matrices of the sets.
-            constexpr int64_t kBlockRows = kFused ? 16 * WN : 32 * WN;
-            const int64_t rows = int64_t(next_col - p_col) * kBlockRows;
-            p_col = next_col;
-#pragma unroll
-            for (int it = 0; it < kUnits; ++it) wsrc[it] += rows * (kFp4 ? K / 2 : K);
-            if constexpr (kFp4) ssrc += rows * (K / 32);
-          }
-        }
-      }
-    }
-    cp_async_commit();  // possibly empty: keeps the group count uniform
-  };
-
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) issue_next();
-  cp_async_wait<kStages - 1>();  // the activation group
-  __syncthreads();
-
-  float acc[2][NT][4];
-#pragma unroll
-  for (int j = 0; j < 2; ++j)
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[j][n][c] = 0.0f;
-  int64_t base_row[2];
-  f8_weight_rows<kFused, WN>(col, warp_n, base_row);
-  int c_stage = 0;
-  for (;;) {
-    if constexpr (kFused) {
-      if (a.prefetch_down != 0 && ct.row0 == 0 && tid < 2)
-        f8_prefetch_down(a, a.experts[ct.g], col, nb, tid);
-    }
-    for (int i = 0; i < my_chunks; ++i) {
-      __syncwarp();  // every lane is done reading the stage the next issue overwrites
-      issue_next();
-      cp_async_wait<kStages - 1>();
-      __syncwarp();
-      f8_chunk<NT, kFp4, kH16>(acc, ring + c_stage * kStageBytes, ring_scale + c_stage * 128, act,
-                               act_sc, act_stride, warp_k + KS * i, chunks, b_row, s_row, ct.scale,
-                               base_row, lane);
-      c_stage = c_stage + 1 == kStages ? 0 : c_stage + 1;
-    }
-    // The item's outputs: split-K partials in warp_k order, then f8_tile's epilogue.
-    bool store = true;
-    if constexpr (KS > 1) {
-      constexpr int kAccPerLane = 2 * NT * 4;
-      if (warp_k > 0) {
-        if (item != first_item) named_bar_sync(1 + WN + warp_n, 32 * KS);  // read
-        f8_red_store<NT>(red + (((warp_k - 1) * WN + warp_n) * kAccPerLane) * 32 + lane, acc);
-        named_bar_arrive(1 + warp_n, 32 * KS);  // full
-        store = false;
-      } else {
-        named_bar_sync(1 + warp_n, 32 * KS);  // full
-#pragma unroll
-        for (int q = 1; q < KS; ++q)
-          f8_red_add<NT>(acc, red + (((q - 1) * WN + warp_n) * kAccPerLane) * 32 + lane);
-        if (item + 1 < item_end) named_bar_arrive(1 + WN + warp_n, 32 * KS);  // read
-      }
-    }
-    if (store) {
-      const int64_t row_g[2] = {base_row[0] + gid, base_row[1] + gid};
-      f8_epilogue<NT, kFused>(a, acc, row_g, ct.g, ct.base, ct.row0, ct.rows, t4);
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[j][n][c] = 0.0f;
-
-    if (++item == item_end) break;
-    int ti;
-    f8_item(a, tiles, nb, item, &ti, &col);
-    if (ti != ct.index) {
-      const F8Tile next = f8_tile_at<NT, kFused>(a, ti);
-      if (next.fp4 != kFp4) break;  // the segment's end: the caller runs the other format
-      ct = next;
-      // Another tile: its activation rows, once every warp is done with the previous ones.
-      __syncthreads();
-      f8_load_act<kFused, kThreads>(a, act, act_sc, ct.base, ct.row0, ct.rows, tid);
-      cp_async_wait<0>();
-      __syncthreads();
-    }
-    f8_weight_rows<kFused, WN>(col, warp_n, base_row);
-  }
-  cp_async_wait<0>();  // only empty groups can be left: the producer stopped where this loop did
-  return item;
-}
-
-// The persistent grid's kernel: gridDim.x CTAs (MoeTuning::f8_persist; launch_gemms_f8 sizes it
-// by the occupancy API), each running its range of items segment by segment. 4 warps, 8 KB ring
-// per warp only (the forms measured fastest, session 29). Four CTAs per SM at NT = 1 (<= 128
-// registers; the shared memory at T <= 4 fits four), three at NT = 2; one fewer each for the
-// e4m3 MMA (sm_89 / sm_120; its f8_tile needs ~140 / ~165 registers).
-template <int NT, bool kFused, int KS, bool kH16>
-__global__ void __launch_bounds__(128, (NT == 1 ? 4 : 3) - (kH16 ? 0 : 1))
-    expert_gemm_f8p_kernel(GemmArgs a) {
-  constexpr int kRing = 8192, kWarps = 4, WN = kWarps / KS;
-  pdl_begin();
-  extern __shared__ __align__(16) uint8_t f8_smem[];
-  const int tiles = *a.num_tiles;
-  const int nb = int(a.N / (kFused ? 16 * WN : 32 * WN));  // column blocks
-  int item, item_end;
-  f8_persist_range<kFused>(a, tiles, nb, &item, &item_end);
-  const int first_item = item;
-  while (item < item_end) {
-    int ti, col;
-    f8_item(a, tiles, nb, item, &ti, &col);
-    const F8Tile t = f8_tile_at<NT, kFused>(a, ti);
-    item = t.fp4 ? f8_run<NT, kFused, KS, true, kRing, kH16, kWarps>(a, tiles, nb, item, item_end,
-                                                                     col, t, f8_smem, first_item)
-                 : f8_run<NT, kFused, KS, false, kRing, kH16, kWarps>(a, tiles, nb, item, item_end,
-                                                                      col, t, f8_smem, first_item);
   }
 }
 
@@ -2893,70 +2481,27 @@ Status launch_gemms(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64
 
 constexpr size_t kF8MaxSmem = 227 * 1024;  // sm_90 opt-in maximum per block
 
-// The persistent FP8 kernel's dynamic shared memory: f8_smem_bytes (8 KB rings, 4 warps), then
-// the split-K scratch at a 16-byte boundary.
-size_t f8p_smem_bytes(int nt, int64_t K, int ks, int act_rows) {
-  return ((f8_smem_bytes(nt, K, 8192, 4, act_rows) + 15) & ~size_t(15)) +
-         size_t(f8p_red_bytes(nt, ks, 4));
-}
-
-// The persistent grid (MoeTuning::f8_persist): as many CTAs as the SMs hold at once (occupancy of
-// this kernel at this shared memory, which depends on T through act_rows), at most one per work
-// item. Host-side arithmetic on the kernel's attributes only: no allocation, no synchronization,
-// capturable.
-// max_ctas > 0 (MoeTuning::f8_ctas, tests) caps the grid instead.
-Status f8p_grid(const void* kernel, size_t smem, int64_t items, int max_ctas, int num_sms,
-                unsigned* grid) {
-  int per_sm = 0;
-  DS_CUDA_RETURN_IF_ERROR(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128, smem));
-  if (per_sm < 1)
-    return invalid_argument("moe: the persistent FP8 kernel does not fit an SM (" +
-                            std::to_string(smem) + " bytes of shared memory)");
-  const int64_t ctas = max_ctas > 0 ? max_ctas : int64_t(per_sm) * std::max(num_sms, 1);
-  *grid = unsigned(std::max<int64_t>(1, std::min(items, ctas)));
-  return ok_status();
-}
-
-// persist (MoeTuning::f8_persist; the 8 KB ring and 4 warps only): the persistent kernels on
-// num_sms SMs (at most max_ctas CTAs where > 0); otherwise a CTA per (tile, column block) of the
-// tile bound.
 template <int NT, int KS, int kRing, bool kH16, int kWarps>
 Status launch_gemms_f8(const GemmArgs& g1, const GemmArgs& g2, int64_t tiles, int64_t inter,
                        int64_t dim, const float* h, uint8_t* hq8, float* hs,
-                       const int32_t* total_rows, int64_t rows_bound, bool pdl, bool persist,
-                       int max_ctas, int num_sms, cudaStream_t stream) {
+                       const int32_t* total_rows, int64_t rows_bound, bool pdl,
+                       cudaStream_t stream) {
   constexpr int WN = kWarps / KS;
-  const int64_t nb1 = inter / (16 * WN), nb2 = dim / (32 * WN);  // column blocks
   // (The dynamic shared memory opt-in is done at load time: set_f8_smem_attributes.)
-  void (*gate_up)(GemmArgs) = expert_gemm_f8_kernel<NT, true, KS, kRing, kH16, kWarps>;
-  void (*down)(GemmArgs) = expert_gemm_f8_kernel<NT, false, KS, kRing, kH16, kWarps>;
-  dim3 grid1{unsigned(tiles), unsigned(nb1)}, grid2{unsigned(tiles), unsigned(nb2)};
-  size_t smem1 = f8_smem_bytes(NT, dim, kRing, kWarps, g1.act_rows);
-  size_t smem2 = f8_smem_bytes(NT, inter, kRing, kWarps, g2.act_rows);
-  if (persist) {
-    if constexpr (kRing == 8192 && kWarps == 4) {
-      gate_up = expert_gemm_f8p_kernel<NT, true, KS, kH16>;
-      down = expert_gemm_f8p_kernel<NT, false, KS, kH16>;
-      smem1 = f8p_smem_bytes(NT, dim, KS, g1.act_rows);
-      smem2 = f8p_smem_bytes(NT, inter, KS, g2.act_rows);
-      if (std::max(smem1, smem2) > kF8MaxSmem)
-        return invalid_argument("moe: the persistent FP8 kernel's shared memory exceeds the limit");
-      grid1 = grid2 = dim3(1);
-      DS_RETURN_IF_ERROR(f8p_grid(reinterpret_cast<const void*>(gate_up), smem1, tiles * nb1,
-                                  max_ctas, num_sms, &grid1.x));
-      DS_RETURN_IF_ERROR(f8p_grid(reinterpret_cast<const void*>(down), smem2, tiles * nb2, max_ctas,
-                                  num_sms, &grid2.x));
-    } else {
-      return invalid_argument("moe: tuning.f8_persist 1 needs the 8 KB ring and 4 warps per CTA");
-    }
-  }
-  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, gate_up, grid1, 32 * kWarps, smem1, stream, g1));
+  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, expert_gemm_f8_kernel<NT, true, KS, kRing, kH16, kWarps>,
+                                        dim3(unsigned(tiles), unsigned(inter / (16 * WN))),
+                                        32 * kWarps,
+                                        f8_smem_bytes(NT, dim, kRing, kWarps, g1.act_rows),
+                                        stream, g1));
   const int64_t qblocks = rows_bound * (inter / kChunk);
   DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, quant_rows_kernel, unsigned(ceil_div(qblocks, 16)),
                                         256, 0, stream, h, inter, rows_bound, total_rows, nullptr,
                                         true, hq8, hs, false));
-  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, down, grid2, 32 * kWarps, smem2, stream, g2));
+  DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, expert_gemm_f8_kernel<NT, false, KS, kRing, kH16, kWarps>,
+                                        dim3(unsigned(tiles), unsigned(dim / (32 * WN))),
+                                        32 * kWarps,
+                                        f8_smem_bytes(NT, inter, kRing, kWarps, g2.act_rows),
+                                        stream, g2));
   return ok_status();
 }
 
@@ -3046,19 +2591,6 @@ cudaError_t set_f8_smem_attribute() {
     const cudaError_t e =
         cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kF8MaxSmem));
     if (e != cudaSuccess) return e;
-  }
-  if constexpr (kRing == 8192 && kWarps == 4) {
-    // The persistent kernels of this (tile, K split) (MoeTuning::f8_persist).
-    const void* persistent[] = {
-        reinterpret_cast<const void*>(expert_gemm_f8p_kernel<NT, true, KS, false>),
-        reinterpret_cast<const void*>(expert_gemm_f8p_kernel<NT, false, KS, false>),
-        reinterpret_cast<const void*>(expert_gemm_f8p_kernel<NT, true, KS, true>),
-        reinterpret_cast<const void*>(expert_gemm_f8p_kernel<NT, false, KS, true>)};
-    for (const void* f : persistent) {
-      const cudaError_t e =
-          cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kF8MaxSmem));
-      if (e != cudaSuccess) return e;
-    }
   }
   return cudaSuccess;
 }
@@ -3168,7 +2700,6 @@ MoeDeviceLayer& MoeDeviceLayer::operator=(MoeDeviceLayer&& o) noexcept {
     fp8_f16 = o.fp8_f16;
     pf_wgmma = o.pf_wgmma;
     pf_wide = o.pf_wide;
-    num_sms = o.num_sms;
     o.experts = nullptr;
   }
   return *this;
@@ -3251,8 +2782,6 @@ Result<MoeDeviceLayer> MoeDeviceLayer::create(const cpu::MoeParams& p) {
     // sm_90 / sm_100 have no FP8 mma.sync of their own (ptxas lowers it to f16 HMMAs plus
     // conversions): the FP8 path runs its f16 variant there; sm_89 / sm_120 keep the e4m3 mma.
     l.fp8_f16 = major == 9 || major == 10;
-    DS_CUDA_RETURN_IF_ERROR(
-        cudaDeviceGetAttribute(&l.num_sms, cudaDevAttrMultiProcessorCount, dev));
     f8 = f8 && f8_smem_bytes(2, std::max(l.dim, l.inter), 8192) <= kF8MaxSmem &&
          f8_smem_bytes(1, std::max(l.dim, l.inter), 16384) <= kF8MaxSmem &&
          f8_smem_bytes(1, std::max(l.dim, l.inter), 8192, 8) <= kF8MaxSmem;
@@ -3320,12 +2849,11 @@ namespace {
 // kernel where its grid covers x's blocks (*quantized tells whether it did; else the caller
 // launches quant_rows_kernel); with a plan, at T <= kRoutePlanMaxTokens the routing and the plan
 // as one route_plan_kernel (*planned; else the caller launches plan_kernel), routing by rank over
-// the CTA unless by_warp (MoeTuning::route_by_warp); sp: the small-T logits kernel's L2 prefetch
-// of the shared expert's gate/up weights (MoeTuning::f8_prefetch bit 1).
+// the CTA unless by_warp (MoeTuning::route_by_warp).
 Status route_impl(const MoeDeviceLayer& l, const float* x, const int32_t* token_ids, int64_t T,
                   int32_t* experts, float* weights, void* workspace, cudaStream_t stream, bool pdl,
                   XQuant q, bool* quantized, const PlanArgs* plan, bool* planned,
-                  bool by_warp = false, SharedPrefetch sp = {}) {
+                  bool by_warp = false) {
   *quantized = false;
   *planned = false;
   if (T <= 0) return ok_status();
@@ -3342,7 +2870,7 @@ Status route_impl(const MoeDeviceLayer& l, const float* x, const int32_t* token_
     q.on = q.on && int64_t(grid.x) * grid.y * 16 >= T * (l.dim / kChunk);
     *quantized = q.on;
     return launch_pdl_if(pdl, k, grid, 256, 0, stream, x, l.gate, T, l.dim, l.num_experts,
-                         logits, q, sp);
+                         logits, q);
   };
   const auto tiled_kernel = [&](auto k) {
     return launch_pdl_if(pdl, k, lg, 256, 0, stream, x, l.gate, T, l.dim, l.num_experts, logits);
@@ -3414,11 +2942,6 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
     return invalid_argument("moe: tuning.f8_order must be 0 or 1");
   if (tuning.f8_act_rows != 0 && tuning.f8_act_rows != 1)
     return invalid_argument("moe: tuning.f8_act_rows must be 0 or 1");
-  if (tuning.f8_persist != 0 && tuning.f8_persist != 1)
-    return invalid_argument("moe: tuning.f8_persist must be 0 or 1");
-  if (tuning.f8_ctas < 0) return invalid_argument("moe: tuning.f8_ctas must be >= 0");
-  if (tuning.f8_prefetch < 0 || tuning.f8_prefetch > 7)
-    return invalid_argument("moe: tuning.f8_prefetch must be 0 to 7");
   const bool pdl = tuning.pdl == 1;
   const bool pf_forced = tuning.path == 3 || tuning.path == 4;
   const int bt = tuning.tile_tokens > 0 ? tuning.tile_tokens
@@ -3470,12 +2993,8 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
                     l.expert_end, l.add_shared, bt,     group_offset, tiles,      num_tiles,
                     row_token,    row_slot,  row_weight};
   bool x_quantized = false, planned = false;
-  SharedPrefetch sp;
-  if (want_f8 && l.add_shared && (tuning.f8_prefetch & 1) != 0)
-    sp = SharedPrefetch{l.experts + l.num_experts, l.inter, l.dim};
   DS_RETURN_IF_ERROR(route_impl(l, x, token_ids, T, experts, weights, workspace, stream, pdl,
-                                xquant, &x_quantized, &pa, &planned, tuning.route_by_warp == 1,
-                                sp));
+                                xquant, &x_quantized, &pa, &planned, tuning.route_by_warp == 1));
   if (!planned)
     DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, plan_kernel, 1, kPlanThreads, 0, stream, pa));
 
@@ -3500,10 +3019,7 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   // routing (a tid2eid row may repeat an expert).
   if (want_f8 && tuning.f8_act_rows == 0)
     g1.act_rows = int(std::min<int64_t>(bt, l.tid2eid ? T * l.topk : T));
-  if (want_f8 && (tuning.f8_prefetch & 2) != 0)
-    g1.prefetch_down = (tuning.f8_prefetch & 4) != 0 ? 2 : 1;
   GemmArgs g2 = g1;
-  g2.prefetch_down = 0;
   g2.act = hq;
   g2.act8 = hq8;
   g2.act_scale = hs;
@@ -3533,17 +3049,15 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
   using I8 = std::integral_constant<int, 8>;
   // The FP8 path's MMA: f16 mma.sync on the exactly converted operands, or e4m3 mma.sync.
   const bool h16 = tuning.mma == 0 ? l.fp8_f16 : tuning.mma == 2;
-  // The FP8 path's persistent grid (session 40): as many CTAs as the SMs hold, or f8_ctas.
-  const bool persist = tuning.f8_persist == 1;
   const auto run_f8 = [&](auto nt, auto kss, auto ring, auto warps) {
     constexpr int kNt = decltype(nt)::value, kKs = decltype(kss)::value;
     constexpr int kR = decltype(ring)::value, kW = decltype(warps)::value;
     return h16 ? launch_gemms_f8<kNt, kKs, kR, true, kW>(g1, g2, tiles_bound, l.inter, l.dim, h,
                                                          hq8, hs, total_rows, rows_bound, pdl,
-                                                         persist, tuning.f8_ctas, l.num_sms, stream)
-               : launch_gemms_f8<kNt, kKs, kR, false, kW>(
-                     g1, g2, tiles_bound, l.inter, l.dim, h, hq8, hs, total_rows, rows_bound, pdl,
-                     persist, tuning.f8_ctas, l.num_sms, stream);
+                                                         stream)
+               : launch_gemms_f8<kNt, kKs, kR, false, kW>(g1, g2, tiles_bound, l.inter, l.dim, h,
+                                                          hq8, hs, total_rows, rows_bound, pdl,
+                                                          stream);
   };
   if (bt == kPfTokens) {
     DS_RETURN_IF_ERROR(launch_gemms_prefill(use_wg, use_wide, use_wgs4, use_mbar, g1, g2,
@@ -3566,8 +3080,6 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
     const int warps = tuning.warps > 0 ? tuning.warps : 4;
     if (warps != 4 && (warps != 8 || bt != 8 || ring != 8))
       return invalid_argument("moe: 8 warps per CTA need 8-row tiles and the 8 KB ring");
-    if (persist && (ring != 8 || warps != 4))
-      return invalid_argument("moe: tuning.f8_persist 1 needs the 8 KB ring and 4 warps per CTA");
     const int64_t wn = warps / kf;  // column blocks of 16 (gate/up) or 32 (down) rows per CTA
     if (l.inter % (16 * wn) != 0 || l.dim % (32 * wn) != 0)
       return invalid_argument("moe: dim / inter not a multiple of the FP8 path's CTA columns");

@@ -91,8 +91,6 @@ class MoeDeviceLayer {
   // Set by create() with pf_wgmma when inter % 128 == 0 and dim % 256 == 0: that kernel runs in
   // CTAs of 256 weight rows by default (MoeTuning::pf_rows), in four warpgroups (pf_wgs).
   bool pf_wide = false;
-  // Set by create(): the device's SMs (the FP8 path's persistent grid, MoeTuning::f8_persist).
-  int num_sms = 0;
 
   // Turns off the kernels whose scale folding the layer's largest MXFP4 e8m0 code
   // (max_mxfp4_scale_code) would overflow: the FP8 path's f16 variant above kMoeF16MaxScaleCode,
@@ -168,23 +166,6 @@ struct MoeTuning {
   // smaller shared memory lets four CTAs share an SM instead of three); 1 = always the tile's
   // (the form before session 29). The same outputs either way.
   int f8_act_rows = 0;
-  // FP8 path: 1 = a persistent grid (session 40, NOTES.md): as many CTAs as the SMs hold at once
-  // (occupancy API), each running a contiguous range of the (tile, column block) work items in
-  // f8_order's order, its warps' weight rings streaming across the items (the next item's first
-  // stages in flight while this item's last chunks are multiplied); needs the 8 KB ring and
-  // 4 warps per CTA. 0 = a CTA per work item (the default until measured). The same outputs
-  // either way; ignored where the FP8 path does not run.
-  int f8_persist = 0;
-  // With f8_persist: at most this many CTAs (0 = as many as the SMs hold; tests use a few, so that
-  // every CTA runs many items, tile changes and both weight formats).
-  int f8_ctas = 0;
-  // FP8 path, L2 prefetches of weights whose HBM reads would otherwise wait for their GEMM
-  // (session 42, NOTES.md; bits, 0 = none, the default until measured): 1 = the decode-size
-  // router logits kernel's CTAs ask L2 for the shared expert's gate/up weights (HBM is idle
-  // during the routing; the shared tiles run first); 2 = each gate/up CTA of a group's first tile
-  // asks L2 for its part of that group's down weights; 4 = bit 2's requests with the evict_last
-  // priority. The same outputs either way; ignored where the FP8 path does not run.
-  int f8_prefetch = 0;
 };
 
 // Runs the MoE forward. Stateless apart from the configuration: all scratch lives in the
