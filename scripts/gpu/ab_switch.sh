@@ -2,9 +2,8 @@
 # A/B of an environment switch of the CUDA backend in one call (DEEPSERVE_OPS_PDL: the op
 # kernels' programmatic dependent launch; DEEPSERVE_MHC_FUSED: mhc_pre's one-launch decode path;
 # DEEPSERVE_TILED_FP8 ...): `deepserve profile --graphs` decode steps of a Flash-geometry prefix at
-# B = 1, 16, 64, alternating VAR=1 / VAR=0 (two runs of each; ON=N sets VAR=N instead of 1), then,
-# with PRE (a command run first, e.g. the GPU tests) and BENCH_OPS=1, bench_ops with VAR=0 next to
-# the default's.
+# B = 1, 16, 64, alternating VAR=1 / VAR=0 (two runs of each), then, with PRE (a command run
+# first, e.g. the GPU tests) and BENCH_OPS=1, bench_ops with VAR=0 next to the default's.
 # Binaries from scripts/gpu/pack_backend.sh. The profiles' JSON go into OUT/ab_VAR.tgz.
 #   scripts/gpu/ab_switch.sh OUT VAR [LAYERS] [STEPS]
 set -uo pipefail
@@ -26,7 +25,7 @@ rm -rf "$model"
 rows=()
 for b in 1 16 64; do
   for round in 1 2; do
-    for v in "${ON:-1}" 0; do
+    for v in 1 0; do
       name="profile_flash${layers}_b${b}_${var}${v}_r${round}"
       env "$var=$v" timeout 120 "$carry/deepserve" profile --device cuda --model "$model" \
         --batch "$b" --context 512 --steps "$steps" --warmup 5 --graphs \
