@@ -11,8 +11,8 @@
 #      "V ...": the full run of bench_sparse_mla_V -> OUT/mla_full_V.json (before the MoE part since
 #      session 42, so that a call cut at the 10 minutes keeps them);
 #   4. MOE_CASES: bench_moe on those cases (MOE_TIMEOUT, default 150 s) -> OUT/moe_persist.json;
-#      MOE_TESTS (a gtest filter, default the persistent grid's tests) and SANITIZERS on
-#      MoeCuda.Fp8PersistentGridTiny;
+#      MOE_TESTS (a gtest filter, default the FP8 path's form tests; the persistent grid's were
+#      removed in session 42) and SANITIZERS on SANITIZE_TEST (default MoeCuda.TinyUniformMxfp4);
 #   5. TESTS_OPS=1: test_cuda_ops of the tree and of each variant that has one;
 #   6. the table -> OUT/table.txt (printed last).
 #   scripts/gpu/h_s41/call.sh OUT
@@ -65,7 +65,7 @@ if [ -n "${MOE_CASES:-}" ]; then
   echo "bench_moe rc=$? $(el)" >>"$tab"
   grep -E "^(mxfp4|nvfp4) |expert GEMMs|^ceil" "$out/logs/bench_moe.log" >>"$tab"
 fi
-f="${MOE_TESTS-MoeCuda.Fp8PersistentGrid*:MoeCuda.Fp8DecodeFormsGiveTheSameBits:MoeCuda.Fp8PathVariants}"
+f="${MOE_TESTS-MoeCuda.Fp8DecodeFormsGiveTheSameBits:MoeCuda.Fp8PathVariants}"
 if [ -n "$f" ]; then
   timeout 150 "$c/test_moe_cuda" --gtest_filter="$f" >"$out/logs/test_moe_cuda.log" 2>&1
   echo "test_moe_cuda rc=$? $(res "$out/logs/test_moe_cuda.log") $(el)" >>"$tab"
@@ -73,7 +73,7 @@ if [ -n "$f" ]; then
 fi
 for tool in ${SANITIZERS-racecheck synccheck memcheck}; do
   timeout 90 compute-sanitizer --tool "$tool" --error-exitcode 9 "$c/test_moe_cuda" \
-    --gtest_filter='MoeCuda.Fp8PersistentGridTiny' >"$out/logs/moe_$tool.log" 2>&1
+    --gtest_filter="${SANITIZE_TEST:-MoeCuda.TinyUniformMxfp4}" >"$out/logs/moe_$tool.log" 2>&1
   echo "$tool moe rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^\[  (PASSED|FAILED) ' "$out/logs/moe_$tool.log" | tr '\n' ' ') $(el)" >>"$tab"
 done
 [ "${TESTS_OPS:-0}" = 1 ] && test_variants test_cuda_ops 150
