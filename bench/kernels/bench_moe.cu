@@ -378,7 +378,8 @@ Matrices make_fp4(cpu::WeightFormat f, int64_t rows, int64_t cols, int64_t count
 // "mxfp4:4096:0:0:b") runs only the forward cases with that weight format, token count,
 // MoeTuning::path, pf_raster and (when set) pf_rows, pf_wgs, pf_step, pf_sync 1 / 2 (":m" /
 // ":b"), route_by_warp 1 (":w"; the heuristic's rows have path 0), f8_order 1 (":o1"),
-// f8_act_rows 1 (":a1") and pdl 1 (":p"): one launch sequence for a profiler
+// f8_act_rows 1 (":a1"), route_launch 1 / 2 (":r1" / ":r2") and pdl 1 (":p"): one launch
+// sequence for a profiler
 // (scripts/gpu/h_moe18/run.sh, NCU=1). Unset: every case.
 bool case_selected(const char* fmt, int64_t T, const ds::cuda::MoeTuning& t) {
   const char* env = std::getenv("DS_MOE_CASES");
@@ -390,6 +391,7 @@ bool case_selected(const char* fmt, int64_t T, const ds::cuda::MoeTuning& t) {
       (t.pf_step != 0 ? ":s" + std::to_string(t.pf_step) : "") +
       (t.pf_sync == 1 ? ":m" : t.pf_sync == 2 ? ":b" : "") + (t.route_by_warp == 1 ? ":w" : "") +
       (t.f8_order == 1 ? ":o1" : "") + (t.f8_act_rows == 1 ? ":a1" : "") +
+      (t.route_launch != 0 ? ":r" + std::to_string(t.route_launch) : "") +
       (t.pdl == 1 ? ":p" : "");
   std::string list = env;
   for (size_t b = 0; b <= list.size();) {
@@ -593,6 +595,19 @@ int main(int argc, char** argv) {
       t.route_by_warp = 1;
       cases.push_back({T, t});
     }
+    // Session 43: the routing and plan in the router logits kernel's last CTA (MoeTuning::
+    // route_launch 1, T <= 8) next to the default rows, plain and with PDL.
+    if (mx) {
+      for (int64_t T : {1, 2, 4, 8}) {
+        cuda::MoeTuning t;
+        t.route_launch = 1;
+        cases.push_back({T, t});
+        if (T <= 2) {
+          t.pdl = 1;
+          cases.push_back({T, t});
+        }
+      }
+    }
     // The prefill grids in the order before session 20 (MoeTuning::pf_raster = 1: tiles side by
     // side) next to the default rows (the N blocks of a tile side by side).
     if (layer->pf_wgmma) {
@@ -707,6 +722,7 @@ int main(int argc, char** argv) {
       if (bc.tuning.pf_sync != 0) r.kernel += bc.tuning.pf_sync == 1 ? "_mbar" : "_bar";
       if (bc.tuning.pdl) r.kernel += "_pdl";
       if (bc.tuning.route_by_warp) r.kernel += "_rwarp";
+      if (bc.tuning.route_launch == 1) r.kernel += "_rfused";
       if (bc.tuning.f8_order) r.kernel += "_order1";
       if (bc.tuning.f8_act_rows) r.kernel += "_fulltile";
       char shape[160];
@@ -740,8 +756,9 @@ int main(int argc, char** argv) {
       // The GEMM nodes also at T = 2 and 4 for the default rows (the sizes under the 70% line).
       const bool plain = bc.tuning.tile_tokens == 0 && bc.tuning.path == 0 && bc.tuning.pdl == 0 &&
                          bc.tuning.f8_order == 0 && bc.tuning.f8_act_rows == 0 &&
-                         bc.tuning.route_by_warp == 0;
-      if (T == 1 || T == 16 || T == 64 || T >= 512 || (T <= 4 && plain)) {
+                         bc.tuning.route_by_warp == 0 && bc.tuning.route_launch == 0;
+      if (T == 1 || T == 16 || T == 64 || T >= 512 || (T <= 4 && plain) ||
+          (T <= 4 && bc.tuning.route_launch == 1 && bc.tuning.pdl == 0)) {
         // Kernel breakdown: the expert GEMMs against the peak of the MMA they use, the router
         // logits against the copy bandwidth.
         const std::vector<NodeTime> nodes = node_breakdown(fwd, stream);
@@ -775,7 +792,9 @@ int main(int argc, char** argv) {
                     "(%.0f TFLOP/s); weight bytes %.0f GB/s = %.0f%% of copy\n",
                     gemm_us, g.achieved_tflops, 100.0 * g.achieved_tflops / peak, mma_name, peak,
                     g.achieved_gbps, 100.0 * g.achieved_gbps / copy_gbps);
-        if (T <= 64 && bc.tuning.tile_tokens == 0 && bc.tuning.pdl == 0) {
+        // (Not for the fused routing's rows: their logits node also routes and plans.)
+        if (T <= 64 && bc.tuning.tile_tokens == 0 && bc.tuning.pdl == 0 &&
+            bc.tuning.route_launch != 1) {
           bench::Record lr;
           lr.kernel = "moe_router_logits";
           lr.shape = "T=" + std::to_string(T) + " gate fp32 [256, 4096]";

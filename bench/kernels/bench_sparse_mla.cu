@@ -395,6 +395,18 @@ int main(int argc, char** argv) {
           time_alt(alt, "plan sweep");
         }
       }
+      // Session 43: batch <= 4 with 32 / 64 heads per CTA (one tile per step) and the splits that
+      // give one CTA per SM (at most one tile each): fewer CTAs than the plan's 16-head groups
+      // (batch 1: 160, two per SM on some SMs), each converting its keys for more heads.
+      for (int hpc : {32, 64}) {
+        if (batch > 4 || plan.wgmma || plan.heads_per_cta != 16 || quick) continue;
+        cuda::SparseMlaPlan alt = plan;
+        alt.heads_per_cta = hpc;
+        alt.tiles_per_step = 1;
+        const int64_t groups = int64_t(batch) * ((kHeads + hpc - 1) / hpc);
+        alt.max_splits = int32_t(std::clamp<int64_t>(dev.sm_count / groups, 1, plan.max_tiles));
+        time_alt(alt, "head groups at small batch");
+      }
       // Split sweep (default head group) where the plan splits: the split rule's choice against
       // 1..16 splits (each split but the first stores fp32 partials per tile).
       for (int sp : {1, 2, 4, 8, 16}) {

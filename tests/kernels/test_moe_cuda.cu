@@ -865,6 +865,73 @@ TEST_F(MoeCuda, RouteByRankGivesTheWarpRouting) {
   run_case(bad);
 }
 
+// The router logits kernel that also routes and plans in its last CTA (MoeTuning::route_launch 1,
+// T <= 8) against the two launches (route_launch 2): y bit for bit and the oracle. Each fused
+// forward is followed by another one on the same layer (bit_equal, with PDL), so a counter left
+// non-zero by the first would break the second. Flash shape (128 CTAs of two experts) at T = 1-8
+// and 16 (past the fused sizes: the two launches either way), skewed routing, hash routing (the
+// last CTA routes a warp per token), the bf16 gate, an expert range without the shared expert, and
+// the graph with PDL (two replays). The tiny shape's cases are in TinyRouteInLogitsKernel (the
+// memcheck filter). A bad value is refused.
+void route_launch_case(Case c) {
+  cuda::MoeTuning two = c.tuning, again = c.tuning;
+  two.route_launch = 2;
+  again.route_launch = 1;
+  again.pdl = 1;
+  c.name += " route in logits";
+  c.tuning.route_launch = 1;
+  c.bit_equal = {two, again};
+  run_case(c);
+}
+
+TEST_F(MoeCuda, RouteInLogitsKernelGivesTheSameBits) {
+  for (int64_t T : {1, 2, 3, 5, 8, 16}) {
+    Case c{"flash mxfp4", kFlash, WeightFormat::kMxfp4, T};
+    c.oracle_tokens = 4;
+    route_launch_case(c);
+  }
+  Case skew{"flash mxfp4 skew", kFlash, WeightFormat::kMxfp4, 2, true};
+  skew.oracle_tokens = 2;
+  route_launch_case(skew);
+  Case hash{"flash mxfp4 hash", kFlash, WeightFormat::kMxfp4, 4, false, true};
+  hash.oracle_tokens = 2;
+  route_launch_case(hash);
+  Case bf{"flash mxfp4 bf16 gate", kFlash, WeightFormat::kMxfp4, 1};
+  bf.gate_bf16 = true;
+  route_launch_case(bf);
+  Case range{"flash mxfp4 range", kFlash, WeightFormat::kMxfp4, 2};
+  range.begin = 64;
+  range.end = 192;
+  range.add_shared = false;
+  range.oracle_tokens = 2;
+  route_launch_case(range);
+  for (int64_t T : {1, 2}) {
+    Case g{"flash mxfp4 graph pdl", kFlash, WeightFormat::kMxfp4, T};
+    g.graph = true;
+    g.tuning.pdl = 1;
+    g.oracle_tokens = 2;
+    route_launch_case(g);
+  }
+  Case bad{"tiny bad route launch", kTiny, WeightFormat::kMxfp4, 4};
+  bad.tuning.route_launch = 3;
+  bad.expect_error = "route_launch must be 0, 1 or 2";
+  run_case(bad);
+}
+
+// The tiny shape's fused-routing cases (E = 8: four CTAs; by rank up to 16 tokens), named Tiny*
+// for the device script's compute-sanitizer filter: T = 1, 7, 8, skewed, NVFP4, hash routing, and
+// the graph with PDL.
+TEST_F(MoeCuda, TinyRouteInLogitsKernel) {
+  for (int64_t T : {1, 7, 8}) route_launch_case({"tiny mxfp4", kTiny, WeightFormat::kMxfp4, T});
+  route_launch_case({"tiny skew mxfp4", kTiny, WeightFormat::kMxfp4, 5, true});
+  route_launch_case({"tiny nvfp4", kTiny, WeightFormat::kNvfp4, 3});
+  route_launch_case({"tiny hash", kTiny, WeightFormat::kMxfp4, 4, false, true});
+  Case g{"tiny graph pdl", kTiny, WeightFormat::kMxfp4, 2};
+  g.graph = true;
+  g.tuning.pdl = 1;
+  route_launch_case(g);
+}
+
 // The wgmma prefill kernel's scale folding at its limit: the routed w2 weights scaled so that the
 // layer's largest MXFP4 code is kMoeWgMaxScaleCode (the kernel's bf16 multiplier is then 2^127, the
 // largest finite power of two; sm_90 runs it), then one above (limit_to_scale_code turns the kernel

@@ -437,6 +437,29 @@ TEST_F(CudaOpsTest, FusedOutputRopeGivesTheSeparateOpsLogits) {
                   [&](const Forward& f) { return run_chunked(f, tokens, schedule); });
 }
 
+// CudaOpsOptions::moe_route_in_logits: at decode sizes (<= 8 tokens) the MoE router logits kernel
+// also routes and plans in its last CTA (cuda::MoeTuning::route_launch 1) instead of a second
+// launch; the experts, weights and outputs are the two launches' bit for bit, so the logits of
+// graph-replayed decode steps (one sequence: one token per step) and of the prefill chunks (the
+// two launches either way) are the other form's; and both agree with the CPU.
+TEST_F(CudaOpsTest, MoeRouteInLogitsGivesTheTwoLaunchesLogits) {
+  CudaOpsOptions o = ops_->options();
+  o.moe_route_in_logits = true;
+  auto fused_ops = CudaOps::create(tiny_model(), options_, o);
+  o.moe_route_in_logits = false;
+  auto plain_ops = CudaOps::create(tiny_model(), options_, o);
+  ASSERT_TRUE(fused_ops.ok() && plain_ops.ok());
+  Forward fused(&tiny_model(), options_, fused_ops->get());
+  Forward plain(&tiny_model(), options_, plain_ops->get());
+  const auto tokens = random_tokens(100, 91);
+  const auto schedule = prefill_then_decode(70, 30);
+  const std::vector<float> want = run_chunked(plain, tokens, schedule);
+  EXPECT_EQ(run_chunked(fused, tokens, schedule), want);
+  EXPECT_GE((*fused_ops)->graph_replays(), 20);
+  expect_like_cpu(options_, fused_ops->get(), "moe route in logits, prefill 70 + decode 30",
+                  [&](const Forward& f) { return run_chunked(f, tokens, schedule); });
+}
+
 // CudaOpsOptions::fused_compress_max_tokens: every compressing layer's projections (CSA: the
 // indexer compressor's and the attention compressor's wkv / wgate; HCA: the attention
 // compressor's) also held as one bf16 weight, counted in weight_bytes(), and compress_layer's

@@ -506,6 +506,8 @@ Status CudaOps::init() {
       opt_.fused_output_rope && !env_switched_off("DEEPSERVE_FUSED_OUTPUT_ROPE");
   moe_tuning_.pdl = env_switch("DEEPSERVE_MOE_PDL", opt_.moe_pdl) ? 1 : 0;
   moe_tuning_.f8_order = opt_.moe_f8_order && !env_switched_off("DEEPSERVE_MOE_F8_ORDER") ? 0 : 1;
+  moe_tuning_.route_launch =
+      env_switch("DEEPSERVE_MOE_ROUTE_IN_LOGITS", opt_.moe_route_in_logits) ? 1 : 2;
   sparse_mla_wgmma_ =
       opt_.sparse_mla_wgmma && !env_switched_off("DEEPSERVE_SPARSE_MLA_WGMMA") &&
       cuda::sparse_mla_wgmma_supported(int32_t(c.num_attention_heads), int32_t(c.head_dim));

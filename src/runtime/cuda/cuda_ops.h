@@ -141,6 +141,10 @@ struct CudaOpsOptions {
   // The MoE FP8 path's grid order of session 29 (cuda::MoeTuning::f8_order 0: the shared
   // expert's tiles first, then tile by tile). DEEPSERVE_MOE_F8_ORDER=0 turns it off (A/B switch).
   bool moe_f8_order = true;
+  // At decode sizes (<= 8 tokens) the MoE router logits kernel also routes and plans, in its last
+  // CTA (cuda::MoeTuning::route_launch 1: one launch instead of two; moe/NOTES.md, session 43).
+  // DEEPSERVE_MOE_ROUTE_IN_LOGITS=1 / =0 in the environment turns it on / off (A/B switch).
+  bool moe_route_in_logits = false;
 };
 
 class CudaOps final : public dsv4::Ops {
@@ -389,7 +393,8 @@ class CudaOps final : public dsv4::Ops {
   // DEEPSERVE_SPARSE_MLA_WGMMA=0.
   bool sparse_mla_wgmma_ = false;
   // CudaOpsOptions::moe_pdl unless DEEPSERVE_MOE_PDL says otherwise; CudaOpsOptions::
-  // moe_f8_order unless DEEPSERVE_MOE_F8_ORDER=0.
+  // moe_f8_order unless DEEPSERVE_MOE_F8_ORDER=0; CudaOpsOptions::moe_route_in_logits unless
+  // DEEPSERVE_MOE_ROUTE_IN_LOGITS says otherwise.
   cuda::MoeTuning moe_tuning_;
   // bf16 weights padded to a multiple of 8 rows: host data -> (device copy, padded rows).
   std::unordered_map<const void*, std::pair<const uint16_t*, int64_t>> padded_bf16_;

@@ -192,71 +192,73 @@ __device__ __forceinline__ void quant_rows_warp(int64_t warp, const float* __res
                                                 uint8_t* __restrict__ out8,
                                                 float* __restrict__ scale8, bool permute);
 
-// With q.on, warp w of the grid (CTA-linear) afterwards quantizes x's 128-blocks 2w and 2w + 1
-// as quant_rows_kernel does (the host checks that the grid covers T x D / 128 blocks), which saves
-// the decode step a launch.
+// Router logits of experts [e0, e0 + kEB) x tokens [t0, t0 + kTB) (the whole CTA calls, with at
+// least 8 warps): warps 0-7 each sum a slice D / 8 of K, lane by lane in k order, then the slices
+// in warp order; warps past 8 only pass the barrier. So every CTA width and every kEB / kTB gives
+// a logit the same bits.
 template <bool kBf16, int kEB, int kTB>
-__global__ void router_logits_small_kernel(const float* __restrict__ x,
-                                           const void* __restrict__ gate, int64_t T, int64_t D,
-                                           int64_t E, float* __restrict__ logits, XQuant q) {
-  pdl_begin();
+__device__ __forceinline__ void router_logits_tile(const float* __restrict__ x,
+                                                   const void* __restrict__ gate, int64_t T,
+                                                   int64_t D, int64_t E,
+                                                   float* __restrict__ logits, int64_t e0,
+                                                   int64_t t0) {
   __shared__ float part[8][kEB][kTB];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t e0 = int64_t(blockIdx.x) * kEB;
   const int ne = E - e0 < kEB ? int(E - e0) : kEB;
-  const int64_t t0 = int64_t(blockIdx.y) * kTB;
   const int nt = T - t0 < kTB ? int(T - t0) : kTB;
   const int64_t slice = D / 8;  // D % 128 == 0: slices of multiples of 16
-  float acc[kEB][kTB];
+  if (warp < 8) {
+    float acc[kEB][kTB];
 #pragma unroll
-  for (int i = 0; i < kEB; ++i)
+    for (int i = 0; i < kEB; ++i)
 #pragma unroll
-    for (int j = 0; j < kTB; ++j) acc[i][j] = 0.0f;
+      for (int j = 0; j < kTB; ++j) acc[i][j] = 0.0f;
 #pragma unroll 4
-  for (int64_t k = warp * slice + lane * 4; k < (warp + 1) * slice; k += 128) {
-    float w[kEB][4];
+    for (int64_t k = warp * slice + lane * 4; k < (warp + 1) * slice; k += 128) {
+      float w[kEB][4];
 #pragma unroll
-    for (int i = 0; i < kEB; ++i) {
-      const int64_t e = e0 + (i < ne ? i : 0);  // rows past E: a valid row, never stored
-      if constexpr (kBf16) {
-        const uint2 raw =
-            *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(gate) + e * D + k);
-        w[i][0] = __uint_as_float(raw.x << 16);
-        w[i][1] = __uint_as_float(raw.x & 0xFFFF0000u);
-        w[i][2] = __uint_as_float(raw.y << 16);
-        w[i][3] = __uint_as_float(raw.y & 0xFFFF0000u);
-      } else {
-        const float4 v =
-            *reinterpret_cast<const float4*>(static_cast<const float*>(gate) + e * D + k);
-        w[i][0] = v.x;
-        w[i][1] = v.y;
-        w[i][2] = v.z;
-        w[i][3] = v.w;
+      for (int i = 0; i < kEB; ++i) {
+        const int64_t e = e0 + (i < ne ? i : 0);  // rows past E: a valid row, never stored
+        if constexpr (kBf16) {
+          const uint2 raw =
+              *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(gate) + e * D + k);
+          w[i][0] = __uint_as_float(raw.x << 16);
+          w[i][1] = __uint_as_float(raw.x & 0xFFFF0000u);
+          w[i][2] = __uint_as_float(raw.y << 16);
+          w[i][3] = __uint_as_float(raw.y & 0xFFFF0000u);
+        } else {
+          const float4 v =
+              *reinterpret_cast<const float4*>(static_cast<const float*>(gate) + e * D + k);
+          w[i][0] = v.x;
+          w[i][1] = v.y;
+          w[i][2] = v.z;
+          w[i][3] = v.w;
+        }
       }
-    }
 #pragma unroll
-    for (int j = 0; j < kTB; ++j) {
-      if (j < nt) {
-        const float4 xv = *reinterpret_cast<const float4*>(x + (t0 + j) * D + k);
+      for (int j = 0; j < kTB; ++j) {
+        if (j < nt) {
+          const float4 xv = *reinterpret_cast<const float4*>(x + (t0 + j) * D + k);
 #pragma unroll
-        for (int i = 0; i < kEB; ++i) {
-          acc[i][j] = fmaf(xv.x, w[i][0], acc[i][j]);
-          acc[i][j] = fmaf(xv.y, w[i][1], acc[i][j]);
-          acc[i][j] = fmaf(xv.z, w[i][2], acc[i][j]);
-          acc[i][j] = fmaf(xv.w, w[i][3], acc[i][j]);
+          for (int i = 0; i < kEB; ++i) {
+            acc[i][j] = fmaf(xv.x, w[i][0], acc[i][j]);
+            acc[i][j] = fmaf(xv.y, w[i][1], acc[i][j]);
+            acc[i][j] = fmaf(xv.z, w[i][2], acc[i][j]);
+            acc[i][j] = fmaf(xv.w, w[i][3], acc[i][j]);
+          }
         }
       }
     }
+#pragma unroll
+    for (int i = 0; i < kEB; ++i)
+#pragma unroll
+      for (int j = 0; j < kTB; ++j) {
+        float v = acc[i][j];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+        if (lane == 0) part[warp][i][j] = v;
+      }
   }
-#pragma unroll
-  for (int i = 0; i < kEB; ++i)
-#pragma unroll
-    for (int j = 0; j < kTB; ++j) {
-      float v = acc[i][j];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-      if (lane == 0) part[warp][i][j] = v;
-    }
   __syncthreads();
   for (int idx = threadIdx.x; idx < kEB * kTB; idx += blockDim.x) {
     const int i = idx / kTB, j = idx % kTB;
@@ -265,8 +267,20 @@ __global__ void router_logits_small_kernel(const float* __restrict__ x,
     for (int w = 0; w < 8; ++w) v += part[w][i][j];
     logits[(t0 + j) * E + e0 + i] = v;
   }
+}
+
+// T <= 64: one CTA of 8 warps per kEB experts and kTB tokens. With q.on, warp w of the grid
+// (CTA-linear) afterwards quantizes x's 128-blocks 2w and 2w + 1 as quant_rows_kernel does (the
+// host checks that the grid covers T x D / 128 blocks), which saves the decode step a launch.
+template <bool kBf16, int kEB, int kTB>
+__global__ void router_logits_small_kernel(const float* __restrict__ x,
+                                           const void* __restrict__ gate, int64_t T, int64_t D,
+                                           int64_t E, float* __restrict__ logits, XQuant q) {
+  pdl_begin();
+  router_logits_tile<kBf16, kEB, kTB>(x, gate, T, D, E, logits, int64_t(blockIdx.x) * kEB,
+                                      int64_t(blockIdx.y) * kTB);
   if (q.on) {
-    const int64_t gwarp = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * 8 + warp;
+    const int64_t gwarp = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * 8 + (threadIdx.x >> 5);
     quant_rows_warp(gwarp, x, D, T, q.out, q.fp8, q.out8, q.scale8, q.permute);
   }
 }
@@ -602,9 +616,8 @@ __device__ __forceinline__ void route_tokens_by_rank(const RouteArgs& a) {
 
 // by_rank: route_tokens_by_rank (the caller checks no hash routing and route_by_rank_pays), else
 // a warp per token.
-__global__ void __launch_bounds__(kPlanThreads)
-    route_plan_kernel(RouteArgs ra, PlanArgs pa, bool by_rank) {
-  pdl_begin();
+__device__ __forceinline__ void route_plan_block(const RouteArgs& ra, const PlanArgs& pa,
+                                                 bool by_rank) {
   if (by_rank) {
     route_tokens_by_rank(ra);
   } else {
@@ -612,6 +625,51 @@ __global__ void __launch_bounds__(kPlanThreads)
   }
   __syncthreads();
   plan_block(pa);
+}
+
+__global__ void __launch_bounds__(kPlanThreads)
+    route_plan_kernel(RouteArgs ra, PlanArgs pa, bool by_rank) {
+  pdl_begin();
+  route_plan_block(ra, pa, by_rank);
+}
+
+// Decode sizes (T <= kFusedRouteMaxTokens; MoeTuning::route_launch 1): the router logits, x's
+// quantization and the routing with the plan in one launch instead of two. CTAs of kPlanThreads
+// threads, kFusedLogitsExperts experts each (128 CTAs at E = 256: one per SM); warps 0-7 compute
+// the logits as router_logits_small_kernel does (router_logits_tile: the same bits), then every
+// warp quantizes two of x's 128-blocks (the host checks that the grid covers them). The CTA that
+// finishes last, found with the layer's arrival counter (MoeDeviceLayer::route_done), then runs
+// route_plan_kernel's body on every CTA's logits and sets the counter back to 0 for the next
+// forward. Memory order: each CTA's barrier orders its logit stores before thread 0's fence and
+// arrival (fences are cumulative); the last CTA's thread 0 fences after it sees the count, and
+// its barrier orders that before the CTA's loads.
+constexpr int64_t kFusedRouteMaxTokens = 8;
+constexpr int kFusedLogitsExperts = 2;
+
+template <bool kBf16>
+__global__ void __launch_bounds__(kPlanThreads, 1)
+    router_logits_route_kernel(const float* __restrict__ x, const void* __restrict__ gate,
+                               int64_t T, int64_t D, int64_t E, float* __restrict__ logits,
+                               XQuant q, RouteArgs ra, PlanArgs pa, bool by_rank,
+                               unsigned* __restrict__ done) {
+  pdl_begin();
+  __shared__ bool last;
+  router_logits_tile<kBf16, kFusedLogitsExperts, kFusedRouteMaxTokens>(
+      x, gate, T, D, E, logits, int64_t(blockIdx.x) * kFusedLogitsExperts, 0);
+  if (q.on) {
+    const int64_t gwarp = int64_t(blockIdx.x) * (kPlanThreads / 32) + (threadIdx.x >> 5);
+    quant_rows_warp(gwarp, x, D, T, q.out, q.fp8, q.out8, q.scale8, q.permute);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(done, 1u) == gridDim.x - 1;
+    __threadfence();
+  }
+  __syncthreads();
+  if (!last) return;
+  route_plan_block(ra, pa, by_rank);
+  if (threadIdx.x == 0) *done = 0u;
 }
 
 // ---- 4/6. activation quantization --------------------------------------------------------------
@@ -2670,6 +2728,7 @@ int max_mxfp4_scale_code(const cpu::ExpertWeights* experts, int64_t begin, int64
 void MoeDeviceLayer::release() {
   if (experts) cudaFree(experts);
   experts = nullptr;
+  route_done = nullptr;  // in the experts allocation
 }
 
 MoeDeviceLayer::MoeDeviceLayer(MoeDeviceLayer&& o) noexcept { *this = std::move(o); }
@@ -2696,11 +2755,13 @@ MoeDeviceLayer& MoeDeviceLayer::operator=(MoeDeviceLayer&& o) noexcept {
     expert_end = o.expert_end;
     add_shared = o.add_shared;
     experts = o.experts;
+    route_done = o.route_done;
     fp8_mma = o.fp8_mma;
     fp8_f16 = o.fp8_f16;
     pf_wgmma = o.pf_wgmma;
     pf_wide = o.pf_wide;
     o.experts = nullptr;
+    o.route_done = nullptr;
   }
   return *this;
 }
@@ -2814,9 +2875,12 @@ Result<MoeDeviceLayer> MoeDeviceLayer::create(const cpu::MoeParams& p) {
     // H100, GEMMs at T = 4096 against the 128-row CTAs: MXFP4 -16%, NVFP4 -11%).
     l.pf_wide = wg && wide_prefill_fits(l);
   }
+  // The expert table, then the fused routing's arrival counter (zero between forwards).
   const size_t bytes = table.size() * sizeof(MoeDeviceExpert);
-  DS_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&l.experts), bytes));
+  DS_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&l.experts), align256(bytes) + 256));
   DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(l.experts, table.data(), bytes, cudaMemcpyHostToDevice));
+  l.route_done = reinterpret_cast<unsigned*>(reinterpret_cast<uint8_t*>(l.experts) + align256(bytes));
+  DS_CUDA_RETURN_IF_ERROR(cudaMemset(l.route_done, 0, 256));
   return Result<MoeDeviceLayer>(std::move(l));
 }
 
@@ -2849,11 +2913,13 @@ namespace {
 // kernel where its grid covers x's blocks (*quantized tells whether it did; else the caller
 // launches quant_rows_kernel); with a plan, at T <= kRoutePlanMaxTokens the routing and the plan
 // as one route_plan_kernel (*planned; else the caller launches plan_kernel), routing by rank over
-// the CTA unless by_warp (MoeTuning::route_by_warp).
+// the CTA unless by_warp (MoeTuning::route_by_warp). With fused (MoeTuning::route_launch 1) and a
+// plan, at T <= kFusedRouteMaxTokens the logits, x's quantization, the routing and the plan are
+// one router_logits_route_kernel.
 Status route_impl(const MoeDeviceLayer& l, const float* x, const int32_t* token_ids, int64_t T,
                   int32_t* experts, float* weights, void* workspace, cudaStream_t stream, bool pdl,
                   XQuant q, bool* quantized, const PlanArgs* plan, bool* planned,
-                  bool by_warp = false) {
+                  bool by_warp = false, bool fused = false) {
   *quantized = false;
   *planned = false;
   if (T <= 0) return ok_status();
@@ -2861,6 +2927,21 @@ Status route_impl(const MoeDeviceLayer& l, const float* x, const int32_t* token_
   const Layout L = make_layout(T, l);
   auto* ws = static_cast<uint8_t*>(workspace);
   float* logits = reinterpret_cast<float*>(ws + L.logits);
+  RouteArgs ra{logits,      l.bias,         l.tid2eid, token_ids, T,      l.num_experts, l.topk,
+               l.route_scale, l.renorm_epsilon, experts,   weights};
+  // The whole CTA routes by rank where it pays (T <= 2 at E = 256).
+  const bool by_rank = !by_warp && !l.tid2eid && route_by_rank_pays(T, l.num_experts);
+  if (fused && plan && T <= kFusedRouteMaxTokens && l.route_done) {
+    const unsigned ctas = unsigned(ceil_div(l.num_experts, kFusedLogitsExperts));
+    q.on = q.on && int64_t(ctas) * (kPlanThreads / 32) * 2 >= T * (l.dim / kChunk);
+    *quantized = q.on;
+    *planned = true;
+    const auto k = l.gate_bf16 ? router_logits_route_kernel<true> : router_logits_route_kernel<false>;
+    DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, k, ctas, kPlanThreads, 0, stream, x, l.gate, T,
+                                          l.dim, l.num_experts, logits, q, ra, *plan, by_rank,
+                                          l.route_done));
+    return ok_status();
+  }
   const dim3 lg(unsigned(ceil_div(l.num_experts, kLogitsTile)),
                 unsigned(ceil_div(T, kLogitsTile)));
   const dim3 lg_small(unsigned(l.num_experts), unsigned(ceil_div(T, 8)));
@@ -2888,12 +2969,8 @@ Status route_impl(const MoeDeviceLayer& l, const float* x, const int32_t* token_
   } else {
     DS_CUDA_RETURN_IF_ERROR(tiled_kernel(router_logits_tiled_kernel<false>));
   }
-  RouteArgs ra{logits,      l.bias,         l.tid2eid, token_ids, T,      l.num_experts, l.topk,
-               l.route_scale, l.renorm_epsilon, experts,   weights};
   if (plan && T <= kRoutePlanMaxTokens) {
     *planned = true;
-    // The whole CTA routes by rank where it pays (T <= 2 at E = 256).
-    const bool by_rank = !by_warp && !l.tid2eid && route_by_rank_pays(T, l.num_experts);
     DS_CUDA_RETURN_IF_ERROR(
         launch_pdl_if(pdl, route_plan_kernel, 1, kPlanThreads, 0, stream, ra, *plan, by_rank));
   } else {
@@ -2942,6 +3019,8 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
     return invalid_argument("moe: tuning.f8_order must be 0 or 1");
   if (tuning.f8_act_rows != 0 && tuning.f8_act_rows != 1)
     return invalid_argument("moe: tuning.f8_act_rows must be 0 or 1");
+  if (tuning.route_launch < 0 || tuning.route_launch > 2)
+    return invalid_argument("moe: tuning.route_launch must be 0, 1 or 2");
   const bool pdl = tuning.pdl == 1;
   const bool pf_forced = tuning.path == 3 || tuning.path == 4;
   const int bt = tuning.tile_tokens > 0 ? tuning.tile_tokens
@@ -2994,7 +3073,8 @@ Status MoeRunner::forward(const MoeDeviceLayer& l, const float* x, const int32_t
                     row_token,    row_slot,  row_weight};
   bool x_quantized = false, planned = false;
   DS_RETURN_IF_ERROR(route_impl(l, x, token_ids, T, experts, weights, workspace, stream, pdl,
-                                xquant, &x_quantized, &pa, &planned, tuning.route_by_warp == 1));
+                                xquant, &x_quantized, &pa, &planned, tuning.route_by_warp == 1,
+                                tuning.route_launch == 1));
   if (!planned)
     DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, plan_kernel, 1, kPlanThreads, 0, stream, pa));
 

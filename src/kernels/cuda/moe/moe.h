@@ -76,6 +76,10 @@ class MoeDeviceLayer {
   bool add_shared = true;
   // Device array [E + 1]: the routed experts, then the shared expert at index E.
   MoeDeviceExpert* experts = nullptr;
+  // Device word (in the experts allocation), 0 between forwards: the arrival counter of the
+  // decode-size launch that routes in the router logits kernel's last CTA (MoeTuning::route_launch).
+  // So the forwards of one layer must not run concurrently (on two streams) with that launch.
+  unsigned* route_done = nullptr;
   // Set by create(): every expert (routed range and shared) is MXFP4 or FP8 block with 4-byte
   // aligned scales, the activations are FP8-simulated and the device has FP8 mma.sync (sm_89+):
   // the decode tiles may use the FP8 tensor-core path (NOTES.md).
@@ -166,6 +170,11 @@ struct MoeTuning {
   // smaller shared memory lets four CTAs share an SM instead of three); 1 = always the tile's
   // (the form before session 29). The same outputs either way.
   int f8_act_rows = 0;
+  // Decode sizes (T <= 8, with the plan): 1 = the router logits kernel also quantizes x, and its
+  // last CTA to finish routes and plans (one launch: router_logits_route_kernel, NOTES.md session
+  // 43); 2 = the logits kernel, then route_plan_kernel (two launches, the form before); 0 = 2.
+  // The same experts, weights and outputs either way.
+  int route_launch = 0;
 };
 
 // Runs the MoE forward. Stateless apart from the configuration: all scratch lives in the
