@@ -633,9 +633,10 @@ __global__ void __launch_bounds__(kPlanThreads)
   route_plan_block(ra, pa, by_rank);
 }
 
-// Decode sizes (T <= kFusedRouteMaxTokens; MoeTuning::route_launch 1): the router logits, x's
-// quantization and the routing with the plan in one launch instead of two. CTAs of kPlanThreads
-// threads, kFusedLogitsExperts experts each (128 CTAs at E = 256: one per SM); warps 0-7 compute
+// Decode sizes (T <= kTB <= kFusedRouteMaxTokens; MoeTuning::route_launch 1): the router logits,
+// x's quantization and the routing with the plan in one launch instead of two. CTAs of
+// kPlanThreads threads (so at most 64 registers: kTB is fitted to T, since 8 token columns spill),
+// kFusedLogitsExperts experts each (128 CTAs at E = 256: one per SM); warps 0-7 compute
 // the logits as router_logits_small_kernel does (router_logits_tile: the same bits), then every
 // warp quantizes two of x's 128-blocks (the host checks that the grid covers them). The CTA that
 // finishes last, found with the layer's arrival counter (MoeDeviceLayer::route_done), then runs
@@ -646,7 +647,7 @@ __global__ void __launch_bounds__(kPlanThreads)
 constexpr int64_t kFusedRouteMaxTokens = 8;
 constexpr int kFusedLogitsExperts = 2;
 
-template <bool kBf16>
+template <bool kBf16, int kTB>
 __global__ void __launch_bounds__(kPlanThreads, 1)
     router_logits_route_kernel(const float* __restrict__ x, const void* __restrict__ gate,
                                int64_t T, int64_t D, int64_t E, float* __restrict__ logits,
@@ -654,7 +655,7 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
                                unsigned* __restrict__ done) {
   pdl_begin();
   __shared__ bool last;
-  router_logits_tile<kBf16, kFusedLogitsExperts, kFusedRouteMaxTokens>(
+  router_logits_tile<kBf16, kFusedLogitsExperts, kTB>(
       x, gate, T, D, E, logits, int64_t(blockIdx.x) * kFusedLogitsExperts, 0);
   if (q.on) {
     const int64_t gwarp = int64_t(blockIdx.x) * (kPlanThreads / 32) + (threadIdx.x >> 5);
@@ -2936,10 +2937,20 @@ Status route_impl(const MoeDeviceLayer& l, const float* x, const int32_t* token_
     q.on = q.on && int64_t(ctas) * (kPlanThreads / 32) * 2 >= T * (l.dim / kChunk);
     *quantized = q.on;
     *planned = true;
-    const auto k = l.gate_bf16 ? router_logits_route_kernel<true> : router_logits_route_kernel<false>;
-    DS_CUDA_RETURN_IF_ERROR(launch_pdl_if(pdl, k, ctas, kPlanThreads, 0, stream, x, l.gate, T,
-                                          l.dim, l.num_experts, logits, q, ra, *plan, by_rank,
-                                          l.route_done));
+    const auto launch = [&](auto k) {
+      return launch_pdl_if(pdl, k, ctas, kPlanThreads, 0, stream, x, l.gate, T, l.dim,
+                           l.num_experts, logits, q, ra, *plan, by_rank, l.route_done);
+    };
+    const int tb = T <= 2 ? 2 : T <= 4 ? 4 : 8;
+    if (l.gate_bf16) {
+      DS_CUDA_RETURN_IF_ERROR(tb == 2   ? launch(router_logits_route_kernel<true, 2>)
+                              : tb == 4 ? launch(router_logits_route_kernel<true, 4>)
+                                        : launch(router_logits_route_kernel<true, 8>));
+    } else {
+      DS_CUDA_RETURN_IF_ERROR(tb == 2   ? launch(router_logits_route_kernel<false, 2>)
+                              : tb == 4 ? launch(router_logits_route_kernel<false, 4>)
+                                        : launch(router_logits_route_kernel<false, 8>));
+    }
     return ok_status();
   }
   const dim3 lg(unsigned(ceil_div(l.num_experts, kLogitsTile)),
