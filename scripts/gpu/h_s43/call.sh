@@ -10,13 +10,19 @@
 #   3. the full bench_sparse_mla -> OUT/mla_full.json;
 #   4. MOE_ROUNDS (default 2) runs of bench_moe on MOE_CASES (default: T = 1, 2, 4, 8 default /
 #      fused routing / PDL rows, T = 16 and 64 default) -> OUT/moe_r<N>.json;
-#   5. test_moe_cuda (MOE_TESTS, default all), then SANITIZERS on SANITIZE_TEST (default the fused
-#      routing's tiny cases);
+#   5. each MoE timing-only variant packed (bench_moe_V: scripts/gpu/h_s43/build_moe_variant.sh
+#      abl1 -DDS_MOE_F8_ABLATE=1, abl2 ... =2, then scripts/gpu/h_s43/pack_moe_variants.sh) on the
+#      default rows; test_moe_cuda (MOE_TESTS, default all), then SANITIZERS on SANITIZE_TEST
+#      (default the fused routing's tiny cases);
 #   6. test_cuda_ops;
 #   7. with AB=1 and at most AB_BEFORE seconds (default 330) spent: scripts/gpu/ab_switch.sh on
 #      AB_VAR (default DEEPSERVE_MOE_ROUTE_IN_LOGITS; decode steps, Flash 4 layers) -> OUT/ab_*.tgz
 #      (needs deepserve in the carry: with every binary above the tree and carry pass 64 MiB, so
 #      pack it for a second call without the test binaries).
+# Carry budget (tree + carry <= 64 MiB; the tracked tree is ~37 MB): the five binaries above pack
+# to ~18 MB and `spec` to ~0.9 MB; bench_moe_abl1 adds ~9.7 MB, which with all of them passes the
+# limit by ~0.4 MB: run the ablations in a second call (with deepserve for AB=1, or without
+# test_cuda_ops). Session 43 packed them all, but no device was lent.
 #   scripts/gpu/h_s43/call.sh OUT
 set -uo pipefail
 cd "$(dirname "$0")/../../.." || exit 2
@@ -25,6 +31,7 @@ c=/tmp/carry_s43
 mkdir -p "$out/logs"
 . scripts/gpu/unpack_bins.sh && unpack_bins build/carry/backend.tar.xz "$c" || exit 2
 [ -f build/carry/variants.tar.xz ] && tar -C "$c" -xJf build/carry/variants.tar.xz
+[ -f build/carry/moe_variants.tar.xz ] && tar -C "$c" -xJf build/carry/moe_variants.tar.xz
 # Sparse MLA variants (scripts/gpu/h_s33/build_variant.sh + h_s34/pack_variants.sh), e.g. `spec`.
 variants=${MLA_VARIANTS-$(cd "$c" && ls bench_sparse_mla_* 2>/dev/null | sed 's/^bench_sparse_mla_//')}
 DS_COMMIT="$(tr "\n" " " <build/carry/COMMIT)"
@@ -68,6 +75,15 @@ fi
   echo "bench_moe round $r rc=$? $(el)" >>"$tab"
   grep -E "^(mxfp4|nvfp4) |nodes|^ceil" "$out/logs/bench_moe_r$r.log" |
     sed -E 's/ +/ /g' | cut -c1-230 >>"$tab"
+done
+# MoE timing-only variants (bench_moe_V, e.g. the FP8 GEMMs' ablations DS_MOE_F8_ABLATE=1 / 2):
+# the default rows at T = 1, 2, 4, 16, 64 with their node breakdowns.
+for b in $(cd "$c" && ls bench_moe_* 2>/dev/null); do
+  DS_MOE_CASES="mxfp4:1:0:0;mxfp4:2:0:0;mxfp4:4:0:0;mxfp4:16:0:0;mxfp4:64:0:0" timeout 120 \
+    "$c/$b" "$out/logs/$b.json" >"$out/logs/$b.log" 2>&1
+  echo "$b rc=$? $(el)" >>"$tab"
+  grep -E "^(mxfp4|nvfp4) |nodes|expert GEMMs" "$out/logs/$b.log" | sed -E 's/ +/ /g' |
+    cut -c1-230 >>"$tab"
 done
 run_test test_moe_cuda 240 "${MOE_TESTS:-*}"
 [ -x "$c/test_moe_cuda" ] && for tool in ${SANITIZERS-memcheck racecheck synccheck}; do

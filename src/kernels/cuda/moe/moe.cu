@@ -38,10 +38,18 @@
 #include "kernels/cuda/common/wgmma.cuh"
 #include "kernels/cuda/moe/moe.h"
 
+// Timing-only builds of the FP8 decode GEMMs (session 43; outputs wrong, never a default):
+// 1 = the weight stages copied and waited for, no conversion or MMA (the access pattern's own
+// time); 2 = neither copies nor math (the CTAs' start, activation load, reduction and epilogue).
+#ifndef DS_MOE_F8_ABLATE
+#define DS_MOE_F8_ABLATE 0
+#endif
+
 namespace ds::cuda {
 namespace {
 
 using cpu::WeightFormat;
+constexpr int kF8Ablate = DS_MOE_F8_ABLATE;
 
 constexpr int kChunk = 128;          // K elements per main-loop step (= FP8 activation block)
 constexpr int kGemmThreads = 128;    // 4 warps
@@ -1584,7 +1592,7 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
   const uint8_t* ssrc;
   f8_stage_sources<kFp4, kUnits>(data, scale, base_row, K, lane, wsrc, wdst, ssrc);
   auto issue = [&](int64_t i) {
-    if (i < my_chunks) {
+    if (kF8Ablate < 2 && i < my_chunks) {
       f8_issue_stage<kFp4, kUnits>(ring + (i % kStages) * kStageBytes,
                                    ring_scale + (i % kStages) * 128, wsrc, wdst, ssrc,
                                    int(warp_k + KS * i) * kChunk, lane);
@@ -1610,9 +1618,11 @@ __device__ __forceinline__ void f8_tile(const GemmArgs& a, const MoeDeviceExpert
     issue(i + kStages - 1);
     cp_async_wait<kStages - 1>();
     __syncwarp();
-    f8_chunk<NT, kFp4, kH16>(acc, ring + (i % kStages) * kStageBytes,
-                             ring_scale + (i % kStages) * 128, act, act_sc, act_stride,
-                             warp_k + KS * i, chunks, b_row, s_row, scale, base_row, lane);
+    if constexpr (kF8Ablate == 0) {
+      f8_chunk<NT, kFp4, kH16>(acc, ring + (i % kStages) * kStageBytes,
+                               ring_scale + (i % kStages) * 128, act, act_sc, act_stride,
+                               warp_k + KS * i, chunks, b_row, s_row, scale, base_row, lane);
+    }
   }
   cp_async_wait<0>();
 
