@@ -389,10 +389,12 @@ bool case_selected(const char* fmt, int64_t T, const ds::cuda::MoeTuning& t) {
       std::to_string(t.pf_raster) + (t.pf_rows != 0 ? ":" + std::to_string(t.pf_rows) : "") +
       (t.pf_wgs != 0 ? ":" + std::to_string(t.pf_wgs) : "") +
       (t.pf_step != 0 ? ":s" + std::to_string(t.pf_step) : "") +
-      (t.pf_sync == 1 ? ":m" : t.pf_sync == 2 ? ":b" : "") + (t.route_by_warp == 1 ? ":w" : "") +
-      (t.f8_order == 1 ? ":o1" : "") + (t.f8_act_rows == 1 ? ":a1" : "") +
-      (t.route_launch != 0 ? ":r" + std::to_string(t.route_launch) : "") +
-      (t.pdl == 1 ? ":p" : "");
+      (t.pf_sync == 1   ? ":m"
+       : t.pf_sync == 2 ? ":b"
+                        : "") +
+      (t.route_by_warp == 1 ? ":w" : "") + (t.f8_order == 1 ? ":o1" : "") +
+      (t.f8_act_rows == 1 ? ":a1" : "") +
+      (t.route_launch != 0 ? ":r" + std::to_string(t.route_launch) : "") + (t.pdl == 1 ? ":p" : "");
   std::string list = env;
   for (size_t b = 0; b <= list.size();) {
     const size_t e = std::min(list.find(';', b), list.size());

@@ -207,9 +207,8 @@ __device__ __forceinline__ void quant_rows_warp(int64_t warp, const float* __res
 template <bool kBf16, int kEB, int kTB>
 __device__ __forceinline__ void router_logits_tile(const float* __restrict__ x,
                                                    const void* __restrict__ gate, int64_t T,
-                                                   int64_t D, int64_t E,
-                                                   float* __restrict__ logits, int64_t e0,
-                                                   int64_t t0) {
+                                                   int64_t D, int64_t E, float* __restrict__ logits,
+                                                   int64_t e0, int64_t t0) {
   __shared__ float part[8][kEB][kTB];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int ne = E - e0 < kEB ? int(E - e0) : kEB;
@@ -663,8 +662,8 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
                                unsigned* __restrict__ done) {
   pdl_begin();
   __shared__ bool last;
-  router_logits_tile<kBf16, kFusedLogitsExperts, kTB>(
-      x, gate, T, D, E, logits, int64_t(blockIdx.x) * kFusedLogitsExperts, 0);
+  router_logits_tile<kBf16, kFusedLogitsExperts, kTB>(x, gate, T, D, E, logits,
+                                                      int64_t(blockIdx.x) * kFusedLogitsExperts, 0);
   if (q.on) {
     const int64_t gwarp = int64_t(blockIdx.x) * (kPlanThreads / 32) + (threadIdx.x >> 5);
     quant_rows_warp(gwarp, x, D, T, q.out, q.fp8, q.out8, q.scale8, q.permute);
@@ -2890,7 +2889,8 @@ Result<MoeDeviceLayer> MoeDeviceLayer::create(const cpu::MoeParams& p) {
   const size_t bytes = table.size() * sizeof(MoeDeviceExpert);
   DS_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&l.experts), align256(bytes) + 256));
   DS_CUDA_RETURN_IF_ERROR(cudaMemcpy(l.experts, table.data(), bytes, cudaMemcpyHostToDevice));
-  l.route_done = reinterpret_cast<unsigned*>(reinterpret_cast<uint8_t*>(l.experts) + align256(bytes));
+  l.route_done =
+      reinterpret_cast<unsigned*>(reinterpret_cast<uint8_t*>(l.experts) + align256(bytes));
   DS_CUDA_RETURN_IF_ERROR(cudaMemset(l.route_done, 0, 256));
   return Result<MoeDeviceLayer>(std::move(l));
 }
@@ -2938,8 +2938,8 @@ Status route_impl(const MoeDeviceLayer& l, const float* x, const int32_t* token_
   const Layout L = make_layout(T, l);
   auto* ws = static_cast<uint8_t*>(workspace);
   float* logits = reinterpret_cast<float*>(ws + L.logits);
-  RouteArgs ra{logits,      l.bias,         l.tid2eid, token_ids, T,      l.num_experts, l.topk,
-               l.route_scale, l.renorm_epsilon, experts,   weights};
+  RouteArgs ra{logits, l.bias,        l.tid2eid,        token_ids, T,      l.num_experts,
+               l.topk, l.route_scale, l.renorm_epsilon, experts,   weights};
   // The whole CTA routes by rank where it pays (T <= 2 at E = 256).
   const bool by_rank = !by_warp && !l.tid2eid && route_by_rank_pays(T, l.num_experts);
   if (fused && plan && T <= kFusedRouteMaxTokens && l.route_done) {

@@ -77,8 +77,9 @@ class MoeDeviceLayer {
   // Device array [E + 1]: the routed experts, then the shared expert at index E.
   MoeDeviceExpert* experts = nullptr;
   // Device word (in the experts allocation), 0 between forwards: the arrival counter of the
-  // decode-size launch that routes in the router logits kernel's last CTA (MoeTuning::route_launch).
-  // So the forwards of one layer must not run concurrently (on two streams) with that launch.
+  // decode-size launch that routes in the router logits kernel's last CTA
+  // (MoeTuning::route_launch). So the forwards of one layer must not run concurrently (on two
+  // streams) with that launch.
   unsigned* route_done = nullptr;
   // Set by create(): every expert (routed range and shared) is MXFP4 or FP8 block with 4-byte
   // aligned scales, the activations are FP8-simulated and the device has FP8 mma.sync (sm_89+):
