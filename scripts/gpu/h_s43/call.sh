@@ -10,8 +10,8 @@
 #   3. the full bench_sparse_mla -> OUT/mla_full.json;
 #   4. MOE_ROUNDS (default 2) runs of bench_moe on MOE_CASES (default: T = 1, 2, 4, 8 default /
 #      fused routing / PDL rows, T = 16 and 64 default) -> OUT/moe_r<N>.json;
-#   5. each MoE timing-only variant packed (bench_moe_V: scripts/gpu/h_s43/build_moe_variant.sh
-#      abl1 -DDS_MOE_F8_ABLATE=1, abl2 ... =2, then scripts/gpu/h_s43/pack_moe_variants.sh) on the
+#   5. each MoE timing-only variant packed (bench_moe_V: SRC=moe scripts/gpu/h_s33/build_variant.sh
+#      abl1 -DDS_MOE_F8_ABLATE=1, abl2 ... =2, then scripts/gpu/h_s34/pack_variants.sh) on the
 #      default rows; test_moe_cuda (MOE_TESTS, default all), then SANITIZERS on SANITIZE_TEST
 #      (default the fused routing's tiny cases);
 #   6. test_cuda_ops;
@@ -31,7 +31,6 @@ c=/tmp/carry_s43
 mkdir -p "$out/logs"
 . scripts/gpu/unpack_bins.sh && unpack_bins build/carry/backend.tar.xz "$c" || exit 2
 [ -f build/carry/variants.tar.xz ] && tar -C "$c" -xJf build/carry/variants.tar.xz
-[ -f build/carry/moe_variants.tar.xz ] && tar -C "$c" -xJf build/carry/moe_variants.tar.xz
 # Sparse MLA variants (scripts/gpu/h_s33/build_variant.sh + h_s34/pack_variants.sh), e.g. `spec`.
 variants=${MLA_VARIANTS-$(cd "$c" && ls bench_sparse_mla_* 2>/dev/null | sed 's/^bench_sparse_mla_//')}
 DS_COMMIT="$(tr "\n" " " <build/carry/COMMIT)"
